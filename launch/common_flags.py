@@ -1,0 +1,187 @@
+"""Flags shared by the entry points (data, model, optimizer, seed) and the builders that turn
+them into a CTRSource, a model and an optimizer; also the user-error boundary that turns bad
+input into a one-paragraph message and a non-zero exit status."""
+
+import os
+import sys
+import textwrap
+import time
+
+from absl import flags
+
+FLAGS = flags.FLAGS
+
+# Data.
+flags.DEFINE_enum("data", "synthetic", ["synthetic", "criteo", "avazu"],
+                  "Data set: the built-in synthetic Criteo-like stream, Criteo Kaggle TSV files or "
+                  "Avazu CSV files (the last two need --train_path).")
+flags.DEFINE_integer("train_rows", 1_000_000, "Synthetic data: training rows.", lower_bound=1)
+flags.DEFINE_integer("test_rows", 200_000, "Synthetic data: test rows.", lower_bound=1)
+flags.DEFINE_float("synthetic_vocabulary_scale", 1 / 20,
+                   "Synthetic data: Criteo's large field cardinalities are multiplied by this.",
+                   lower_bound=1e-6, upper_bound=1.0)
+flags.DEFINE_list("train_path", [], "Criteo/Avazu: training files or globs (.gz read as gzip).")
+flags.DEFINE_list("test_path", [],
+                  "Criteo/Avazu: labelled test files or globs. Without it, --test_fraction of the "
+                  "training lines (chosen by line number) are held out as the test split.")
+flags.DEFINE_float("test_fraction", 0.1, "Held-out fraction when there is no --test_path.",
+                   lower_bound=0.0, upper_bound=0.9)
+flags.DEFINE_enum("categorical_encoding", "hash", ["hash", "vocabulary"],
+                  "Criteo/Avazu: hash categorical values into --hash_buckets per field, or look "
+                  "them up in --vocabulary (python -m launch.build_vocab writes one).")
+flags.DEFINE_integer("hash_buckets", 1_000_000, "Hash buckets per categorical field.",
+                     lower_bound=1)
+flags.DEFINE_string("vocabulary", None, "Vocabulary file for --categorical_encoding=vocabulary.")
+flags.DEFINE_enum("integer_transform", "log1p", ["log1p", "minmax"],
+                  "Criteo integer features: sign(x)*log(1+|x|), or min-max scaling with the "
+                  "vocabulary's recorded range.")
+flags.DEFINE_enum("on_bad_line", "error", ["error", "skip"],
+                  "A malformed line stops with an error naming file and line, or is skipped and "
+                  "counted (the count is reported at the end).")
+flags.DEFINE_integer("shuffle_buffer", 0, "Criteo/Avazu: shuffle buffer in rows (0: file order).",
+                     lower_bound=0)
+
+# Model.
+flags.DEFINE_enum("model", "deepfm", ["deepfm", "wide_deep", "dcn", "dcn_v2"], "The CTR model.")
+flags.DEFINE_integer("embedding_dim", 10, "Embedding width.", lower_bound=1)
+flags.DEFINE_list("dnn_units", ["400", "400", "400"], "Units of the DNN tower's layers.")
+flags.DEFINE_integer("cross_layers", 3, "DCN / DCN-v2: cross layers.", lower_bound=1)
+
+# Optimization.
+flags.DEFINE_integer("batch_size", 8192, "Global batch size.", lower_bound=1)
+flags.DEFINE_enum("optimizer", "adam", ["adam", "adagrad", "sgd"], "The optimizer.")
+flags.DEFINE_float("learning_rate", 1e-3, "Learning rate of the dense weights.", lower_bound=0.0)
+flags.DEFINE_float("embedding_learning_rate", None,
+                   "Learning rate of the embedding tables (default: --learning_rate); a different "
+                   "value gives the tables an optimizer of their own.", lower_bound=0.0)
+flags.DEFINE_integer("seed", 0, "Seed for initialisation and data.")
+flags.DEFINE_bool("deterministic", True,
+                  "Deterministic TF ops, so a fixed seed repeats a run exactly (on CPU).")
+
+
+def seed_everything(seed, deterministic):
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(seed)
+    if deterministic:
+        tf.config.experimental.enable_op_determinism()
+
+
+def run_directories(logdir, checkpoint_dir):
+    """The run's (logdir, checkpoint_dir), None for 'none'; defaults go under a new
+    runs/<model>-<time>/ so no earlier run is overwritten."""
+    from tfscale.errors import UserError
+
+    if FLAGS.resume and not checkpoint_dir:
+        raise UserError("--resume needs --checkpoint_dir naming the run to continue")
+    run_dir = os.path.join("runs", f"{FLAGS.model}-{time.strftime('%Y%m%d-%H%M%S')}")
+    logdir = os.path.join(run_dir, "logs") if logdir is None else logdir
+    checkpoint_dir = os.path.join(run_dir, "checkpoints") if checkpoint_dir is None else checkpoint_dir
+    return (None if logdir in ("", "none") else logdir,
+            None if checkpoint_dir in ("", "none") else checkpoint_dir)
+
+
+def build_model(schema):
+    import models
+
+    return models.build_model(FLAGS.model, schema, embedding_dim=FLAGS.embedding_dim,
+                              dnn_units=_dnn_units(), **_model_specific_config())
+
+
+def _dnn_units():
+    from tfscale.errors import UserError
+
+    try:
+        units = [int(u) for u in FLAGS.dnn_units]
+    except ValueError:
+        raise UserError(f"--dnn_units={','.join(FLAGS.dnn_units)}: give comma-separated positive "
+                        "integers, e.g. 400,400,400") from None
+    if not units or min(units) < 1:
+        raise UserError(f"--dnn_units={','.join(FLAGS.dnn_units)}: give comma-separated positive "
+                        "integers, e.g. 400,400,400")
+    return units
+
+
+def _model_specific_config():
+    if FLAGS.model in ("dcn", "dcn_v2"):
+        return {"cross_layers": FLAGS.cross_layers}
+    return {}
+
+
+def build_optimizer():
+    """The optimizer of --optimizer; with --embedding_learning_rate the embedding tables get an
+    optimizer of their own through keras.optimizers.MultiOptimizer."""
+    import keras
+
+    from tfscale import embeddings
+
+    def make(learning_rate, name):
+        cls = {"adam": keras.optimizers.Adam, "adagrad": keras.optimizers.Adagrad,
+               "sgd": keras.optimizers.SGD}[FLAGS.optimizer]
+        return cls(learning_rate=learning_rate, name=name)
+
+    if FLAGS.embedding_learning_rate is None:
+        return make(FLAGS.learning_rate, "dense")
+    optimizer_map = keras.optimizers.OptimizerMap(make(FLAGS.learning_rate, "dense"))
+    embedding_optimizer = make(FLAGS.embedding_learning_rate, "embedding")
+    for pattern in (embeddings.DEEP_TABLE_PATTERN, embeddings.WIDE_TABLE_PATTERN):
+        optimizer_map[pattern] = embedding_optimizer
+    return keras.optimizers.MultiOptimizer(optimizer_map)
+
+
+def build_source():
+    """The CTRSource the data flags describe."""
+    if FLAGS.data == "synthetic":
+        from tfscale.data.synthetic import SyntheticCTR
+
+        return SyntheticCTR(seed=FLAGS.seed, train_rows=FLAGS.train_rows, test_rows=FLAGS.test_rows,
+                            vocabulary_scale=FLAGS.synthetic_vocabulary_scale)
+    return _build_file_source()
+
+
+def _build_file_source():
+    raise NotImplementedError  # filled in with the readers' API
+
+
+def report(result, source, logdir, checkpoint_dir):
+    """The final lines of a run: test AUC and log loss (and the teacher's ceiling on synthetic
+    data), skipped bad lines, and where the logs and checkpoints are."""
+    final = result.final
+    if final is not None:
+        line = f"final test AUC {final['auc']:.4f}, logloss {final['logloss']:.4f}"
+        teacher_auc = getattr(source, "teacher_auc", None)
+        if teacher_auc is not None:
+            line += f" (teacher ceiling: AUC {teacher_auc():.4f}, logloss {source.teacher_logloss():.4f})"
+        print(line, flush=True)
+    bad_lines = source.bad_line_count()
+    if bad_lines:
+        print(f"skipped {bad_lines:,} malformed lines (--on_bad_line=skip)", flush=True)
+    if logdir:
+        print(f"TensorBoard logs: {logdir}  (tensorboard --logdir {logdir})", flush=True)
+    if checkpoint_dir:
+        print(f"checkpoints: {checkpoint_dir}", flush=True)
+
+
+def run_reporting_user_errors(run):
+    """Calls `run()`; bad input (a UserError, or a data error raised inside the TF graph) is
+    printed as one paragraph on stderr with exit status 2 instead of a traceback."""
+    import tensorflow as tf
+
+    from tfscale.errors import UserError, user_error_from_tf
+
+    try:
+        run()
+    except UserError as error:
+        return _print_user_error(error)
+    except tf.errors.InvalidArgumentError as error:
+        user_error = user_error_from_tf(error)
+        if user_error is None:
+            raise
+        return _print_user_error(user_error)
+    return 0
+
+
+def _print_user_error(error):
+    print(textwrap.fill(f"error: {error}", width=100), file=sys.stderr, flush=True)
+    return 2

@@ -1,0 +1,24 @@
+"""Packaging for tfscale. Only the library (`tfscale`) is installed; the reference models
+(`models/`) and the entry points (`launch/`) are found from the repository root, so a generic
+top-level `models` package never lands in site-packages (see README, "Architecture")."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="tfscale",
+    version="0.1.0",
+    description="Fast large-batch and multi-worker training for CTR and large-embedding Keras models",
+    python_requires=">=3.10,<3.13",
+    packages=find_packages(include=["tfscale", "tfscale.*"]),
+    install_requires=[
+        "tensorflow==2.21.0",
+        "keras>=3.15,<3.16",
+        "keras-rs==0.4.0",
+        "absl-py>=2.0,<3",
+        "numpy>=1.26",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "scikit-learn>=1.4"],
+        "bench": ["matplotlib>=3.8"],
+    },
+)

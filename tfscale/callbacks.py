@@ -1,0 +1,136 @@
+"""Keras callbacks for a training run: the progress line and TensorBoard training scalars,
+periodic atomic checkpoints that record the exact data position, and a stop-after-N-steps switch
+(used to simulate an interrupted run).
+
+Why not keras.callbacks.TensorBoard: its batch counter restarts at every `fit` call (the launcher
+calls `fit` once per epoch so a run can resume mid-epoch) and it logs neither examples/s nor the
+learning rate of each optimizer of a MultiOptimizer; ours keys every scalar by the optimizer's
+global step instead.
+"""
+
+import time
+
+import keras
+import tensorflow as tf
+
+
+def learning_rates(optimizer):
+    """{name: current learning rate} for an optimizer, each optimizer inside a MultiOptimizer, or
+    the optimizer inside a LossScaleOptimizer."""
+    inner = getattr(optimizer, "inner_optimizer", None)
+    if inner is not None:
+        return learning_rates(inner)
+    if isinstance(optimizer, keras.optimizers.MultiOptimizer):
+        rates = {}
+        for sub_optimizer in optimizer.optimizers:
+            rates.update(learning_rates(sub_optimizer))
+        return rates
+    return {optimizer.name: float(keras.ops.convert_to_numpy(optimizer.learning_rate))}
+
+
+class TrainingMonitor(keras.callbacks.Callback):
+    """Every `every_steps` global steps: prints a progress line and, if `writer` (a
+    tf.summary writer) is given, writes loss, the metrics in the logs (e.g. streaming AUC),
+    learning rates, examples/s and step time. Throughput excludes each `fit` call's first step,
+    which includes tracing."""
+
+    def __init__(self, global_batch_size, every_steps, writer=None, steps_per_epoch=None,
+                 print_fn=print):
+        super().__init__()
+        if every_steps < 1:
+            raise ValueError("every_steps must be at least 1")
+        self.global_batch_size = global_batch_size
+        self.every_steps = every_steps
+        self.writer = writer
+        self.steps_per_epoch = steps_per_epoch
+        self.print_fn = print_fn
+        self._epoch = 0
+        self._window_start = None  # (global step, time) the current measuring window began at
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+        self._window_start = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = int(self.model.optimizer.iterations)
+        now = time.perf_counter()
+        if self._window_start is None:
+            self._window_start = (step, now)
+            return
+        start_step, start_time = self._window_start
+        steps = step - start_step
+        if steps < self.every_steps and not self._is_epoch_end(batch):
+            return
+        if steps == 0:
+            return
+        step_time = (now - start_time) / steps
+        scalars = {name: float(value) for name, value in (logs or {}).items()}
+        scalars["examples_per_second"] = self.global_batch_size / step_time
+        scalars["step_time_seconds"] = step_time
+        scalars.update({f"learning_rate/{name}": rate
+                        for name, rate in learning_rates(self.model.optimizer).items()})
+        self._print(step, batch, scalars)
+        if self.writer is not None:
+            with self.writer.as_default(step=step):
+                for name, value in scalars.items():
+                    tf.summary.scalar(name, value)
+        self._window_start = (step, now)
+
+    def _is_epoch_end(self, batch):
+        return self.steps_per_epoch is not None and batch + 1 >= self.steps_per_epoch
+
+    def _print(self, step, batch, scalars):
+        of_total = f"/{self.steps_per_epoch}" if self.steps_per_epoch else ""
+        shown = [f"{k} {v:.4f}" for k, v in scalars.items()
+                 if not k.startswith(("learning_rate", "examples_per", "step_time"))]
+        self.print_fn(
+            f"epoch {self._epoch + 1} batch {batch + 1}{of_total} step {step}: " + ", ".join(shown)
+            + f", {scalars['examples_per_second']:,.0f} examples/s, "
+            f"{scalars['step_time_seconds'] * 1000:.1f} ms/step",
+        )
+
+
+class PeriodicCheckpoint(keras.callbacks.Callback):
+    """Saves a checkpoint through `store` (a CheckpointStore) every `every_steps` global steps,
+    with the data position needed to resume exactly there. Call `start_epoch` before each
+    `fit` so it knows which epoch is running and how many of its batches were skipped."""
+
+    def __init__(self, store, every_steps):
+        super().__init__()
+        if every_steps < 1:
+            raise ValueError("every_steps must be at least 1")
+        self.store = store
+        self.every_steps = every_steps
+        self._epoch = 0
+        self._skipped_batches = 0
+        self.last_saved_step = None
+
+    def start_epoch(self, epoch, skipped_batches):
+        self._epoch = epoch
+        self._skipped_batches = skipped_batches
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = int(self.model.optimizer.iterations)
+        if step % self.every_steps == 0 and step != self.last_saved_step:
+            self.save(step, epoch=self._epoch, batches_done=self._skipped_batches + batch + 1)
+
+    def save(self, step, epoch, batches_done, **extra):
+        """Writes a checkpoint now: resuming from it starts epoch `epoch` at batch
+        `batches_done`."""
+        self.store.save(step, dict(extra, epoch=epoch, batches_done=batches_done))
+        self.last_saved_step = step
+
+
+class StopAfterSteps(keras.callbacks.Callback):
+    """Stops training once the optimizer has taken `max_steps` global steps (as an interrupted
+    run would stop), setting `stopped` so the caller can tell."""
+
+    def __init__(self, max_steps):
+        super().__init__()
+        self.max_steps = max_steps
+        self.stopped = False
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.optimizer.iterations) >= self.max_steps:
+            self.model.stop_training = True
+            self.stopped = True

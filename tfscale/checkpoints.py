@@ -1,0 +1,130 @@
+"""Atomic training checkpoints: model weights, optimizer state and the training position.
+
+Each checkpoint is a directory `step-<global step>/` holding a `tf.train.Checkpoint` of the
+tracked objects and `progress.json` (epoch, batches done in that epoch, global step, ...). It is
+written under a temporary name and renamed into place, and the `latest` file is replaced
+atomically afterwards, so a crash at any moment leaves the previous checkpoint intact and
+`latest` always names a complete one.
+"""
+
+import json
+import os
+import shutil
+import tempfile
+
+import tensorflow as tf
+
+from tfscale.errors import UserError
+
+_LATEST_FILE = "latest"
+_PROGRESS_FILE = "progress.json"
+_STATE_PREFIX = "state"
+_STEP_DIR = "step-{:010d}"
+
+
+class CheckpointStore:
+    """Saves and restores `trackables` (e.g. model=..., optimizer=...) in `directory`, keeping
+    the newest `keep` checkpoints."""
+
+    def __init__(self, directory, keep=2, **trackables):
+        if keep < 1:
+            raise ValueError("keep must be at least 1")
+        self.directory = directory
+        self.keep = keep
+        self._checkpoint = tf.train.Checkpoint(**trackables)
+
+    def save(self, global_step, progress):
+        """Writes a checkpoint for `global_step` with the JSON-serialisable `progress` dict and
+        returns its directory."""
+        os.makedirs(self.directory, exist_ok=True)
+        final_dir = os.path.join(self.directory, _STEP_DIR.format(global_step))
+        staging_dir = tempfile.mkdtemp(prefix=".staging-", dir=self.directory)
+        try:
+            self._checkpoint.write(os.path.join(staging_dir, _STATE_PREFIX))
+            _write_file_durably(
+                os.path.join(staging_dir, _PROGRESS_FILE),
+                json.dumps(dict(progress, global_step=int(global_step)), indent=1, sort_keys=True),
+            )
+            if os.path.exists(final_dir):  # a re-save of the same step (after a resume)
+                shutil.rmtree(final_dir)
+            os.rename(staging_dir, final_dir)
+        except BaseException:
+            shutil.rmtree(staging_dir, ignore_errors=True)
+            raise
+        _replace_file_atomically(os.path.join(self.directory, _LATEST_FILE), os.path.basename(final_dir))
+        self._delete_old(keep_name=os.path.basename(final_dir))
+        return final_dir
+
+    def latest_progress(self):
+        """The progress dict of the newest complete checkpoint, or None if there is none."""
+        checkpoint_dir = self._latest_dir()
+        if checkpoint_dir is None:
+            return None
+        path = os.path.join(checkpoint_dir, _PROGRESS_FILE)
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except (OSError, ValueError) as error:
+            raise UserError(f"checkpoint {path} cannot be read ({error}); remove it or point "
+                            "--checkpoint_dir elsewhere") from error
+
+    def restore_latest(self):
+        """Restores the tracked objects from the newest checkpoint and returns its progress dict,
+        or returns None (restoring nothing) when the directory holds no checkpoint. The objects
+        must already be built (model called once, optimizer built) so every value has a home."""
+        progress = self.latest_progress()
+        if progress is None:
+            return None
+        prefix = os.path.join(self._latest_dir(), _STATE_PREFIX)
+        try:
+            self._checkpoint.read(prefix).assert_existing_objects_matched()
+        except (tf.errors.OpError, AssertionError, ValueError) as error:
+            raise UserError(
+                f"checkpoint {prefix} does not match this model and optimizer ({_first_line(error)}); "
+                "resume with the same --model, data schema and --optimizer flags it was written with"
+            ) from error
+        return progress
+
+    def _latest_dir(self):
+        latest_file = os.path.join(self.directory, _LATEST_FILE)
+        if not os.path.exists(latest_file):
+            return None
+        with open(latest_file) as f:
+            name = f.read().strip()
+        checkpoint_dir = os.path.join(self.directory, name)
+        if not name or not os.path.isdir(checkpoint_dir):
+            raise UserError(f"{latest_file} names checkpoint {name!r}, which does not exist in "
+                            f"{self.directory}")
+        return checkpoint_dir
+
+    def _delete_old(self, keep_name):
+        step_dirs = sorted(d for d in os.listdir(self.directory) if d.startswith("step-"))
+        for name in step_dirs[:-self.keep]:
+            if name != keep_name:
+                shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+
+
+def _write_file_durably(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _replace_file_atomically(path, text):
+    directory = os.path.dirname(path)
+    fd, staging_path = tempfile.mkstemp(prefix=".staging-", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(staging_path, path)
+    except BaseException:
+        if os.path.exists(staging_path):
+            os.remove(staging_path)
+        raise
+
+
+def _first_line(error):
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

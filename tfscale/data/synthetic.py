@@ -1,0 +1,395 @@
+"""The built-in synthetic Criteo-like data set: a generated, deterministic stream of CTR rows whose
+labels come from a planted "teacher" model, so the best achievable AUC (the ceiling) is known.
+
+Owns: the field cardinalities and id frequency laws, the row generator (tf.data over fixed blocks
+of rows, stateless random ops keyed by (seed, block index)), the teacher model and its ceiling
+metrics, and writing rows as Criteo Kaggle TSV for the file reader.
+
+Every value of row r depends only on the constructor's seed, vocabulary_scale and click_rate and
+on r, never on batch size, sharding or where a read starts. Train rows are [0, train_rows), test
+rows are [train_rows, train_rows + test_rows).
+"""
+
+import gzip
+import math
+
+import numpy as np
+import tensorflow as tf
+
+from tfscale.data.schema import MISSING_ID, FeatureSchema
+from tfscale.data.source import CTRSource
+
+# Criteo Kaggle (train.txt) distinct values of C1..C26.
+CRITEO_CARDINALITIES = (
+    1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
+    27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
+)
+# Cardinalities up to this stay as in Criteo; only the part above it is scaled down.
+SMALL_FIELD_LIMIT = 10_000
+# Share of empty values per field: Criteo Kaggle's rates, capped at 45%.
+CATEGORICAL_MISSING_RATES = (
+    0.0, 0.0, 0.034, 0.034, 0.0, 0.121, 0.0, 0.0, 0.0, 0.0, 0.0, 0.034, 0.0,
+    0.0, 0.0, 0.034, 0.0, 0.0, 0.44, 0.44, 0.034, 0.45, 0.0, 0.034, 0.44, 0.44,
+)
+DENSE_MISSING_RATES = (0.45, 0.0, 0.215, 0.217, 0.026, 0.224, 0.043, 0.0005, 0.043, 0.45, 0.043,
+                       0.45, 0.217)
+# Integer feature j is floor(expm1(max(mean_j + std_j * z, 0))) + offset_j with z ~ N(0, 1): a
+# heavy-tailed count with a mass at 0, shaped like Criteo's I1..I13 (I2 goes down to -1).
+DENSE_LOG_MEANS = (0.9, 2.5, 2.3, 1.9, 7.6, 4.2, 1.7, 2.5, 3.8, 0.4, 1.0, 0.3, 1.9)
+DENSE_LOG_STDS = (1.0, 1.6, 1.2, 1.0, 1.8, 1.5, 1.2, 1.0, 1.3, 0.7, 0.9, 1.0, 1.2)
+DENSE_OFFSETS = (0, -1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+
+# Zipf exponents are drawn per field from [ZIPF_MIN, ZIPF_MAX] (from the seed).
+ZIPF_MIN, ZIPF_MAX = 1.05, 1.3
+# Teacher: logit = bias + sum_f w[f, id_f] + sum_{f<g} <h[f, id_f], h[g, id_g]> + sum_j d_j x_j.
+# Each field has an importance g_f drawn from [0.5, 1.5]; w ~ N(0, (FIRST_ORDER_STD g_f)^2),
+# h ~ N(0, (HIDDEN_STD g_f)^2 I_TEACHER_RANK), d_j ~ N(0, (DENSE_STD / DENSE_LOG_STDS_j)^2).
+# Every id, rare or frequent, draws its weights the same way. The scales put the teacher's test AUC
+# near 0.80 (Criteo's best published models reach about 0.81).
+TEACHER_RANK = 8
+FIRST_ORDER_STD = 0.2
+HIDDEN_STD = 0.1
+DENSE_STD = 0.2
+
+# Rows are generated in blocks of this many; part of the data's definition (changing it changes
+# every row), independent of the batch size.
+BLOCK_ROWS = 4096
+# Teacher bias is calibrated on rows [0, CALIBRATION_BLOCKS * BLOCK_ROWS).
+CALIBRATION_BLOCKS = 16
+
+_NUM_FIELDS = len(CRITEO_CARDINALITIES)
+_NUM_DENSE = len(DENSE_LOG_MEANS)
+# Stateless seeds are (seed, stream): blocks use streams >= 0, one-off tables negative ones.
+_BLOCK_STREAMS = 3
+_STREAM_FIELD_PARAMETERS, _STREAM_ID_ORDER, _STREAM_FIRST_ORDER, _STREAM_HIDDEN, _STREAM_DENSE = (
+    -1, -2, -3, -4, -5)
+# Keys of a generated block, see SyntheticCTR.rows.
+ROW_KEYS = ("dense", "dense_raw", "dense_present", "categorical", "label", "teacher_probability")
+_TRAINING_KEYS = ("dense", "categorical", "label")
+
+
+def scaled_cardinalities(vocabulary_scale=1 / 20):
+    """Distinct ids of C1..C26: Criteo's count up to SMALL_FIELD_LIMIT, the rest times the scale."""
+    return tuple(
+        c if c <= SMALL_FIELD_LIMIT else SMALL_FIELD_LIMIT + round((c - SMALL_FIELD_LIMIT) * vocabulary_scale)
+        for c in CRITEO_CARDINALITIES
+    )
+
+
+def transform_dense(raw, present):
+    """The model's view of integer features: sign(x) * log1p(|x|), and 0 where missing."""
+    raw = tf.cast(raw, tf.float32)
+    return tf.where(present, tf.sign(raw) * tf.math.log1p(tf.abs(raw)), 0.0)
+
+
+def criteo_hash(field_index, ids):
+    """8-char lowercase hex strings standing for (field, id), as Criteo's hashed categories do.
+
+    A bijective 32-bit mix (murmur3's finaliser) of field_index * 2**27 + id, so distinct ids give
+    distinct strings (ids must be below 2**27)."""
+    x = np.asarray(ids, dtype=np.uint32) | np.uint32(field_index << 27)
+    x ^= x >> np.uint32(16)
+    x *= np.uint32(0x85EBCA6B)
+    x ^= x >> np.uint32(13)
+    x *= np.uint32(0xC2B2AE35)
+    x ^= x >> np.uint32(16)
+    return np.char.mod("%08x", x)
+
+
+def exact_auc(labels, scores):
+    """Exact ROC AUC from ranks (ties count one half), as sklearn's roc_auc_score."""
+    labels = np.asarray(labels).reshape(-1) > 0.5
+    scores = np.asarray(scores, dtype=np.float64).reshape(-1)
+    _, inverse, counts = np.unique(scores, return_inverse=True, return_counts=True)
+    # Average 1-based rank of each distinct score.
+    mean_rank = np.cumsum(counts) - (counts - 1) / 2.0
+    positives = int(labels.sum())
+    negatives = labels.size - positives
+    if positives == 0 or negatives == 0:
+        raise ValueError("AUC needs both positive and negative labels")
+    rank_sum = mean_rank[inverse][labels].sum()
+    return float((rank_sum - positives * (positives + 1) / 2.0) / (positives * negatives))
+
+
+class SyntheticCTR(CTRSource):
+    """A Criteo-like generated CTR stream with a planted teacher model.
+
+    Args:
+      seed: picks everything: per-field Zipf exponents and importances, the id order, the
+        teacher's weights and every row.
+      train_rows: rows [0, train_rows) are the train split.
+      test_rows: rows [train_rows, train_rows + test_rows) are the test split.
+      vocabulary_scale: factor on the part of a Criteo cardinality above SMALL_FIELD_LIMIT; the
+        default 1/20 gives about 1.8M ids in total, 1.0 gives Criteo's own sizes.
+      click_rate: the teacher's bias is calibrated so the mean click probability is this.
+    """
+
+    def __init__(self, seed=0, train_rows=1_000_000, test_rows=200_000, vocabulary_scale=1 / 20,
+                 click_rate=0.25):
+        if train_rows < 0 or test_rows < 0:
+            raise ValueError(f"train_rows={train_rows} and test_rows={test_rows} must be >= 0")
+        if not 0 < vocabulary_scale <= 1:
+            raise ValueError(f"vocabulary_scale={vocabulary_scale} must be in (0, 1]")
+        if not 0 < click_rate < 1:
+            raise ValueError(f"click_rate={click_rate} must be in (0, 1)")
+        self.seed = int(seed)
+        self.train_rows = int(train_rows)
+        self.test_rows = int(test_rows)
+        self.vocabulary_scale = vocabulary_scale
+        self.click_rate = click_rate
+        self.cardinalities = scaled_cardinalities(vocabulary_scale)
+        self.schema = FeatureSchema(
+            dense_names=tuple(f"I{j + 1}" for j in range(_NUM_DENSE)),
+            categorical_names=tuple(f"C{f + 1}" for f in range(_NUM_FIELDS)),
+            vocabulary_sizes=tuple(c + 1 for c in self.cardinalities),
+        )
+        sizes = np.array(self.schema.vocabulary_sizes, dtype=np.int64)
+        # Row of (field f, id) in the concatenated per-id tables is offsets[f] + id.
+        self._offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        field_parameters = self._stateless_uniform([2, _NUM_FIELDS], _STREAM_FIELD_PARAMETERS)
+        self.zipf_exponents = ZIPF_MIN + (ZIPF_MAX - ZIPF_MIN) * field_parameters[0]
+        self.field_importances = 0.5 + field_parameters[1]
+        self._id_of_rank, self._rank_of_id = self._id_order()
+        self._first_order, self._hidden, self._dense_weights = self._teacher_tables()
+        self.teacher_bias = self._calibrated_bias()
+        self._test_teacher = None
+
+    # ----- the CTRSource interface -----
+
+    def train_batches(self, batch_size, *, epoch=0, skip_batches=0, shard_index=0, num_shards=1):
+        """One epoch of full batches; every epoch reads the same rows in the same order (rows are
+        iid, so `epoch` changes nothing). Shard s reads the s-th contiguous slice of the split."""
+        steps = self.train_steps_per_epoch(batch_size, num_shards)
+        _check_shard(shard_index, num_shards)
+        if not 0 <= skip_batches <= steps:
+            raise ValueError(f"skip_batches={skip_batches} must be in [0, {steps}] (batches per epoch)")
+        first = shard_index * (self.train_rows // num_shards) + skip_batches * batch_size
+        rows = self.rows(first, (steps - skip_batches) * batch_size, batch_size,
+                         keys=_TRAINING_KEYS, drop_remainder=True)
+        return rows.map(_features_and_labels)
+
+    def test_batches(self, batch_size, *, shard_index=0, num_shards=1):
+        """The test split once; shard s reads the s-th of num_shards near-equal contiguous slices."""
+        _check_batch_size(batch_size)
+        _check_shard(shard_index, num_shards)
+        first = self.train_rows + self.test_rows * shard_index // num_shards
+        end = self.train_rows + self.test_rows * (shard_index + 1) // num_shards
+        return self.rows(first, end - first, batch_size, keys=_TRAINING_KEYS).map(_features_and_labels)
+
+    def train_steps_per_epoch(self, batch_size, num_shards=1):
+        """Full batches per shard per epoch."""
+        _check_batch_size(batch_size)
+        if num_shards < 1:
+            raise ValueError(f"num_shards={num_shards} must be >= 1")
+        return self.train_rows // num_shards // batch_size
+
+    def describe(self):
+        return (f"SyntheticCTR(seed={self.seed}, train_rows={self.train_rows}, "
+                f"test_rows={self.test_rows}, vocabulary_scale={self.vocabulary_scale:.4g}: "
+                f"{self.schema.total_vocabulary} ids, click rate {self.click_rate:.0%})")
+
+    # ----- rows -----
+
+    def rows(self, first_row, num_rows, batch_size, *, keys=ROW_KEYS, drop_remainder=False):
+        """Rows [first_row, first_row + num_rows) as a tf.data.Dataset of dicts of batches.
+
+        Keys (choose with `keys`): "dense" float32 [b, 13] transformed, "dense_raw" int64 [b, 13]
+        raw counts (0 where missing), "dense_present" bool [b, 13], "categorical" int64 [b, 26]
+        (0 = missing), "label" float32 [b], "teacher_probability" float32 [b]."""
+        _check_batch_size(batch_size)
+        if first_row < 0 or num_rows < 0:
+            raise ValueError(f"first_row={first_row} and num_rows={num_rows} must be >= 0")
+        unknown = set(keys) - set(ROW_KEYS)
+        if unknown:
+            raise ValueError(f"unknown row keys {sorted(unknown)}; choose from {ROW_KEYS}")
+        end_row = first_row + num_rows
+        first_block = first_row // BLOCK_ROWS
+        end_block = -(-end_row // BLOCK_ROWS) if num_rows else first_block
+
+        def block_slice(block):
+            rows = self._block(block)
+            lo = tf.maximum(first_row - block * BLOCK_ROWS, 0)
+            hi = tf.minimum(end_row - block * BLOCK_ROWS, BLOCK_ROWS)
+            # gather, not a slice: an aligned slice shares its buffer, which rebatch logs as an error.
+            return {key: tf.gather(rows[key], tf.range(lo, hi)) for key in keys}
+
+        blocks = tf.data.Dataset.range(first_block, end_block).map(
+            block_slice, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return blocks.rebatch(batch_size, drop_remainder=drop_remainder).prefetch(tf.data.AUTOTUNE)
+
+    def _block(self, block):
+        """All values of rows [block * BLOCK_ROWS, (block + 1) * BLOCK_ROWS), as ROW_KEYS."""
+        values = self._unlabelled_block(block)
+        probability = tf.sigmoid(values.pop("teacher_logit") + self.teacher_bias)
+        values["label"] = tf.cast(values.pop("label_uniform") < probability, tf.float32)
+        values["teacher_probability"] = probability
+        return values
+
+    def _unlabelled_block(self, block):
+        """A block's features, the teacher logit without bias and the uniforms that draw labels."""
+        block = tf.cast(block, tf.int64)
+        seed = lambda stream: tf.stack([tf.constant(self.seed, tf.int64), block * _BLOCK_STREAMS + stream])
+        id_uniforms = tf.random.stateless_uniform([BLOCK_ROWS, _NUM_FIELDS], seed(0), dtype=tf.float64)
+        # Columns: categorical missing, dense missing, label.
+        uniforms = tf.random.stateless_uniform([BLOCK_ROWS, _NUM_FIELDS + _NUM_DENSE + 1], seed(1))
+        normals = tf.random.stateless_normal([BLOCK_ROWS, _NUM_DENSE], seed(2))
+        categorical = self._sample_ids(id_uniforms, uniforms[:, :_NUM_FIELDS])
+        dense_present = uniforms[:, _NUM_FIELDS:-1] >= tf.constant(DENSE_MISSING_RATES, tf.float32)
+        dense_raw = tf.where(dense_present, _dense_counts(normals), tf.zeros([], tf.int64))
+        dense = transform_dense(dense_raw, dense_present)
+        return {
+            "dense": dense,
+            "dense_raw": dense_raw,
+            "dense_present": dense_present,
+            "categorical": categorical,
+            "teacher_logit": self._teacher_logit(categorical, dense),
+            "label_uniform": uniforms[:, -1],
+        }
+
+    def _sample_ids(self, id_uniforms, missing_uniforms):
+        """Ids by inverting each field's discretised power law CDF; missing ones become 0.
+
+        Rank k in [1, n] has probability proportional to k^(1-s) - (k+1)^(1-s) (a bounded Pareto
+        on [1, n+1) rounded down), which falls off as k^-s like Zipf's law."""
+        n = tf.constant(self.cardinalities, tf.float64)
+        power = tf.constant(1.0 - self.zipf_exponents, tf.float64)
+        tail_mass = 1.0 - tf.pow(n + 1.0, power)
+        rank = tf.clip_by_value(tf.floor(tf.pow(1.0 - id_uniforms * tail_mass, 1.0 / power)), 1.0, n)
+        offsets = tf.constant(self._offsets, tf.int64)
+        ids = tf.cast(tf.gather(self._id_of_rank, offsets + tf.cast(rank, tf.int64)), tf.int64)
+        missing = missing_uniforms < tf.constant(CATEGORICAL_MISSING_RATES, tf.float32)
+        return tf.where(missing, tf.constant(MISSING_ID, tf.int64), ids)
+
+    def _teacher_logit(self, categorical, dense):
+        """The teacher's logit without bias: first order + FM pairwise interactions + dense."""
+        rows = categorical + tf.constant(self._offsets, tf.int64)
+        first_order = tf.reduce_sum(tf.gather(self._first_order, rows), axis=1)
+        hidden = tf.gather(self._hidden, rows)  # [batch, fields, rank]
+        summed = tf.reduce_sum(hidden, axis=1)
+        # sum_{f<g} <h_f, h_g> = (|sum_f h_f|^2 - sum_f |h_f|^2) / 2
+        pairwise = 0.5 * (tf.reduce_sum(summed * summed, axis=1) - tf.reduce_sum(hidden * hidden, axis=[1, 2]))
+        return first_order + pairwise + tf.linalg.matvec(dense, self._dense_weights)
+
+    # ----- one-off tables -----
+
+    def _stateless_uniform(self, shape, stream, dtype=tf.float64):
+        return tf.random.stateless_uniform(shape, tf.constant([self.seed, stream], tf.int64), dtype=dtype).numpy()
+
+    def _id_order(self):
+        """A random order of each field's ids 1..n, so that frequency does not follow the id:
+        (rank -> id table as a tf.Variable, id -> rank as numpy), both indexed by offset + rank/id."""
+        keys = self._stateless_uniform([self.schema.total_vocabulary], _STREAM_ID_ORDER)
+        id_of_rank = np.zeros(keys.size, np.int32)
+        rank_of_id = np.zeros(keys.size, np.int32)
+        for offset, n in zip(self._offsets, self.cardinalities):
+            order = np.argsort(keys[offset + 1:offset + n + 1], kind="stable") + 1
+            id_of_rank[offset + 1:offset + n + 1] = order
+            rank_of_id[offset + order] = np.arange(1, n + 1)
+        return tf.Variable(id_of_rank, trainable=False, name="synthetic_id_of_rank"), rank_of_id
+
+    def _teacher_tables(self):
+        """The teacher's per-id weights and hidden vectors (row 0 of a field = missing value) and
+        dense weights, as non-trainable variables."""
+        seed = lambda stream: tf.constant([self.seed, stream], tf.int64)
+        scale = np.repeat(self.field_importances, self.schema.vocabulary_sizes).astype(np.float32)
+        total = self.schema.total_vocabulary
+        first_order = tf.random.stateless_normal([total], seed(_STREAM_FIRST_ORDER)) * (FIRST_ORDER_STD * scale)
+        hidden = tf.random.stateless_normal([total, TEACHER_RANK], seed(_STREAM_HIDDEN)) * (HIDDEN_STD * scale[:, None])
+        dense = tf.random.stateless_normal([_NUM_DENSE], seed(_STREAM_DENSE)) * (
+            DENSE_STD / np.array(DENSE_LOG_STDS, np.float32))
+        variable = lambda value, name: tf.Variable(value, trainable=False, name=f"synthetic_teacher_{name}")
+        return variable(first_order, "first_order"), variable(hidden, "hidden"), variable(dense, "dense")
+
+    def _calibrated_bias(self):
+        """The bias whose mean click probability on the calibration rows is click_rate (bisection)."""
+        logits = np.concatenate([
+            self._unlabelled_block(block)["teacher_logit"].numpy() for block in range(CALIBRATION_BLOCKS)
+        ]).astype(np.float64)
+        low, high = -30.0, 30.0
+        for _ in range(60):
+            middle = (low + high) / 2
+            if np.mean(1.0 / (1.0 + np.exp(-(logits + middle)))) < self.click_rate:
+                low = middle
+            else:
+                high = middle
+        return (low + high) / 2
+
+    # ----- the ceiling and id statistics -----
+
+    def test_teacher_probabilities(self):
+        """(labels, teacher probabilities) of the test rows in order, as float numpy arrays."""
+        if self._test_teacher is None:
+            labels, probabilities = [], []
+            for rows in self.rows(self.train_rows, self.test_rows, 65536, keys=("label", "teacher_probability")):
+                labels.append(rows["label"].numpy())
+                probabilities.append(rows["teacher_probability"].numpy())
+            self._test_teacher = (np.concatenate(labels), np.concatenate(probabilities))
+        return self._test_teacher
+
+    def teacher_auc(self):
+        """The teacher's exact AUC on the test rows: the best AUC any model can expect."""
+        return exact_auc(*self.test_teacher_probabilities())
+
+    def teacher_logloss(self):
+        """The teacher's mean log loss on the test rows."""
+        labels, probabilities = self.test_teacher_probabilities()
+        p = np.clip(probabilities.astype(np.float64), 1e-7, 1 - 1e-7)
+        return float(-np.mean(labels * np.log(p) + (1 - labels) * np.log1p(-p)))
+
+    def id_probability(self, field_index, ids):
+        """Probability that a row's value of field `field_index` is each of `ids` (0 = missing)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        n = self.cardinalities[field_index]
+        if ids.size and (ids.min() < 0 or ids.max() > n):
+            raise ValueError(f"ids of field C{field_index + 1} must be in [0, {n}]")
+        power = 1.0 - self.zipf_exponents[field_index]
+        rank = self._rank_of_id[self._offsets[field_index] + ids].astype(np.float64)
+        mass = (rank ** power - (rank + 1) ** power) / (1.0 - (n + 1.0) ** power)
+        missing_rate = CATEGORICAL_MISSING_RATES[field_index]
+        return np.where(ids == MISSING_ID, missing_rate, (1.0 - missing_rate) * mass)
+
+    # ----- Criteo TSV -----
+
+    def write_criteo_tsv(self, path, first_row, num_rows, *, with_label=True, chunk_rows=65536):
+        """Write rows [first_row, first_row + num_rows) in Criteo Kaggle format: label (if
+        with_label), I1..I13 as integers, C1..C26 as 8-char hex, tab separated, empty = missing.
+        A path ending in .gz is gzip-compressed. Streams chunk by chunk."""
+        opener = gzip.open if str(path).endswith(".gz") else open
+        keys = ("dense_raw", "dense_present", "categorical", "label")
+        with opener(path, "wt", newline="\n") as out:
+            for chunk in self.rows(first_row, num_rows, chunk_rows, keys=keys):
+                out.write(_criteo_lines({key: value.numpy() for key, value in chunk.items()}, with_label))
+
+
+def _criteo_lines(rows, with_label):
+    """Rows (numpy dict as from SyntheticCTR.rows) as Criteo TSV text."""
+    columns = []
+    if with_label:
+        columns.append(rows["label"].astype(np.int64).astype(str))
+    for j in range(_NUM_DENSE):
+        columns.append(np.where(rows["dense_present"][:, j], rows["dense_raw"][:, j].astype(str), ""))
+    for f in range(_NUM_FIELDS):
+        ids = rows["categorical"][:, f]
+        columns.append(np.where(ids == MISSING_ID, "", criteo_hash(f, ids)))
+    return "".join("\t".join(line) + "\n" for line in zip(*columns))
+
+
+def _dense_counts(normals):
+    """Heavy-tailed integer counts from standard normals (see DENSE_LOG_MEANS)."""
+    log_count = tf.constant(DENSE_LOG_MEANS) + tf.constant(DENSE_LOG_STDS) * normals
+    counts = tf.cast(tf.floor(tf.math.expm1(tf.maximum(log_count, 0.0))), tf.int64)
+    return counts + tf.constant(DENSE_OFFSETS, tf.int64)
+
+
+def _features_and_labels(rows):
+    return ({"dense": rows["dense"], "categorical": rows["categorical"]}, rows["label"][:, None])
+
+
+def _check_batch_size(batch_size):
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be >= 1")
+
+
+def _check_shard(shard_index, num_shards):
+    if not 0 <= shard_index < num_shards:
+        raise ValueError(f"shard_index={shard_index} must be in [0, num_shards={num_shards})")

@@ -1,0 +1,572 @@
+"""The shared machinery of the delimited-text CTR readers (Criteo TSV, Avazu CSV).
+
+Owns: resolving and checking input paths, streaming numbered chunks of lines with tf.data, the
+train/test split and sharding by line number, splitting lines into fields, per-line checks that
+stop with an error naming file and line (or skip and count the bad lines), the dense transforms,
+hashing of categorical strings, and `DelimitedTextSource`, the CTRSource that a data set
+specialises with a `TextFormat` (what its lines look like).
+
+Every step works on whole chunks of lines (vectorised string ops), mapped in parallel and in order,
+so reading is fast and deterministic.
+"""
+
+import collections
+import dataclasses
+import glob
+import gzip
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from tfscale.data import vocabulary as vocabulary_lib
+from tfscale.data.schema import MISSING_ID, FeatureSchema
+from tfscale.data.source import CTRSource
+from tfscale.errors import DATA_ERROR_MARKER, UserError
+
+CHUNK_LINES = 4096  # lines parsed together by one vectorised map call
+DEFAULT_HASH_BUCKETS = 1 << 17  # per categorical field, when there is no vocabulary
+_INTEGER_PATTERN = r"[+-]?[0-9]+"
+_SHOWN_VALUE_CHARS = 40  # a bad value is quoted in an error message up to this length
+
+
+# ----------------------------------------------------------------------------- files
+
+def resolve_paths(paths):
+    """Expand a path, a glob or a list of them into existing, non-empty files (UserError if not)."""
+    patterns = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    if not patterns:
+        raise UserError("no input files given")
+    files = []
+    for pattern in map(os.fspath, patterns):
+        if glob.has_magic(pattern):
+            matches = sorted(glob.glob(pattern))
+            if not matches:
+                raise UserError(f"{pattern}: no file matches this pattern")
+            files.extend(matches)
+        else:
+            files.append(pattern)
+    for path in files:
+        if not os.path.exists(path):
+            raise UserError(f"{path}: no such file")
+        if not os.path.isfile(path):
+            raise UserError(f"{path}: not a file")
+        if os.path.getsize(path) == 0:
+            raise UserError(f"{path}: the file is empty")
+    return files
+
+
+def compression_of(path):
+    """The tf.data compression type of a file, from its extension."""
+    return "GZIP" if path.endswith(".gz") else ""
+
+
+def read_first_lines(path, count):
+    """The first `count` lines of a (possibly gzipped) file, without line ends; fewer if short."""
+    opener = gzip.open if compression_of(path) else open
+    lines = []
+    try:
+        with opener(path, "rb") as stream:
+            for raw in stream:
+                lines.append(raw.rstrip(b"\r\n").decode("utf-8", "replace"))
+                if len(lines) == count:
+                    break
+    except (OSError, EOFError) as error:
+        raise UserError(f"{path}: cannot read the file ({error})") from None
+    return lines
+
+
+@dataclasses.dataclass(frozen=True)
+class LineLayout:
+    """The columns of the lines of one file, by name, and how many header lines precede them."""
+
+    column_names: tuple
+    header_lines: int = 0
+
+    @property
+    def num_fields(self):
+        return len(self.column_names)
+
+    def index(self, name):
+        return self.column_names.index(name)
+
+
+class FileSet:
+    """One set of input files (the train or the test files) sharing one layout."""
+
+    def __init__(self, text_format, paths):
+        self.paths = resolve_paths(paths)
+        self.layout = self._common_layout(text_format)
+        self.has_labels = text_format.label_name in self.layout.column_names
+
+    def _common_layout(self, text_format):
+        layouts = []
+        for path in self.paths:
+            lines = read_first_lines(path, text_format.header_lines + 1)
+            if len(lines) <= text_format.header_lines:
+                raise UserError(f"{path}: the file has no data lines")
+            layouts.append(text_format.layout(path, lines[0]))
+            if layouts[-1] != layouts[0]:
+                raise UserError(
+                    f"{path}: its columns differ from those of {self.paths[0]} "
+                    f"({layouts[-1].num_fields} against {layouts[0].num_fields}); "
+                    "files read together must have the same columns"
+                )
+        return layouts[0]
+
+    def describe(self):
+        more = f" (+{len(self.paths) - 1} files)" if len(self.paths) > 1 else ""
+        return self.paths[0] + more
+
+    def chunks(self, order, chunk_lines):
+        """(file_index, first_line_number, lines) for consecutive chunks of the files in `order`;
+        line numbers are 1-based in the file, counting header lines."""
+        header = self.layout.header_lines
+
+        def read_file(file_index, path, compression):
+            lines = tf.data.TextLineDataset(path, compression_type=compression, buffer_size=1 << 20)
+            chunks = lines.skip(header).batch(chunk_lines).enumerate()
+            return chunks.map(
+                lambda k, chunk: (file_index, header + 1 + k * chunk_lines, chunk)
+            )
+
+        files = tf.data.Dataset.from_tensor_slices((
+            tf.constant(order, tf.int64),
+            tf.constant([self.paths[i] for i in order]),
+            tf.constant([compression_of(self.paths[i]) for i in order]),
+        ))
+        return files.flat_map(read_file)
+
+
+# ----------------------------------------------------------------------------- line selection
+
+def _mix64(values):
+    """A well-mixed 64-bit hash of int64 values (splitmix64 finaliser), as uint64."""
+    x = tf.bitcast(values, tf.uint64)
+    x = (x ^ tf.bitwise.right_shift(x, tf.constant(30, tf.uint64))) * tf.constant(
+        0xBF58476D1CE4E5B9, tf.uint64)
+    x = (x ^ tf.bitwise.right_shift(x, tf.constant(27, tf.uint64))) * tf.constant(
+        0x94D049BB133111EB, tf.uint64)
+    return x ^ tf.bitwise.right_shift(x, tf.constant(31, tf.uint64))
+
+
+def in_test_split(file_index, line_numbers, test_fraction):
+    """Whether each line belongs to the test split: a fixed hash of (file, line number) falls in
+    the first `test_fraction` of its range, so the split is the same in every run."""
+    key = tf.bitwise.left_shift(file_index, tf.constant(40, tf.int64)) + line_numbers
+    unit = tf.cast(tf.bitwise.right_shift(_mix64(key), tf.constant(11, tf.uint64)), tf.float64)
+    return unit * (1.0 / (1 << 53)) < test_fraction
+
+
+@dataclasses.dataclass(frozen=True)
+class LineSelection:
+    """Which lines a pass reads: one side of the hashed train/test split (or every line when
+    `test_fraction` is None), then the lines whose number modulo `num_shards` is `shard_index`."""
+
+    test_fraction: float = None
+    want_test: bool = False
+    shard_index: int = 0
+    num_shards: int = 1
+
+    def __call__(self, file_index, line_numbers):
+        keep = tf.equal(line_numbers % self.num_shards, self.shard_index)
+        if self.test_fraction is not None:
+            in_test = in_test_split(file_index, line_numbers, self.test_fraction)
+            keep &= in_test if self.want_test else tf.logical_not(in_test)
+        return keep
+
+
+# ----------------------------------------------------------------------------- parsing
+
+Check = collections.namedtuple("Check", "bad describe")
+Check.__doc__ = """One rule for lines: `bad` bool [n] per line, `describe(row)` the problem of a
+bad row as a scalar string (built only when an error is raised)."""
+
+
+def quoted(value):
+    """A field value for an error message: quoted and cut to a readable length."""
+    return tf.strings.join(["'", tf.strings.substr(value, 0, _SHOWN_VALUE_CHARS), "'"])
+
+
+class Fields:
+    """The fields of a chunk of lines, [n, num_fields] strings, looked up by column name."""
+
+    def __init__(self, values, layout):
+        self.values = values
+        self.layout = layout
+
+    def __getitem__(self, name):
+        return self.values[:, self.layout.index(name)]
+
+    def gather(self, names):
+        """[n, len(names)] strings of the named columns."""
+        indices = [self.layout.index(name) for name in names]
+        return tf.gather(self.values, tf.constant(indices, tf.int32), axis=1)
+
+    def masked(self, keep):
+        return Fields(tf.boolean_mask(self.values, keep), self.layout)
+
+
+class TextFormat:
+    """What the lines of one data set look like; Criteo and Avazu subclass it."""
+
+    name = None
+    delimiter = None
+    delimiter_name = None  # for messages: "tab", "comma"
+    header_lines = 0
+    label_name = None
+    dense_names = ()  # integer fields
+    categorical_names = ()  # string fields, encoded by hashing or a vocabulary
+    derived_fields = ()  # (name, rows) of categorical fields computed from the line, exact ids
+
+    def layout(self, path, first_line):
+        """The LineLayout of a file from its first line (UserError if it fits no known layout)."""
+        raise NotImplementedError
+
+    def extra_checks(self, fields):
+        """Checks beyond field count, label and integers (list of Check)."""
+        return []
+
+    def derived_ids(self, fields):
+        """int64 [n, len(derived_fields)] ids of the derived fields (row 0 = missing)."""
+        return tf.zeros([tf.shape(fields.values)[0], 0], tf.int64)
+
+
+class LineParser:
+    """Turns chunks of lines of one FileSet into raw columns, checking every line.
+
+    Raw columns: labels float32 [n] (zeros for files without labels), dense float32 [n, D] (the
+    integers as read, 0 where missing), dense_present bool [n, D], categorical string [n, C] and
+    derived int64 [n, E]. A bad line stops the pipeline with an InvalidArgumentError whose message
+    starts with DATA_ERROR_MARKER and names file and line; with a `bad_line_counter` (a tf.Variable)
+    bad lines are dropped and counted instead.
+    """
+
+    def __init__(self, text_format, files, bad_line_counter=None):
+        self._format = text_format
+        self._files = files
+        self._paths = tf.constant(files.paths)
+        self._bad_line_counter = bad_line_counter
+
+    def __call__(self, file_index, line_numbers, lines):
+        layout = self._files.layout
+        split = tf.strings.split(lines, self._format.delimiter)
+        found = split.row_lengths()
+        fields = Fields(split.to_tensor(default_value="", shape=[None, layout.num_fields]), layout)
+        checks = self._checks(fields, found)
+        bad = tf.reduce_any(tf.stack([check.bad for check in checks], axis=1), axis=1)
+        if self._bad_line_counter is None:
+            verdict = self._stop_at_first_bad(checks, bad, file_index, line_numbers)
+            with tf.control_dependencies([verdict]):
+                fields = Fields(tf.identity(fields.values), layout)
+        else:
+            counted = self._bad_line_counter.assign_add(tf.reduce_sum(tf.cast(bad, tf.int64)))
+            with tf.control_dependencies([counted]):
+                fields = fields.masked(tf.logical_not(bad))
+        return self._columns(fields)
+
+    def _checks(self, fields, found):
+        fmt, layout = self._format, self._files.layout
+        expected = layout.num_fields
+        checks = [Check(
+            tf.not_equal(found, expected),
+            lambda row: tf.strings.join([
+                f"expected {expected} {fmt.delimiter_name}-separated fields, found ",
+                tf.strings.as_string(found[row]),
+            ]),
+        )]
+        if self._files.has_labels:
+            label = fields[fmt.label_name]
+            checks.append(Check(
+                tf.logical_not((label == "0") | (label == "1")),
+                lambda row: tf.strings.join([f"{fmt.label_name} must be 0 or 1, found ",
+                                             quoted(label[row])]),
+            ))
+        if fmt.dense_names:
+            checks.append(self._integer_check(fields.gather(fmt.dense_names)))
+        return checks + fmt.extra_checks(fields)
+
+    def _integer_check(self, dense):
+        bad = (dense != "") & tf.logical_not(tf.strings.regex_full_match(dense, _INTEGER_PATTERN))
+        names = tf.constant(self._format.dense_names)
+
+        def describe(row):
+            column = tf.argmax(tf.cast(bad[row], tf.int32), output_type=tf.int32)
+            return tf.strings.join([names[column], " must be an integer, found ",
+                                    quoted(dense[row, column])])
+
+        return Check(tf.reduce_any(bad, axis=1), describe)
+
+    def _stop_at_first_bad(self, checks, bad, file_index, line_numbers):
+        """An op that raises the data error of the first bad line, if any."""
+
+        def fail():
+            row = tf.argmax(tf.cast(bad, tf.int32), output_type=tf.int32)
+            problem = checks[-1].describe(row)
+            for check in reversed(checks[:-1]):
+                problem = tf.where(check.bad[row], check.describe(row), problem)
+            message = tf.strings.join([
+                DATA_ERROR_MARKER, self._paths[file_index], " line ",
+                tf.strings.as_string(line_numbers[row]), ": ", problem,
+            ])
+            with tf.control_dependencies([tf.py_function(_raise_data_error, [message], [])]):
+                return tf.constant(False)
+
+        return tf.cond(tf.reduce_any(bad), fail, lambda: tf.constant(True))
+
+    def _columns(self, fields):
+        fmt = self._format
+        rows = tf.shape(fields.values)[0]
+        if self._files.has_labels:
+            labels = tf.strings.to_number(fields[fmt.label_name], tf.float32)
+        else:
+            labels = tf.zeros([rows], tf.float32)
+        dense = fields.gather(fmt.dense_names)
+        present = dense != ""
+        return {
+            "labels": labels,
+            "dense": tf.strings.to_number(tf.where(present, dense, "0"), tf.float32),
+            "dense_present": present,
+            "categorical": fields.gather(fmt.categorical_names),
+            "derived": fmt.derived_ids(fields),
+        }
+
+
+def _raise_data_error(message):
+    # A ValueError inside tf.py_function reaches the caller as tf.errors.InvalidArgumentError.
+    raise ValueError(message.numpy().decode("utf-8", "replace"))
+
+
+def line_numbers_of(first_line, lines):
+    """The 1-based line numbers of a chunk that starts at `first_line`."""
+    return first_line + tf.range(tf.size(lines, out_type=tf.int64))
+
+
+# ----------------------------------------------------------------------------- transforms
+
+def log_transform(values, present):
+    """sign(x) * log1p(|x|), so negative integers keep their sign; missing -> 0."""
+    return tf.where(present, tf.sign(values) * tf.math.log1p(tf.abs(values)), 0.0)
+
+
+def min_max_transform(lows, highs):
+    """(x - min) / (max - min) clipped to [0, 1] with min/max per field from the vocabulary pass;
+    missing, or a field whose min equals its max, -> 0."""
+    lows = tf.constant(lows, tf.float32)
+    spans = tf.constant(highs, tf.float32) - lows
+
+    def transform(values, present):
+        scaled = tf.math.divide_no_nan(values - lows, spans)
+        return tf.where(present, tf.clip_by_value(scaled, 0.0, 1.0), 0.0)
+
+    return transform
+
+
+class HashingEncoder:
+    """Categorical strings -> ids by hashing: row 0 = missing (empty), rows 1..buckets[f] hold the
+    hash buckets of field f (tf.strings.to_hash_bucket_fast, stable across runs)."""
+
+    def __init__(self, buckets):
+        self.buckets = tuple(int(b) for b in buckets)
+        self.sizes = tuple(b + 1 for b in self.buckets)
+        self._buckets = tf.constant(self.buckets, tf.int64)
+
+    def encode(self, strings):
+        hashed = tf.strings.to_hash_bucket_fast(strings, (1 << 63) - 1)
+        return tf.where(strings == "", tf.constant(MISSING_ID, tf.int64),
+                        hashed % self._buckets + 1)
+
+    def describe(self):
+        sizes = sorted(set(self.buckets))
+        return f"hashing into {sizes[0] if len(sizes) == 1 else sizes} buckets per field"
+
+
+def hash_buckets_per_field(hash_buckets, names):
+    """A single bucket count or one per field, as a tuple per field (UserError if malformed)."""
+    buckets = [hash_buckets] * len(names) if np.ndim(hash_buckets) == 0 else list(hash_buckets)
+    if len(buckets) != len(names):
+        raise UserError(f"hash_buckets has {len(buckets)} entries for {len(names)} categorical "
+                        "fields; give one number or one per field")
+    if any(int(b) < 1 for b in buckets):
+        raise UserError(f"hash_buckets must be at least 1, got {buckets}")
+    return tuple(int(b) for b in buckets)
+
+
+def shuffle_seed(seed, epoch):
+    """The shuffle seed of one epoch: a fixed function of (seed, epoch)."""
+    return int(np.random.SeedSequence([int(seed), int(epoch)]).generate_state(1)[0])
+
+
+# ----------------------------------------------------------------------------- the source
+
+class DelimitedTextSource(CTRSource):
+    """A CTRSource reading delimited text files of the data set described by `FORMAT`.
+
+    Args:
+      train_paths: path, glob, or list of them (`.gz` files are read as gzip). Must be labelled.
+      test_paths: the same for the test split; None splits the train files by a fixed hash of
+        (file, line number): lines in `test_fraction` of the hash range are test, the rest train.
+      test_fraction: used only without test_paths.
+      vocabulary: a Vocabulary or the path of one saved by `launch.build_vocab`; categorical
+        strings are then looked up (row 0 missing, row 1 out of vocabulary, then its values).
+      hash_buckets: without a vocabulary, hash each categorical field into this many buckets
+        (one int, or one per field; default DEFAULT_HASH_BUCKETS); ids 1..buckets, 0 = missing.
+      dense_transform: "log" (sign(x) * log1p(|x|)) or "minmax" (needs a vocabulary, which
+        records each field's min and max); missing integers are 0 either way.
+      shuffle_buffer: rows in the shuffle buffer of the train split (0 = file order); the file
+        order and the buffer are shuffled by a seed derived from (seed, epoch).
+      on_bad_line: "error" stops at the first malformed line with a data error naming file and
+        line; "skip" drops malformed lines and counts them (see bad_line_count).
+      chunk_lines: lines parsed together by one vectorised step.
+    """
+
+    FORMAT = None  # a TextFormat
+
+    def __init__(self, train_paths, test_paths=None, *, test_fraction=0.1, vocabulary=None,
+                 hash_buckets=None, dense_transform="log", shuffle_buffer=0, seed=0,
+                 on_bad_line="error", chunk_lines=CHUNK_LINES):
+        fmt = self.FORMAT
+        if on_bad_line not in ("error", "skip"):
+            raise UserError(f"on_bad_line must be 'error' or 'skip', got {on_bad_line!r}")
+        self._train = FileSet(fmt, train_paths)
+        if not self._train.has_labels:
+            raise UserError(f"{self._train.paths[0]}: training files need the "
+                            f"'{fmt.label_name}' column and this one has none (a test file?)")
+        self._test = FileSet(fmt, test_paths) if test_paths is not None else None
+        if self._test is None and not 0.0 < test_fraction < 1.0:
+            raise UserError(f"test_fraction must be between 0 and 1, got {test_fraction}")
+        self._test_fraction = None if self._test is not None else float(test_fraction)
+        self._skip_bad_lines = on_bad_line == "skip"
+        self._shuffle_buffer = int(shuffle_buffer)
+        self._seed = int(seed)
+        self._chunk_lines = int(chunk_lines)
+        self._pass_counters = {"train": [], "test": []}
+        self._vocabulary = self._load_vocabulary(vocabulary)
+        self._encoder = self._categorical_encoder(hash_buckets)
+        self._dense_transform = self._dense_transform_of(dense_transform)
+        self.schema = FeatureSchema(
+            dense_names=tuple(fmt.dense_names),
+            categorical_names=tuple(fmt.categorical_names) + tuple(
+                name for name, _ in fmt.derived_fields),
+            vocabulary_sizes=self._encoder.sizes + tuple(rows for _, rows in fmt.derived_fields),
+        )
+
+    # -- construction helpers
+
+    def _load_vocabulary(self, vocabulary):
+        if vocabulary is None:
+            return None
+        if not isinstance(vocabulary, vocabulary_lib.Vocabulary):
+            vocabulary = vocabulary_lib.Vocabulary.load(vocabulary)
+        vocabulary.check_fits(self.FORMAT.name, self.FORMAT.categorical_names,
+                              self.FORMAT.dense_names)
+        return vocabulary
+
+    def _categorical_encoder(self, hash_buckets):
+        names = self.FORMAT.categorical_names
+        if self._vocabulary is None:
+            buckets = DEFAULT_HASH_BUCKETS if hash_buckets is None else hash_buckets
+            return HashingEncoder(hash_buckets_per_field(buckets, names))
+        if hash_buckets is not None:
+            raise UserError("give either a vocabulary or hash_buckets, not both")
+        return self._vocabulary.encoder(names)
+
+    def _dense_transform_of(self, name):
+        if name == "log":
+            return log_transform
+        if name == "minmax":
+            if self._vocabulary is None:
+                raise UserError("dense_transform='minmax' needs a vocabulary (it records each "
+                                "integer field's min and max); build one with launch.build_vocab")
+            return min_max_transform(*self._vocabulary.dense_bounds(self.FORMAT.dense_names))
+        raise UserError(f"dense_transform must be 'log' or 'minmax', got {name!r}")
+
+    # -- CTRSource
+
+    @property
+    def test_has_labels(self):
+        """False when the test files have no label column (their labels are then all 0)."""
+        return (self._test or self._train).has_labels
+
+    def train_batches(self, batch_size, *, epoch=0, skip_batches=0, shard_index=0, num_shards=1):
+        selection = LineSelection(self._test_fraction, False, shard_index, num_shards)
+        order = np.arange(len(self._train.paths))
+        if self._shuffle_buffer:
+            order = np.random.default_rng([self._seed, epoch]).permutation(order)
+        rows = self._rows(self._train, selection, order, "train")
+        if self._shuffle_buffer:
+            batches = rows.unbatch().shuffle(
+                self._shuffle_buffer, seed=shuffle_seed(self._seed, epoch),
+                reshuffle_each_iteration=False,
+            ).batch(batch_size, drop_remainder=True)
+        else:
+            batches = rows.rebatch(batch_size, drop_remainder=True)
+        return batches.skip(skip_batches).prefetch(tf.data.AUTOTUNE)
+
+    def test_batches(self, batch_size, *, shard_index=0, num_shards=1):
+        files = self._test or self._train
+        selection = LineSelection(self._test_fraction, True, shard_index, num_shards)
+        rows = self._rows(files, selection, np.arange(len(files.paths)), "test")
+        return rows.rebatch(batch_size).prefetch(tf.data.AUTOTUNE)
+
+    def bad_line_count(self):
+        """Malformed lines skipped (on_bad_line="skip") by this process: per split, the most seen
+        in one pass, so a bad line counts once however many epochs read it."""
+        return sum(max((int(v.numpy()) for v in counters), default=0)
+                   for counters in self._pass_counters.values())
+
+    def describe(self):
+        test = (self._test.describe() if self._test
+                else f"{self._test_fraction:g} of the train lines by line hash")
+        encoding = (self._vocabulary.describe() if self._vocabulary
+                    else self._encoder.describe())
+        return (f"{type(self).__name__}: train {self._train.describe()}, test {test}; "
+                f"categorical {encoding}; on bad lines: "
+                f"{'skip' if self._skip_bad_lines else 'error'}")
+
+    # -- pipeline
+
+    def _rows(self, files, selection, order, split):
+        """Batches of variable size (one per chunk) of the selected lines, as (features, labels)."""
+        counter = None
+        if self._skip_bad_lines:
+            counter = tf.Variable(0, dtype=tf.int64, trainable=False)
+            self._pass_counters[split].append(counter)
+        parser = LineParser(self.FORMAT, files, counter)
+
+        def parse_chunk(file_index, first_line, lines):
+            numbers = line_numbers_of(first_line, lines)
+            keep = selection(file_index, numbers)
+            raw = parser(file_index, tf.boolean_mask(numbers, keep), tf.boolean_mask(lines, keep))
+            return self._features(raw)
+
+        return files.chunks(order, self._chunk_lines).map(
+            parse_chunk, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+    def _features(self, raw):
+        categorical = tf.concat([self._encoder.encode(raw["categorical"]), raw["derived"]], axis=1)
+        features = {
+            "dense": self._dense_transform(raw["dense"], raw["dense_present"]),
+            "categorical": categorical,
+        }
+        return features, tf.expand_dims(raw["labels"], 1)
+
+    # -- vocabulary
+
+    @classmethod
+    def build_vocabulary(cls, paths, *, min_count=1, on_bad_line="error",
+                         chunk_lines=4 * CHUNK_LINES):
+        """Count categorical values and integer ranges in one streaming pass over `paths`."""
+        if on_bad_line not in ("error", "skip"):
+            raise UserError(f"on_bad_line must be 'error' or 'skip', got {on_bad_line!r}")
+        files = FileSet(cls.FORMAT, paths)
+        counter = tf.Variable(0, dtype=tf.int64) if on_bad_line == "skip" else None
+        parser = LineParser(cls.FORMAT, files, counter)
+        raw = files.chunks(np.arange(len(files.paths)), chunk_lines).map(
+            lambda index, first, lines: parser(index, line_numbers_of(first, lines), lines),
+            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        vocabulary = vocabulary_lib.count_vocabulary(
+            raw, format_name=cls.FORMAT.name, categorical_names=cls.FORMAT.categorical_names,
+            dense_names=cls.FORMAT.dense_names, min_count=min_count)
+        vocabulary.bad_lines_skipped = 0 if counter is None else int(counter.numpy())
+        return vocabulary

@@ -1,0 +1,172 @@
+"""The categorical-feature embedding layer shared by all CTR models: one concatenated table per
+embedding kind (a deep [total_vocabulary, dim] table, optionally a 1-wide linear "wide" table),
+per-field row offsets, an in-graph range check of the ids, and the names by which optimizers tell
+the two kinds of table apart.
+
+Variable paths (what `keras.optimizers.OptimizerMap` and CowClip match on, with `re.fullmatch`):
+  deep table: ".../deep_embedding/embeddings"  -> DEEP_TABLE_PATTERN  (clipped by CowClip)
+  wide table: ".../wide_embedding/embeddings"  -> WIDE_TABLE_PATTERN  (never clipped)
+"""
+
+import re
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfscale.errors import DATA_ERROR_MARKER
+
+DEEP_TABLE_NAME = "deep_embedding"
+WIDE_TABLE_NAME = "wide_embedding"
+DEEP_TABLE_PATTERN = rf"(.*/)?{DEEP_TABLE_NAME}/embeddings"
+WIDE_TABLE_PATTERN = rf"(.*/)?{WIDE_TABLE_NAME}/embeddings"
+
+
+def is_deep_table(variable):
+    """Whether `variable` is a deep (per-row clipped) embedding table of a FieldEmbedding."""
+    return re.fullmatch(DEEP_TABLE_PATTERN, variable.path) is not None
+
+
+def is_wide_table(variable):
+    """Whether `variable` is a 1-wide linear table of a FieldEmbedding."""
+    return re.fullmatch(WIDE_TABLE_PATTERN, variable.path) is not None
+
+
+@keras.saving.register_keras_serializable(package="tfscale")
+class FieldEmbedding(keras.layers.Layer):
+    """Looks up every categorical field of a batch in one concatenated table per kind.
+
+    Field f owns rows [offset_f, offset_f + vocabulary_sizes[f]) of each table, so a batch of ids
+    [B, n_fields] costs one gather per table. The tables are float32 whatever the dtype policy;
+    the outputs are cast to the layer's compute dtype.
+
+    Args:
+        vocabulary_sizes: rows per field (`FeatureSchema.vocabulary_sizes`).
+        embedding_dim: width of the deep table.
+        use_wide: also build the 1-wide linear table and return the summed linear term.
+        embeddings_initializer: deep table initializer; default RandomNormal(stddev=0.01), seeded
+            from Keras's global seed (`keras.utils.set_random_seed`).
+        wide_initializer: wide table initializer (default zeros, as DeepCTR's linear part).
+        embeddings_regularizer, wide_regularizer: e.g. `keras.regularizers.L2(l)`, applied to the
+            whole table (the CowClip paper's L2).
+        check_ids: assert in the graph that field f's ids lie in [0, vocabulary_sizes[f]); an id
+            out of range would otherwise silently read the next field's rows. The assertion is a
+            no-op inside XLA-compiled functions.
+
+    Call: int ids [B, n_fields] -> embeddings [B, n_fields, embedding_dim], and with `use_wide`
+    the tuple (embeddings, linear term [B, 1]).
+    """
+
+    def __init__(
+        self,
+        vocabulary_sizes,
+        embedding_dim=10,
+        use_wide=False,
+        embeddings_initializer=None,
+        wide_initializer="zeros",
+        embeddings_regularizer=None,
+        wide_regularizer=None,
+        check_ids=True,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.vocabulary_sizes = tuple(int(s) for s in vocabulary_sizes)
+        if not self.vocabulary_sizes or min(self.vocabulary_sizes) < 1:
+            raise ValueError(f"need at least one field of at least 1 row, got {vocabulary_sizes}")
+        self.embedding_dim = int(embedding_dim)
+        self.use_wide = bool(use_wide)
+        self.check_ids = bool(check_ids)
+        if embeddings_initializer is None:
+            embeddings_initializer = keras.initializers.RandomNormal(stddev=0.01)
+        self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
+        self.wide_initializer = keras.initializers.get(wide_initializer)
+        self.embeddings_regularizer = keras.regularizers.get(embeddings_regularizer)
+        self.wide_regularizer = keras.regularizers.get(wide_regularizer)
+
+        sizes = np.array(self.vocabulary_sizes, dtype=np.int64)
+        self._sizes = sizes
+        self._offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        total = int(sizes.sum())
+        self.deep_table = keras.layers.Embedding(
+            total,
+            self.embedding_dim,
+            embeddings_initializer=self.embeddings_initializer,
+            embeddings_regularizer=self.embeddings_regularizer,
+            dtype="float32",
+            name=DEEP_TABLE_NAME,
+        )
+        self.wide_table = None
+        if self.use_wide:
+            self.wide_table = keras.layers.Embedding(
+                total,
+                1,
+                embeddings_initializer=self.wide_initializer,
+                embeddings_regularizer=self.wide_regularizer,
+                dtype="float32",
+                name=WIDE_TABLE_NAME,
+            )
+
+    @property
+    def num_fields(self):
+        return len(self.vocabulary_sizes)
+
+    @property
+    def offsets(self):
+        """First row of each field in the concatenated tables (int64 [n_fields])."""
+        return self._offsets.copy()
+
+    def build(self, input_shape=None):
+        self.deep_table.build((None, self.num_fields))
+        if self.wide_table is not None:
+            self.wide_table.build((None, self.num_fields))
+
+    def call(self, ids):
+        ids = tf.cast(ids, tf.int64)
+        if self.check_ids:
+            self._assert_ids_in_range(ids)
+        rows = ids + self._offsets
+        embeddings = tf.cast(self.deep_table(rows), self.compute_dtype)
+        if self.wide_table is None:
+            return embeddings
+        linear = tf.reduce_sum(self.wide_table(rows), axis=1)  # [B, n_fields, 1] -> [B, 1]
+        return embeddings, tf.cast(linear, self.compute_dtype)
+
+    def _assert_ids_in_range(self, ids):
+        column_ok = tf.reduce_all((ids >= 0) & (ids < self._sizes), axis=0)
+        column = tf.argmin(tf.cast(column_ok, tf.int32), output_type=tf.int64)
+        values = tf.gather(ids, column, axis=1)
+        # Only string literals and numbers as data, so the op also compiles (as a no-op) in XLA.
+        tf.debugging.Assert(
+            tf.reduce_all(column_ok),
+            [
+                DATA_ERROR_MARKER + "a categorical id is outside the embedding rows of its field (size "
+                "the vocabulary from the full data, train and test, or map unseen ids to row 0); "
+                "column, smallest id, largest id, rows:",
+                column,
+                tf.reduce_min(values),
+                tf.reduce_max(values),
+                tf.gather(self._sizes, column),
+            ],
+        )
+
+    def compute_output_shape(self, input_shape):
+        embeddings = (*input_shape, self.embedding_dim)
+        if self.wide_table is None:
+            return embeddings
+        return embeddings, (input_shape[0], 1)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "vocabulary_sizes": list(self.vocabulary_sizes),
+                "embedding_dim": self.embedding_dim,
+                "use_wide": self.use_wide,
+                "embeddings_initializer": keras.initializers.serialize(self.embeddings_initializer),
+                "wide_initializer": keras.initializers.serialize(self.wide_initializer),
+                "embeddings_regularizer": keras.regularizers.serialize(self.embeddings_regularizer),
+                "wide_regularizer": keras.regularizers.serialize(self.wide_regularizer),
+                "check_ids": self.check_ids,
+            }
+        )
+        return config

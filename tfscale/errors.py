@@ -1,0 +1,23 @@
+"""User-facing errors: one exception type for bad input, and the bridge from data errors raised
+inside a tf.data graph (which reach Python as tf.errors.InvalidArgumentError) back to it."""
+
+import re
+
+# Data-pipeline checks raise InvalidArgumentError with this marker in front of the message, so the
+# launcher can tell a bad input file from a bug and print the message without a traceback.
+DATA_ERROR_MARKER = "[tfscale data error] "
+
+
+class UserError(Exception):
+    """Bad input from the user (a file, a line in it, or a flag); the message says which and what
+    to do. The launcher prints it as one paragraph and exits non-zero."""
+
+
+def user_error_from_tf(error):
+    """The UserError carried by a TF error raised by a data check, or None for any other error."""
+    message = str(getattr(error, "message", error))
+    match = re.search(re.escape(DATA_ERROR_MARKER) + r"(.*)", message, re.DOTALL)
+    if match is None:
+        return None
+    # TF appends graph context ("\n\t [[{{node ...}}]]") after the message: keep the first line.
+    return UserError(match.group(1).strip().splitlines()[0].strip())

@@ -1,0 +1,34 @@
+"""Exact evaluation of a model over a whole (test) split: every prediction is kept, so AUC and
+log loss are exact rather than bucketed."""
+
+import numpy as np
+import tensorflow as tf
+
+from tfscale import metrics
+
+
+def predict_with_labels(model, dataset):
+    """Runs `model` over a dataset of (features, labels) and returns (labels, predictions) as
+    flat float64 numpy arrays, in dataset order."""
+
+    @tf.function(reduce_retracing=True)
+    def predict_step(features):
+        return model(features, training=False)
+
+    labels, predictions = [], []
+    for features, batch_labels in dataset:
+        predictions.append(tf.cast(predict_step(features), tf.float64).numpy().reshape(-1))
+        labels.append(batch_labels.numpy().astype(np.float64).reshape(-1))
+    if not labels:
+        raise ValueError("the evaluation split is empty")
+    return np.concatenate(labels), np.concatenate(predictions)
+
+
+def evaluate_exact(model, dataset):
+    """{"auc", "logloss", "examples"} of `model` on every example of `dataset`."""
+    labels, predictions = predict_with_labels(model, dataset)
+    return {
+        "auc": metrics.exact_auc(labels, predictions),
+        "logloss": metrics.log_loss(labels, predictions),
+        "examples": int(labels.size),
+    }

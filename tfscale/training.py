@@ -1,0 +1,155 @@
+"""The training run: epochs of `model.fit` over a CTRSource, exact test evaluation after each
+epoch, TensorBoard scalars, periodic atomic checkpoints, and resuming mid-epoch from the last
+checkpoint so that a stopped-and-resumed run ends with the same weights as an uninterrupted one.
+
+`model.fit` is called once per epoch (each epoch's dataset starts at the right batch when
+resuming); the model must be compiled before `train` is called."""
+
+import dataclasses
+import os
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from tfscale import callbacks as tfs_callbacks
+from tfscale.checkpoints import CheckpointStore
+from tfscale.errors import UserError
+from tfscale.evaluation import evaluate_exact
+
+
+@dataclasses.dataclass
+class TrainingConfig:
+    """How to run training; see `train`."""
+
+    batch_size: int
+    epochs: int
+    log_every_steps: int = 100
+    logdir: str = None  # TensorBoard event files go to logdir/train and logdir/test
+    checkpoint_dir: str = None
+    checkpoint_every_steps: int = 0  # 0: only at the end of each epoch
+    resume: bool = False
+    stop_after_steps: int = None  # stop as an interrupted run would (tests, preemption drills)
+
+
+@dataclasses.dataclass
+class TrainingResult:
+    """What a run did: per-epoch test metrics (dicts with epoch, auc, logloss, examples,
+    train_seconds, examples_per_second), the final global step, and whether it stopped early."""
+
+    epochs: list
+    global_step: int
+    stopped_early: bool
+
+    @property
+    def final(self):
+        return self.epochs[-1] if self.epochs else None
+
+
+def build_model_and_optimizer(model, schema):
+    """Creates every model and optimizer variable by calling the model on a one-row batch of
+    `schema` and building the optimizer, so checkpoints can be restored into them."""
+    dummy = {
+        "dense": tf.zeros([1, schema.num_dense], tf.float32),
+        "categorical": tf.zeros([1, schema.num_categorical], tf.int64),
+    }
+    model(dummy, training=False)
+    model.optimizer.build(model.trainable_variables)
+
+
+def train(model, source, config, print_fn=print):
+    """Trains the compiled `model` on `source` as `config` says and returns a TrainingResult."""
+    build_model_and_optimizer(model, source.schema)
+    store = CheckpointStore(config.checkpoint_dir, model=model, optimizer=model.optimizer) \
+        if config.checkpoint_dir else None
+    start_epoch, skip_batches = _starting_position(store, config, print_fn)
+
+    writers = _summary_writers(config.logdir)
+    steps_per_epoch = source.train_steps_per_epoch(config.batch_size)
+    monitor = tfs_callbacks.TrainingMonitor(
+        config.batch_size, config.log_every_steps, writers.get("train"), steps_per_epoch, print_fn)
+    run_callbacks = [monitor]
+    checkpointer = None
+    if store is not None:
+        checkpointer = tfs_callbacks.PeriodicCheckpoint(
+            store, config.checkpoint_every_steps or np.iinfo(np.int64).max)
+        run_callbacks.append(checkpointer)
+    stopper = None
+    if config.stop_after_steps is not None:
+        stopper = tfs_callbacks.StopAfterSteps(config.stop_after_steps)
+        run_callbacks.append(stopper)
+
+    epoch_results = []
+    for epoch in range(start_epoch, config.epochs):
+        if stopper is not None and int(model.optimizer.iterations) >= config.stop_after_steps:
+            break
+        if checkpointer is not None:
+            checkpointer.start_epoch(epoch, skip_batches)
+        first_step = int(model.optimizer.iterations)
+        started = time.perf_counter()
+        if steps_per_epoch is None or skip_batches < steps_per_epoch:
+            dataset = source.train_batches(config.batch_size, epoch=epoch, skip_batches=skip_batches)
+            model.fit(dataset, initial_epoch=epoch, epochs=epoch + 1, verbose=0,
+                      callbacks=run_callbacks)
+        train_seconds = time.perf_counter() - started
+        steps = int(model.optimizer.iterations) - first_step
+        if stopper is not None and stopper.stopped:
+            print_fn(f"stopped after global step {int(model.optimizer.iterations)} "
+                     "(--stop_after_steps); resume with --resume")
+            break
+        result = _evaluate_epoch(model, source, config, epoch, steps, train_seconds, writers, print_fn)
+        epoch_results.append(result)
+        if checkpointer is not None:
+            checkpointer.save(int(model.optimizer.iterations), epoch=epoch + 1, batches_done=0,
+                              test_auc=result["auc"], test_logloss=result["logloss"])
+        skip_batches = 0
+
+    for writer in writers.values():
+        writer.flush()
+    return TrainingResult(epoch_results, int(model.optimizer.iterations),
+                          stopped_early=bool(stopper and stopper.stopped))
+
+
+def _starting_position(store, config, print_fn):
+    """(epoch, batches to skip in it) to start from: the last checkpoint's position with
+    --resume, else (0, 0). Refuses to overwrite an existing run without --resume."""
+    progress = None if store is None else store.latest_progress()
+    if progress is not None and not config.resume:
+        raise UserError(
+            f"--checkpoint_dir={config.checkpoint_dir} already holds a checkpoint (global step "
+            f"{progress['global_step']}); pass --resume to continue that run, or choose an empty "
+            "--checkpoint_dir")
+    if not config.resume:
+        return 0, 0
+    if store is None:
+        raise UserError("--resume needs --checkpoint_dir")
+    if progress is None:
+        print_fn(f"--resume: no checkpoint in {config.checkpoint_dir} yet; starting from scratch")
+        return 0, 0
+    store.restore_latest()
+    print_fn(f"resumed from global step {progress['global_step']}: epoch {progress['epoch'] + 1}, "
+             f"batch {progress['batches_done']}")
+    return progress["epoch"], progress["batches_done"]
+
+
+def _summary_writers(logdir):
+    if not logdir:
+        return {}
+    return {split: tf.summary.create_file_writer(os.path.join(logdir, split))
+            for split in ("train", "test")}
+
+
+def _evaluate_epoch(model, source, config, epoch, steps, train_seconds, writers, print_fn):
+    metrics = evaluate_exact(model, source.test_batches(config.batch_size))
+    examples_per_second = steps * config.batch_size / train_seconds if train_seconds > 0 else 0.0
+    result = dict(metrics, epoch=epoch + 1, train_seconds=train_seconds,
+                  examples_per_second=examples_per_second)
+    print_fn(f"epoch {epoch + 1}/{config.epochs}: test AUC {metrics['auc']:.4f}, "
+             f"logloss {metrics['logloss']:.4f} on {metrics['examples']:,} examples; "
+             f"trained {steps} steps in {train_seconds:.1f} s ({examples_per_second:,.0f} examples/s)")
+    if "test" in writers:
+        with writers["test"].as_default(step=int(model.optimizer.iterations)):
+            tf.summary.scalar("auc", metrics["auc"])
+            tf.summary.scalar("logloss", metrics["logloss"])
+        writers["test"].flush()
+    return result
