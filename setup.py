@@ -15,6 +15,7 @@ setup(
         "keras>=3.15,<3.16",
         "keras-rs==0.4.0",
         "absl-py>=2.0,<3",
+        "tensorboard==2.21.0",
         "numpy>=1.26",
     ],
     extras_require={

@@ -73,9 +73,9 @@ def run_directories(logdir, checkpoint_dir):
     runs/<model>-<time>/ so no earlier run is overwritten."""
     from tfscale.errors import UserError
 
-    if FLAGS.resume and not checkpoint_dir:
-        raise UserError("--resume needs --checkpoint_dir naming the run to continue")
     run_dir = os.path.join("runs", f"{FLAGS.model}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if FLAGS.resume and checkpoint_dir in (None, "", "none"):
+        raise UserError("--resume needs --checkpoint_dir naming the run to continue")
     logdir = os.path.join(run_dir, "logs") if logdir is None else logdir
     checkpoint_dir = os.path.join(run_dir, "checkpoints") if checkpoint_dir is None else checkpoint_dir
     return (None if logdir in ("", "none") else logdir,
@@ -86,7 +86,7 @@ def build_model(schema):
     import models
 
     return models.build_model(FLAGS.model, schema, embedding_dim=FLAGS.embedding_dim,
-                              dnn_units=_dnn_units(), **_model_specific_config())
+                              hidden_units=_dnn_units(), **_model_specific_config())
 
 
 def _dnn_units():

@@ -34,6 +34,12 @@ def schema_from_config(config):
     )
 
 
+def clone_initializer(initializer):
+    """A fresh copy of `initializer`: an unseeded Keras initializer draws the same values on every
+    call, so each weight needs its own copy (which picks a new seed)."""
+    return initializer.__class__.from_config(initializer.get_config())
+
+
 def l2_or_none(strength):
     """`keras.regularizers.L2(strength)`, or None for 0."""
     return keras.regularizers.L2(strength) if strength else None
@@ -124,9 +130,8 @@ class CTRModel(keras.Model):
     """Base of the reference models: embeds the categorical fields, adds the linear (wide) part
     and turns the sum of logits into a float32 probability [B, 1].
 
-    Subclasses create their layers in `__init__`, build them from the schema in
-    `build_interaction` (so the model can be built, saved and loaded without data) and return
-    their logits from `interaction_logits`.
+    Subclasses create their layers in `__init__` and return their logits from
+    `interaction_logits`. `build()` needs no data, and `from_config` returns a built model.
 
     Args:
         schema: the FeatureSchema of the batches.
@@ -138,7 +143,10 @@ class CTRModel(keras.Model):
         l2_linear: L2 strength on the wide table and on the dense features' linear kernel.
         use_wide: include the linear part (wide table + Dense(1) on the dense features).
         check_ids: assert in the graph that every id lies in its field's rows.
+        name: default `default_name` (the registry key), made unique in the process.
     """
+
+    default_name = "ctr_model"
 
     def __init__(
         self,
@@ -155,6 +163,9 @@ class CTRModel(keras.Model):
         check_ids=True,
         **kwargs,
     ):
+        if kwargs.get("name") is None:
+            uid = keras.backend.get_uid(self.default_name)
+            kwargs["name"] = self.default_name if uid == 1 else f"{self.default_name}_{uid - 1}"
         super().__init__(**kwargs)
         self.schema = schema_from_config(schema)
         self.embedding_dim = int(embedding_dim)
@@ -190,11 +201,6 @@ class CTRModel(keras.Model):
             )
         self.head = PredictionHead(name="prediction")
 
-    @property
-    def dnn_input_dim(self):
-        """Width of `dnn_input`: flattened field embeddings, then the dense features."""
-        return self.schema.num_categorical * self.embedding_dim + self.schema.num_dense
-
     def make_dnn(self, name="dnn"):
         """The DNN tower configured by this model's arguments."""
         return DNN(
@@ -205,11 +211,6 @@ class CTRModel(keras.Model):
             dtype=self.dtype_policy,
             name=name,
         )
-
-    @property
-    def dnn_output_dim(self):
-        """Width of the DNN tower's output."""
-        return self.hidden_units[-1] if self.hidden_units else self.dnn_input_dim
 
     def make_logit_layer(self, name):
         """Dense(1) without bias (the global bias is the prediction head's), as DeepCTR."""
@@ -222,20 +223,19 @@ class CTRModel(keras.Model):
         )
 
     def dnn_input(self, embeddings, dense):
-        """concat(flattened embeddings [B, n_fields * dim], dense features) [B, dnn_input_dim]."""
+        """concat(flattened embeddings [B, n_fields * dim], dense features [B, n_dense])."""
         flat = ops.reshape(embeddings, (-1, self.schema.num_categorical * self.embedding_dim))
         return flat if dense is None else ops.concatenate([flat, dense], axis=-1)
 
     def build(self, input_shape=None):
-        self.field_embedding.build((None, self.schema.num_categorical))
-        if self.dense_linear is not None:
-            self.dense_linear.build((None, self.schema.num_dense))
-        self.build_interaction()
-        self.head.build()
-
-    def build_interaction(self):
-        """Build the subclass's own layers (shapes follow from the schema)."""
-        raise NotImplementedError
+        """Create every variable by a symbolic pass over a batch of the schema's shape: a model
+        is built from its schema alone, with no data (`input_shape` is ignored)."""
+        self.call(
+            {
+                "dense": keras.KerasTensor((None, self.schema.num_dense), dtype="float32"),
+                "categorical": keras.KerasTensor((None, self.schema.num_categorical), dtype="int64"),
+            }
+        )
 
     def interaction_logits(self, embeddings, dense, training):
         """The subclass's logits, a list of [B, 1], from embeddings [B, n_fields, dim] and the
@@ -285,4 +285,6 @@ class CTRModel(keras.Model):
         config["embeddings_initializer"] = keras.initializers.deserialize(
             config["embeddings_initializer"]
         )
-        return cls(**config)
+        model = cls(**config)
+        model.build()
+        return model

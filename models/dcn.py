@@ -5,7 +5,7 @@ their outputs concatenated -> Dense(1), plus the linear part."""
 import keras
 from keras import ops
 
-from models.base import CTRModel, l2_or_none
+from models.base import CTRModel, clone_initializer, l2_or_none
 
 
 @keras.saving.register_keras_serializable(package="tfscale")
@@ -27,7 +27,7 @@ class CrossNetwork(keras.layers.Layer):
         self.kernels = [
             self.add_weight(
                 shape=(width, 1),
-                initializer=self.kernel_initializer,
+                initializer=clone_initializer(self.kernel_initializer),
                 regularizer=self.kernel_regularizer,
                 name=f"kernel_{i}",
             )
@@ -69,6 +69,8 @@ class DCN(CTRModel):
         l2_cross: L2 strength on the cross kernels (the official runs use DeepCTR's 1e-5).
     """
 
+    default_name = "dcn"
+
     def __init__(self, schema, cross_layers=3, l2_cross=0.0, **kwargs):
         super().__init__(schema, **kwargs)
         self.cross_layers = int(cross_layers)
@@ -83,15 +85,6 @@ class DCN(CTRModel):
         )
         self.dnn = self.make_dnn()
         self.logit = self.make_logit_layer("logit")
-
-    def build_interaction(self):
-        width = self.dnn_input_dim
-        self.cross.build((None, width))
-        self.dnn.build((None, width))
-        towers = (width if self.cross_layers else 0) + (
-            self.dnn_output_dim if self.hidden_units else 0
-        )
-        self.logit.build((None, towers))
 
     def interaction_logits(self, embeddings, dense, training):
         x0 = self.dnn_input(embeddings, dense)

@@ -31,15 +31,13 @@ class FactorizationMachine(keras.layers.Layer):
 class DeepFM(CTRModel):
     """DeepFM; arguments are CTRModel's (`use_wide=False` drops the first-order part)."""
 
+    default_name = "deepfm"
+
     def __init__(self, schema, **kwargs):
         super().__init__(schema, **kwargs)
         self.fm = FactorizationMachine(name="fm")
         self.dnn = self.make_dnn()
         self.dnn_logit = self.make_logit_layer("dnn_logit")
-
-    def build_interaction(self):
-        self.dnn.build((None, self.dnn_input_dim))
-        self.dnn_logit.build((None, self.dnn_output_dim))
 
     def interaction_logits(self, embeddings, dense, training):
         deep = self.dnn(self.dnn_input(embeddings, dense), training=training)

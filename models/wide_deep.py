@@ -10,14 +10,12 @@ from models.base import CTRModel
 class WideDeep(CTRModel):
     """Wide & Deep; arguments are CTRModel's."""
 
+    default_name = "wide_deep"
+
     def __init__(self, schema, **kwargs):
         super().__init__(schema, **kwargs)
         self.dnn = self.make_dnn()
         self.dnn_logit = self.make_logit_layer("dnn_logit")
-
-    def build_interaction(self):
-        self.dnn.build((None, self.dnn_input_dim))
-        self.dnn_logit.build((None, self.dnn_output_dim))
 
     def interaction_logits(self, embeddings, dense, training):
         deep = self.dnn(self.dnn_input(embeddings, dense), training=training)

@@ -89,7 +89,12 @@ def train(model, source, config, print_fn=print):
         started = time.perf_counter()
         if steps_per_epoch is None or skip_batches < steps_per_epoch:
             dataset = source.train_batches(config.batch_size, epoch=epoch, skip_batches=skip_batches)
-            model.fit(dataset, initial_epoch=epoch, epochs=epoch + 1, verbose=0,
+            if steps_per_epoch is not None:
+                # A known length keeps Keras from counting an extra optimizer iteration when an
+                # epoch's dataset of unknown length runs out.
+                dataset = dataset.apply(
+                    tf.data.experimental.assert_cardinality(steps_per_epoch - skip_batches))
+            model.fit(dataset, initial_epoch=epoch, epochs=epoch + 1, verbose=0, shuffle=False,
                       callbacks=run_callbacks)
         train_seconds = time.perf_counter() - started
         steps = int(model.optimizer.iterations) - first_step

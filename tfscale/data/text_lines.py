@@ -199,8 +199,11 @@ class Fields:
         return self.values[:, self.layout.index(name)]
 
     def gather(self, names):
-        """[n, len(names)] strings of the named columns."""
+        """[n, len(names)] strings of the named columns (a slice when they are adjacent)."""
         indices = [self.layout.index(name) for name in names]
+        start = indices[0] if indices else 0
+        if indices == list(range(start, start + len(indices))):
+            return self.values[:, start:start + len(indices)]
         return tf.gather(self.values, tf.constant(indices, tf.int32), axis=1)
 
     def masked(self, keep):
@@ -250,9 +253,8 @@ class LineParser:
 
     def __call__(self, file_index, line_numbers, lines):
         layout = self._files.layout
-        split = tf.strings.split(lines, self._format.delimiter)
-        found = split.row_lengths()
-        fields = Fields(split.to_tensor(default_value="", shape=[None, layout.num_fields]), layout)
+        fields, found = split_fields(lines, self._format.delimiter, layout.num_fields)
+        fields = Fields(fields, layout)
         checks = self._checks(fields, found)
         bad = tf.reduce_any(tf.stack([check.bad for check in checks], axis=1), axis=1)
         if self._bad_line_counter is None:
@@ -287,7 +289,8 @@ class LineParser:
         return checks + fmt.extra_checks(fields)
 
     def _integer_check(self, dense):
-        bad = (dense != "") & tf.logical_not(tf.strings.regex_full_match(dense, _INTEGER_PATTERN))
+        bad = is_present(dense) & tf.logical_not(
+            tf.strings.regex_full_match(dense, _INTEGER_PATTERN))
         names = tf.constant(self._format.dense_names)
 
         def describe(row):
@@ -317,12 +320,12 @@ class LineParser:
     def _columns(self, fields):
         fmt = self._format
         rows = tf.shape(fields.values)[0]
-        if self._files.has_labels:
-            labels = tf.strings.to_number(fields[fmt.label_name], tf.float32)
+        if self._files.has_labels:  # checked to be "0" or "1"
+            labels = tf.cast(fields[fmt.label_name] == "1", tf.float32)
         else:
             labels = tf.zeros([rows], tf.float32)
         dense = fields.gather(fmt.dense_names)
-        present = dense != ""
+        present = is_present(dense)
         return {
             "labels": labels,
             "dense": tf.strings.to_number(tf.where(present, dense, "0"), tf.float32),
@@ -330,6 +333,24 @@ class LineParser:
             "categorical": fields.gather(fmt.categorical_names),
             "derived": fmt.derived_ids(fields),
         }
+
+
+def split_fields(lines, delimiter, num_fields):
+    """([n, num_fields] strings, fields found per line): short lines padded with "", long ones
+    cut; when every line has num_fields fields the split is only reshaped (the fast path)."""
+    split = tf.strings.split(lines, delimiter)
+    found = split.row_lengths()
+    values = tf.cond(
+        tf.reduce_all(tf.equal(found, num_fields)),
+        lambda: tf.reshape(split.flat_values, [-1, num_fields]),
+        lambda: split.to_tensor(default_value="", shape=[None, num_fields]),
+    )
+    return values, found
+
+
+def is_present(strings):
+    """Whether each field has a value (an empty field is a missing value)."""
+    return tf.strings.length(strings) > 0
 
 
 def _raise_data_error(message):
@@ -373,8 +394,8 @@ class HashingEncoder:
 
     def encode(self, strings):
         hashed = tf.strings.to_hash_bucket_fast(strings, (1 << 63) - 1)
-        return tf.where(strings == "", tf.constant(MISSING_ID, tf.int64),
-                        hashed % self._buckets + 1)
+        return tf.where(is_present(strings), hashed % self._buckets + 1,
+                        tf.constant(MISSING_ID, tf.int64))
 
     def describe(self):
         sizes = sorted(set(self.buckets))
@@ -397,6 +418,21 @@ def shuffle_seed(seed, epoch):
     return int(np.random.SeedSequence([int(seed), int(epoch)]).generate_state(1)[0])
 
 
+def shuffle_windows(rows, window_rows, seed):
+    """Shuffle batched rows within consecutive windows of `window_rows` rows: each window is
+    permuted as a whole by a seed from (seed, window index), so it costs one gather per window
+    instead of per-row buffer work, and is deterministic."""
+
+    def permute(index, window):
+        size = tf.shape(tf.nest.flatten(window)[0])[0]
+        order = tf.random.experimental.stateless_shuffle(
+            tf.range(size), seed=tf.stack([tf.constant(seed, tf.int64), index]))
+        return tf.nest.map_structure(lambda tensor: tf.gather(tensor, order), window)
+
+    return rows.rebatch(window_rows).enumerate().map(
+        permute, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
 # ----------------------------------------------------------------------------- the source
 
 class DelimitedTextSource(CTRSource):
@@ -406,15 +442,16 @@ class DelimitedTextSource(CTRSource):
       train_paths: path, glob, or list of them (`.gz` files are read as gzip). Must be labelled.
       test_paths: the same for the test split; None splits the train files by a fixed hash of
         (file, line number): lines in `test_fraction` of the hash range are test, the rest train.
-      test_fraction: used only without test_paths.
+      test_fraction: used only without test_paths (0: an empty test split).
       vocabulary: a Vocabulary or the path of one saved by `launch.build_vocab`; categorical
         strings are then looked up (row 0 missing, row 1 out of vocabulary, then its values).
       hash_buckets: without a vocabulary, hash each categorical field into this many buckets
         (one int, or one per field; default DEFAULT_HASH_BUCKETS); ids 1..buckets, 0 = missing.
-      dense_transform: "log" (sign(x) * log1p(|x|)) or "minmax" (needs a vocabulary, which
+      dense_transform: "log1p" (sign(x) * log1p(|x|)) or "minmax" (needs a vocabulary, which
         records each field's min and max); missing integers are 0 either way.
-      shuffle_buffer: rows in the shuffle buffer of the train split (0 = file order); the file
-        order and the buffer are shuffled by a seed derived from (seed, epoch).
+      shuffle_buffer: 0 reads the train split in file order; otherwise the file order is shuffled
+        and rows are shuffled within consecutive windows of this many rows (shuffle_windows),
+        both by a seed derived from (seed, epoch), so each epoch is deterministic.
       on_bad_line: "error" stops at the first malformed line with a data error naming file and
         line; "skip" drops malformed lines and counts them (see bad_line_count).
       chunk_lines: lines parsed together by one vectorised step.
@@ -423,7 +460,7 @@ class DelimitedTextSource(CTRSource):
     FORMAT = None  # a TextFormat
 
     def __init__(self, train_paths, test_paths=None, *, test_fraction=0.1, vocabulary=None,
-                 hash_buckets=None, dense_transform="log", shuffle_buffer=0, seed=0,
+                 hash_buckets=None, dense_transform="log1p", shuffle_buffer=0, seed=0,
                  on_bad_line="error", chunk_lines=CHUNK_LINES):
         fmt = self.FORMAT
         if on_bad_line not in ("error", "skip"):
@@ -433,8 +470,8 @@ class DelimitedTextSource(CTRSource):
             raise UserError(f"{self._train.paths[0]}: training files need the "
                             f"'{fmt.label_name}' column and this one has none (a test file?)")
         self._test = FileSet(fmt, test_paths) if test_paths is not None else None
-        if self._test is None and not 0.0 < test_fraction < 1.0:
-            raise UserError(f"test_fraction must be between 0 and 1, got {test_fraction}")
+        if self._test is None and not 0.0 <= test_fraction < 1.0:
+            raise UserError(f"test_fraction must be in [0, 1), got {test_fraction}")
         self._test_fraction = None if self._test is not None else float(test_fraction)
         self._skip_bad_lines = on_bad_line == "skip"
         self._shuffle_buffer = int(shuffle_buffer)
@@ -444,6 +481,7 @@ class DelimitedTextSource(CTRSource):
         self._vocabulary = self._load_vocabulary(vocabulary)
         self._encoder = self._categorical_encoder(hash_buckets)
         self._dense_transform = self._dense_transform_of(dense_transform)
+        self._dense_transform_name = dense_transform
         self.schema = FeatureSchema(
             dense_names=tuple(fmt.dense_names),
             categorical_names=tuple(fmt.categorical_names) + tuple(
@@ -472,14 +510,14 @@ class DelimitedTextSource(CTRSource):
         return self._vocabulary.encoder(names)
 
     def _dense_transform_of(self, name):
-        if name == "log":
+        if name == "log1p":
             return log_transform
         if name == "minmax":
             if self._vocabulary is None:
                 raise UserError("dense_transform='minmax' needs a vocabulary (it records each "
                                 "integer field's min and max); build one with launch.build_vocab")
             return min_max_transform(*self._vocabulary.dense_bounds(self.FORMAT.dense_names))
-        raise UserError(f"dense_transform must be 'log' or 'minmax', got {name!r}")
+        raise UserError(f"dense_transform must be 'log1p' or 'minmax', got {name!r}")
 
     # -- CTRSource
 
@@ -495,12 +533,8 @@ class DelimitedTextSource(CTRSource):
             order = np.random.default_rng([self._seed, epoch]).permutation(order)
         rows = self._rows(self._train, selection, order, "train")
         if self._shuffle_buffer:
-            batches = rows.unbatch().shuffle(
-                self._shuffle_buffer, seed=shuffle_seed(self._seed, epoch),
-                reshuffle_each_iteration=False,
-            ).batch(batch_size, drop_remainder=True)
-        else:
-            batches = rows.rebatch(batch_size, drop_remainder=True)
+            rows = shuffle_windows(rows, self._shuffle_buffer, shuffle_seed(self._seed, epoch))
+        batches = rows.rebatch(batch_size, drop_remainder=True)
         return batches.skip(skip_batches).prefetch(tf.data.AUTOTUNE)
 
     def test_batches(self, batch_size, *, shard_index=0, num_shards=1):
@@ -520,8 +554,9 @@ class DelimitedTextSource(CTRSource):
                 else f"{self._test_fraction:g} of the train lines by line hash")
         encoding = (self._vocabulary.describe() if self._vocabulary
                     else self._encoder.describe())
+        dense = f"integers {self._dense_transform_name}; " if self.FORMAT.dense_names else ""
         return (f"{type(self).__name__}: train {self._train.describe()}, test {test}; "
-                f"categorical {encoding}; on bad lines: "
+                f"categorical {encoding}; {dense}on bad lines: "
                 f"{'skip' if self._skip_bad_lines else 'error'}")
 
     # -- pipeline

@@ -1,0 +1,69 @@
+"""Builds a categorical vocabulary (and integer ranges) for Criteo or Avazu files in one pass:
+
+    python -m launch.build_vocab --format=criteo --input=train.txt.gz --min_count=10 \\
+        --output=criteo_vocab.json
+
+The JSON file feeds `--vocabulary` of launch.train (vocabulary encoding, min-max scaling). Bad
+input ends with a one-paragraph error and exit status 2, never a traceback."""
+
+import os
+import sys
+import textwrap
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TF's C++ start-up chatter off the console
+
+from absl import app, flags  # noqa: E402
+
+FLAGS = flags.FLAGS
+
+flags.DEFINE_enum("format", None, ["criteo", "avazu"], "Input format: Criteo TSV or Avazu CSV.")
+flags.DEFINE_list("input", None, "Input files or globs, comma-separated (.gz read as gzip).")
+flags.DEFINE_integer("min_count", 1, "Keep values seen at least this many times; rarer ones are "
+                     "looked up as the out-of-vocabulary row.", lower_bound=1)
+flags.DEFINE_string("output", None, "Where to write the vocabulary (JSON).")
+flags.DEFINE_enum("on_bad_line", "error", ["error", "skip"],
+                  "A malformed line stops with an error naming file and line, or is skipped and "
+                  "counted.")
+flags.mark_flags_as_required(["format", "input", "output"])
+
+
+def build():
+    """Counts the inputs and writes the vocabulary; returns a one-line summary."""
+    from tfscale.data.avazu import AvazuCSV
+    from tfscale.data.criteo import CriteoTSV
+
+    source_class = {"criteo": CriteoTSV, "avazu": AvazuCSV}[FLAGS.format]
+    vocabulary = source_class.build_vocabulary(FLAGS.input, min_count=FLAGS.min_count,
+                                               on_bad_line=FLAGS.on_bad_line)
+    vocabulary.save(FLAGS.output)
+    sizes = ", ".join(f"{name} {len(entries)}" for name, entries in vocabulary.categorical.items())
+    skipped = (f"; skipped {vocabulary.bad_lines_skipped} malformed lines"
+               if FLAGS.on_bad_line == "skip" else "")
+    return (f"wrote {FLAGS.output}: {vocabulary.rows} rows counted{skipped}; values with count >= "
+            f"{FLAGS.min_count} per field: {sizes}")
+
+
+def main(argv):
+    del argv
+    import tensorflow as tf
+
+    from tfscale.errors import UserError, user_error_from_tf
+
+    try:
+        print(build())
+    except UserError as error:
+        _exit_with(error)
+    except tf.errors.InvalidArgumentError as error:
+        user_error = user_error_from_tf(error)
+        if user_error is None:
+            raise
+        _exit_with(user_error)
+
+
+def _exit_with(error):
+    print(textwrap.fill(f"error: {error}", width=100), file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+if __name__ == "__main__":
+    app.run(main)

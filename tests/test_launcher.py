@@ -1,0 +1,102 @@
+"""End to end through `python -m launch.train`: a few hundred training steps with progress,
+evaluation, TensorBoard event files and checkpoints; a stopped-and-resumed run ending with
+bitwise the same weights as an uninterrupted one; bad input ending in a one-paragraph error."""
+
+import glob
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A small DeepFM on a small synthetic set, so a few hundred steps take seconds.
+SMALL_RUN = ["--train_rows=40000", "--test_rows=8000", "--synthetic_vocabulary_scale=0.002",
+             "--dnn_units=64,64", "--batch_size=256", "--log_every_steps=50"]
+
+
+def launch(*flags, timeout=300):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.run([sys.executable, "-m", "launch.train", *flags], cwd=REPO_ROOT, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          timeout=timeout)
+
+
+def checkpoint_values(checkpoint_dir):
+    """{name: array} of every value in the newest checkpoint of a CheckpointStore directory."""
+    with open(os.path.join(checkpoint_dir, "latest")) as f:
+        reader = tf.train.load_checkpoint(os.path.join(checkpoint_dir, f.read().strip(), "state"))
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+            if not name.startswith("_CHECKPOINTABLE_OBJECT_GRAPH")}
+
+
+def test_training_run_reports_auc_and_writes_logs_and_checkpoints(tmp_path):
+    result = launch(*SMALL_RUN, "--epochs=2", f"--logdir={tmp_path}/logs",
+                    f"--checkpoint_dir={tmp_path}/ckpt", "--checkpoint_every_steps=100")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "examples/s" in out
+    assert "epoch 2/2: test AUC" in out
+    final = [line for line in out.splitlines() if line.startswith("final test AUC")]
+    assert final, out
+    auc = float(final[0].split()[3].rstrip(","))
+    ceiling = float(final[0].split("teacher ceiling: AUC ")[1].split(",")[0])
+    assert 0.6 < auc < ceiling + 0.01, final[0]  # learned something, and no better than the teacher
+    # 2 epochs of 156 steps: checkpoints at steps 100, 200, 300 and epoch ends; the newest 2 kept.
+    steps = sorted(os.path.basename(d) for d in glob.glob(f"{tmp_path}/ckpt/step-*"))
+    assert steps == ["step-0000000300", "step-0000000312"], steps
+    train_events = glob.glob(f"{tmp_path}/logs/train/events.out.tfevents.*")
+    test_events = glob.glob(f"{tmp_path}/logs/test/events.out.tfevents.*")
+    assert train_events and test_events
+    tags = {value.tag for event in tf.compat.v1.train.summary_iterator(train_events[0])
+            for value in event.summary.value}
+    assert {"loss", "auc", "examples_per_second", "step_time_seconds",
+            "learning_rate/dense"} <= tags, tags
+
+
+def test_stopped_and_resumed_run_equals_uninterrupted_run(tmp_path):
+    common = [*SMALL_RUN, "--train_rows=12800", "--epochs=2", "--checkpoint_every_steps=15",
+              "--logdir=none"]
+    whole = launch(*common, f"--checkpoint_dir={tmp_path}/whole")
+    assert whole.returncode == 0, whole.stderr
+
+    # Stops at step 37 (mid-epoch 1); the newest checkpoint is step 30, so 7 steps are redone.
+    first = launch(*common, f"--checkpoint_dir={tmp_path}/split", "--stop_after_steps=37")
+    assert first.returncode == 0, first.stderr
+    assert "stopped after global step 37" in first.stdout
+    second = launch(*common, f"--checkpoint_dir={tmp_path}/split", "--resume")
+    assert second.returncode == 0, second.stderr
+    assert "resumed from global step 30: epoch 1, batch 30" in second.stdout
+
+    expected, actual = checkpoint_values(f"{tmp_path}/whole"), checkpoint_values(f"{tmp_path}/split")
+    assert expected.keys() == actual.keys()
+    weight_names = [n for n in expected if "embedding" in n or "kernel" in n]
+    assert weight_names
+    for name in expected:
+        np.testing.assert_array_equal(expected[name], actual[name], err_msg=name)
+
+
+def test_refuses_to_overwrite_a_run_without_resume(tmp_path):
+    args = [*SMALL_RUN, "--train_rows=2560", "--epochs=1", "--logdir=none",
+            f"--checkpoint_dir={tmp_path}"]
+    assert launch(*args).returncode == 0
+    again = launch(*args)
+    assert again.returncode == 2
+    assert "already holds a checkpoint" in again.stderr and "Traceback" not in again.stderr
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--model=deepcross"], "--model"),
+    (["--batch_size=0"], "--batch_size"),
+    (["--batch_size=-5"], "--batch_size"),
+    (["--dnn_units=400,x"], "--dnn_units"),
+    (["--resume"], "--resume needs --checkpoint_dir"),
+])
+def test_bad_flags_give_a_clear_error(flags, message):
+    result = launch(*flags, "--logdir=none", "--checkpoint_dir=none")
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr

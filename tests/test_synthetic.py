@@ -1,0 +1,221 @@
+"""Tests of the synthetic Criteo-like generator: determinism, splits and shards, the teacher's
+ceiling, id frequencies, missing values and the Criteo TSV writer."""
+
+import gzip
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from sklearn.metrics import log_loss, roc_auc_score
+
+from tfscale.data import synthetic
+from tfscale.data.schema import MISSING_ID
+from tfscale.data.synthetic import SyntheticCTR
+
+
+@pytest.fixture(scope="module")
+def data():
+    return SyntheticCTR(seed=0, train_rows=30_000, test_rows=10_001)
+
+
+@pytest.fixture(scope="module")
+def sample(data):
+    """100K rows as numpy arrays (all keys)."""
+    return collect(data.rows(0, 100_000, 65536))
+
+
+def collect(dataset):
+    """A dataset of dicts, or of (features, labels), concatenated into numpy arrays."""
+    parts = [dict(element) if isinstance(element, dict) else {**element[0], "label": element[1]}
+             for element in dataset]
+    return {key: np.concatenate([part[key].numpy() for part in parts]) for key in parts[0]}
+
+
+def assert_same(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def test_schema_follows_criteo_shape(data):
+    schema = data.schema
+    assert schema.dense_names == tuple(f"I{j}" for j in range(1, 14))
+    assert schema.categorical_names == tuple(f"C{f}" for f in range(1, 27))
+    assert schema.vocabulary_sizes == tuple(c + 1 for c in data.cardinalities)
+    assert 1_500_000 <= schema.total_vocabulary <= 2_500_000
+    cardinalities = np.array(data.cardinalities)
+    assert (cardinalities[[5, 8, 13, 16, 19, 21, 22]] <= 30).all()  # C6, C9, ... kept small
+    assert ((cardinalities >= 10_000) & (cardinalities <= 1_000_000)).sum() >= 8
+    criteo = np.array(synthetic.CRITEO_CARDINALITIES)
+    np.testing.assert_array_equal(cardinalities[criteo <= 10_000], criteo[criteo <= 10_000])
+    assert sum(synthetic.scaled_cardinalities(1.0)) == sum(synthetic.CRITEO_CARDINALITIES)
+
+
+def test_batch_format(data):
+    features, labels = next(iter(data.train_batches(512)))
+    assert features["dense"].dtype == tf.float32 and features["dense"].shape == (512, 13)
+    assert features["categorical"].dtype == tf.int64 and features["categorical"].shape == (512, 26)
+    assert labels.dtype == tf.float32 and labels.shape == (512, 1)
+    assert set(np.unique(labels.numpy())) <= {0.0, 1.0}
+
+
+def test_rows_do_not_depend_on_batch_size_or_start(data):
+    whole = collect(data.rows(1000, 10_000, 4096))
+    assert len(whole["label"]) == 10_000
+    assert_same(whole, collect(data.rows(1000, 10_000, 777)))
+    pieces = [collect(data.rows(1000, 3333, 1000)), collect(data.rows(4333, 6667, 5000))]
+    assert_same(whole, {key: np.concatenate([p[key] for p in pieces]) for key in whole})
+
+
+def test_same_seed_same_rows_other_seed_other_rows(data, sample):
+    again = collect(SyntheticCTR(seed=0, train_rows=10).rows(5000, 2000, 1024))
+    assert_same({key: value[5000:7000] for key, value in sample.items()}, again)
+    other = collect(SyntheticCTR(seed=1, train_rows=10).rows(5000, 2000, 1024))
+    assert (other["categorical"] != again["categorical"]).mean() > 0.3
+    assert not np.array_equal(other["dense_raw"], again["dense_raw"])
+
+
+def test_train_shards_are_disjoint_and_cover_the_split(data):
+    split = collect(data.rows(0, data.train_rows, 4096, keys=("dense", "categorical", "label")))
+    shards = [collect(data.train_batches(1000, shard_index=s, num_shards=3)) for s in range(3)]
+    assert data.train_steps_per_epoch(1000, num_shards=3) == 10
+    for s, shard in enumerate(shards):
+        assert len(shard["label"]) == 10_000
+        np.testing.assert_array_equal(shard["categorical"], split["categorical"][s * 10_000:(s + 1) * 10_000])
+    np.testing.assert_array_equal(np.concatenate([s["dense"] for s in shards]), split["dense"])
+
+
+def test_train_batches_drop_the_remainder_and_epochs_repeat(data):
+    assert data.train_steps_per_epoch(7000) == 4
+    batches = list(data.train_batches(7000))
+    assert [int(labels.shape[0]) for _, labels in batches] == [7000] * 4
+    assert_same(collect(batches), collect(data.train_batches(7000, epoch=3)))
+
+
+def test_test_shards_cover_the_split_and_keep_the_remainder(data):
+    split = collect(data.rows(data.train_rows, data.test_rows, 4096, keys=("categorical", "label")))
+    shards = [collect(data.test_batches(2048, shard_index=s, num_shards=3)) for s in range(3)]
+    assert sum(len(shard["label"]) for shard in shards) == 10_001
+    np.testing.assert_array_equal(np.concatenate([s["categorical"] for s in shards]), split["categorical"])
+    np.testing.assert_array_equal(np.concatenate([s["label"][:, 0] for s in shards]), split["label"])
+    sizes = [int(labels.shape[0]) for _, labels in data.test_batches(4096)]
+    assert sizes == [4096, 4096, 1809]
+
+
+def test_skip_batches_equals_dropping_batches(data):
+    full = list(data.train_batches(1000, shard_index=1, num_shards=2))
+    resumed = list(data.train_batches(1000, skip_batches=6, shard_index=1, num_shards=2))
+    assert len(resumed) == len(full) - 6 == 9
+    assert_same(collect(full[6:]), collect(resumed))
+    assert list(data.train_batches(1000, skip_batches=15, shard_index=1, num_shards=2)) == []
+    with pytest.raises(ValueError, match="skip_batches"):
+        data.train_batches(1000, skip_batches=16, shard_index=1, num_shards=2)
+
+
+def test_click_rate_is_about_a_quarter(sample):
+    assert abs(sample["label"].mean() - 0.25) < 0.01
+    assert abs(sample["teacher_probability"].mean() - 0.25) < 0.01
+
+
+def test_teacher_auc_is_a_realistic_ceiling_and_exact():
+    data = SyntheticCTR(seed=3)
+    labels, probabilities = data.test_teacher_probabilities()
+    assert labels.shape == probabilities.shape == (data.test_rows,)
+    auc = data.teacher_auc()
+    assert 0.78 <= auc <= 0.85
+    assert auc == pytest.approx(roc_auc_score(labels, probabilities), abs=1e-9)
+    assert data.teacher_logloss() == pytest.approx(log_loss(labels, probabilities.astype(np.float64)), abs=1e-5)
+    test_labels = collect(data.test_batches(65536))["label"][:, 0]
+    np.testing.assert_array_equal(test_labels, labels)
+
+
+def test_exact_auc_counts_ties_as_half():
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, 5000)
+    scores = rng.integers(0, 20, 5000) + 0.5 * labels  # many ties
+    assert synthetic.exact_auc(labels, scores) == pytest.approx(roc_auc_score(labels, scores), abs=1e-12)
+    with pytest.raises(ValueError):
+        synthetic.exact_auc(np.ones(4), np.arange(4))
+
+
+def test_ids_are_within_vocabulary_and_missing_rates_follow_criteo(data, sample):
+    categorical = sample["categorical"]
+    assert categorical.min() >= 0
+    assert (categorical.max(axis=0) < np.array(data.schema.vocabulary_sizes)).all()
+    missing = (categorical == MISSING_ID).mean(axis=0)
+    np.testing.assert_allclose(missing, synthetic.CATEGORICAL_MISSING_RATES, atol=0.006)
+    assert missing.max() > 0.4 and (missing == 0).sum() >= 10
+    dense_missing = 1 - sample["dense_present"].mean(axis=0)
+    np.testing.assert_allclose(dense_missing, synthetic.DENSE_MISSING_RATES, atol=0.006)
+
+
+def test_id_frequencies_are_skewed(data, sample):
+    ids = sample["categorical"][:, 2]  # C3, about 516K ids
+    ids = ids[ids != MISSING_ID]
+    values, counts = np.unique(ids, return_counts=True)
+    assert np.sort(counts)[-10:].sum() > 0.15 * ids.size  # a few very frequent ids
+    assert (counts == 1).mean() > 0.6  # most distinct ids are rare
+    probability = data.id_probability(2, values)
+    assert probability.max() > 1000 * np.median(probability)
+    assert values[np.argmax(counts)] != 1  # ids are not numbered by frequency
+
+
+def test_id_probability_matches_frequencies(data, sample):
+    for field in (8, 19, 5, 2):  # C9 (3 ids), C20 (4), C6 (24, 12% missing), C3 (large)
+        n = data.cardinalities[field]
+        if n < 100:
+            every_id = np.arange(n + 1)
+            assert data.id_probability(field, every_id).sum() == pytest.approx(1.0, abs=1e-9)
+        observed = np.bincount(sample["categorical"][:, field], minlength=n + 1) / len(sample["label"])
+        top = np.argsort(observed)[::-1][:5]
+        np.testing.assert_allclose(observed[top], data.id_probability(field, top), atol=0.006)
+
+
+def test_dense_values_are_heavy_tailed_counts(sample):
+    raw, present, dense = sample["dense_raw"], sample["dense_present"], sample["dense"]
+    expected = np.where(present, np.sign(raw) * np.log1p(np.abs(raw)), 0.0)
+    np.testing.assert_allclose(dense, expected, rtol=1e-6)
+    assert (raw[~present] == 0).all()
+    assert raw[:, 4].max() > 100_000 and np.median(raw[present[:, 4], 4]) > 500  # I5: large counts
+    assert ((raw == 0) & present).mean() > 0.05  # a mass at zero
+    assert raw[:, 1].min() == -1  # I2 goes below zero, as in Criteo
+
+
+def test_write_criteo_tsv(tmp_path, data):
+    rows = collect(data.rows(123, 1000, 4096))
+    path = tmp_path / "part.tsv"
+    data.write_criteo_tsv(path, 123, 1000, chunk_rows=300)
+    text = path.read_text()
+    lines = text.split("\n")
+    assert lines[-1] == "" and len(lines) == 1001
+    fields = np.array([line.split("\t") for line in lines[:-1]])
+    assert fields.shape == (1000, 40)
+    np.testing.assert_array_equal(fields[:, 0].astype(int), rows["label"])
+    present = fields[:, 1:14] != ""
+    np.testing.assert_array_equal(present, rows["dense_present"])
+    np.testing.assert_array_equal(np.where(present, fields[:, 1:14], "0").astype(np.int64), rows["dense_raw"])
+    categorical = fields[:, 14:]
+    np.testing.assert_array_equal(categorical == "", rows["categorical"] == MISSING_ID)
+    hexes = categorical[categorical != ""]
+    assert all(len(h) == 8 and h == h.lower() and int(h, 16) >= 0 for h in hexes)
+    for f in (0, 2):  # distinct ids <-> distinct strings
+        assert len(set(categorical[:, f])) == len(set(rows["categorical"][:, f]))
+    np.testing.assert_array_equal(categorical[:, 5][rows["categorical"][:, 5] != 0],
+                                  synthetic.criteo_hash(5, rows["categorical"][:, 5][rows["categorical"][:, 5] != 0]))
+
+    gz_path = tmp_path / "part.tsv.gz"
+    data.write_criteo_tsv(gz_path, 123, 1000)
+    with gzip.open(gz_path, "rt", newline="") as f:
+        assert f.read() == text
+
+    unlabelled = tmp_path / "test.tsv"
+    data.write_criteo_tsv(unlabelled, 123, 10, with_label=False)
+    lines = unlabelled.read_text().splitlines()
+    assert [len(line.split("\t")) for line in lines] == [39] * 10
+    assert ["\t".join(line.split("\t")[1:]) for line in text.splitlines()[:10]] == lines
+
+
+def test_criteo_hash_is_distinct_per_field_and_id():
+    ids = np.arange(200_000)
+    hashes = np.concatenate([synthetic.criteo_hash(f, ids) for f in range(26)])
+    assert len(np.unique(hashes)) == hashes.size

@@ -1,0 +1,143 @@
+"""Tests of vocabularies: one-pass counting with min_count, lookup ids (missing, OOV, values),
+min-max scaling, save/load and its errors, and the build_vocab command line."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.test_criteo import collect, criteo_line, write
+from tfscale.data.avazu import AvazuCSV
+from tfscale.data.criteo import CriteoTSV
+from tfscale.data.vocabulary import Vocabulary
+from tfscale.errors import UserError, user_error_from_tf
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EMPTY_CATS = [""] * 24
+
+
+def vocabulary_lines():
+    """C1: 'aa' x3, 'bb' x2, 'cc' x1; C2: 'zz' x2 and missing; I1 from -3 to 9, I2 never set."""
+    rows = [("aa", "zz", 1), ("aa", "", -3), ("bb", "zz", 9), ("cc", "", None), ("bb", "", 4),
+            ("aa", "", 0)]
+    return [criteo_line(i % 2, [i1] + [None] * 12, [c1, c2] + EMPTY_CATS)
+            for i, (c1, c2, i1) in enumerate(rows)]
+
+
+@pytest.fixture
+def train_file(tmp_path):
+    return write(tmp_path / "train.txt", vocabulary_lines())
+
+
+def test_build_counts_values_over_min_count(train_file):
+    vocabulary = CriteoTSV.build_vocabulary(train_file, min_count=2)
+    assert vocabulary.rows == 6 and vocabulary.format_name == "criteo"
+    assert vocabulary.categorical["C1"] == [("aa", 3), ("bb", 2)]  # 'cc' is under min_count
+    assert vocabulary.categorical["C2"] == [("zz", 2)]
+    assert vocabulary.categorical["C3"] == []
+    assert vocabulary.dense_ranges["I1"] == (-3.0, 9.0)
+    assert vocabulary.dense_ranges["I2"] is None
+    assert CriteoTSV.build_vocabulary(train_file).categorical["C1"][-1] == ("cc", 1)
+
+
+def test_lookup_gives_missing_oov_and_value_rows(tmp_path, train_file):
+    vocabulary = CriteoTSV.build_vocabulary(train_file, min_count=2)
+    test = write(tmp_path / "test.txt", [
+        criteo_line(1, [None] * 13, ["bb", "zz", "new"] + [""] * 23),
+        criteo_line(0, [None] * 13, ["aa", "", ""] + [""] * 23),
+        criteo_line(0, [None] * 13, ["cc", "yy", ""] + [""] * 23),
+    ])
+    source = CriteoTSV(train_file, test, vocabulary=vocabulary)
+    assert source.schema.vocabulary_sizes[:3] == (4, 3, 2)
+    _, categorical, _ = collect(source.test_batches(3))
+    # row 0 = missing, 1 = out of vocabulary, then values by falling count.
+    assert categorical[:, :3].tolist() == [[3, 2, 1], [2, 0, 0], [1, 1, 0]]
+
+
+def test_min_max_scaling_uses_the_recorded_range(tmp_path, train_file):
+    vocabulary = CriteoTSV.build_vocabulary(train_file)
+    test = write(tmp_path / "test.txt", [
+        criteo_line(1, [v, 5] + [None] * 11, ["aa"] * 26) for v in (-3, 3, 9, 21, None, -7)])
+    source = CriteoTSV(train_file, test, vocabulary=vocabulary, dense_transform="minmax")
+    dense, _, _ = collect(source.test_batches(6))
+    np.testing.assert_allclose(dense[:, 0], [0.0, 0.5, 1.0, 1.0, 0.0, 0.0])  # clipped to [0, 1]
+    assert dense[:, 1:].tolist() == [[0.0] * 12] * 6  # I2 has no range: 0
+
+
+def test_min_max_needs_a_vocabulary(train_file):
+    with pytest.raises(UserError, match="minmax' needs a vocabulary"):
+        CriteoTSV(train_file, dense_transform="minmax")
+
+
+def test_save_load_roundtrip(tmp_path, train_file):
+    built = CriteoTSV.build_vocabulary(train_file, min_count=1)
+    path = str(tmp_path / "vocab" / "criteo.json")
+    built.save(path)
+    loaded = Vocabulary.load(path)
+    assert loaded == built and loaded.path == path
+    ids = [collect(CriteoTSV(train_file, train_file, vocabulary=v).test_batches(6))[1]
+           for v in (built, path)]
+    np.testing.assert_array_equal(ids[0], ids[1])
+
+
+def test_loading_a_missing_or_corrupt_vocabulary_is_a_user_error(tmp_path, train_file):
+    with pytest.raises(UserError, match="nothere.json: no such vocabulary file"):
+        Vocabulary.load(str(tmp_path / "nothere.json"))
+    corrupt = tmp_path / "corrupt.json"
+    corrupt.write_text('{"kind": "tfscale vocabulary", "cat')
+    with pytest.raises(UserError, match="corrupt.json: not a readable vocabulary file"):
+        Vocabulary.load(str(corrupt))
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text('{"kind": "tfscale vocabulary", "version": 1, "format": "criteo"}')
+    with pytest.raises(UserError, match="wrong.json: not a valid vocabulary file"):
+        CriteoTSV(train_file, vocabulary=str(wrong))
+
+
+def test_a_vocabulary_of_another_format_is_refused(tmp_path, train_file):
+    path = str(tmp_path / "criteo.json")
+    CriteoTSV.build_vocabulary(train_file).save(path)
+    avazu = tmp_path / "train.csv"
+    avazu.write_text("hour,click,C1\n14102100,1,5\n")
+    with pytest.raises(UserError, match="header lacks"):
+        AvazuCSV(str(avazu), vocabulary=path)
+    from tests.test_avazu import HEADER, avazu_line
+    avazu.write_text(HEADER + "\n" + avazu_line(1, "14102100") + "\n")
+    with pytest.raises(UserError, match="criteo.json: a vocabulary of criteo data, not avazu"):
+        AvazuCSV(str(avazu), vocabulary=path)
+
+
+def run_build_vocab(*args):
+    return subprocess.run([sys.executable, "-m", "launch.build_vocab", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_build_vocab_command_line(tmp_path, train_file):
+    output = str(tmp_path / "out" / "vocab.json")
+    done = run_build_vocab("--format=criteo", f"--input={train_file}", "--min_count=2",
+                           f"--output={output}")
+    assert done.returncode == 0, done.stderr
+    assert f"wrote {output}: 6 rows counted" in done.stdout
+    assert Vocabulary.load(output).categorical["C1"] == [("aa", 3), ("bb", 2)]
+
+
+def test_build_vocab_errors_cleanly_on_a_missing_file(tmp_path):
+    missing = str(tmp_path / "missing.txt")
+    done = run_build_vocab("--format=criteo", f"--input={missing}",
+                           f"--output={tmp_path / 'v.json'}")
+    assert done.returncode == 2
+    assert f"error: {missing}: no such file" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not os.path.exists(tmp_path / "v.json")
+
+
+def test_building_from_a_malformed_file_names_the_line(tmp_path):
+    bad = write(tmp_path / "bad.txt", vocabulary_lines()[:2] + ["1\t2"] + vocabulary_lines())
+    with pytest.raises(tf.errors.InvalidArgumentError) as caught:
+        CriteoTSV.build_vocabulary(bad)
+    assert str(user_error_from_tf(caught.value)) == (
+        f"{bad} line 3: expected 40 tab-separated fields, found 2")
+    skipping = CriteoTSV.build_vocabulary(bad, on_bad_line="skip")
+    assert skipping.bad_lines_skipped == 1 and skipping.rows == 8

@@ -1,0 +1,48 @@
+"""The Criteo Kaggle (Display Advertising Challenge) TSV reader.
+
+Owns what a Criteo line is: tab-separated label, 13 integer features I1..I13 and 26 categorical
+features C1..C26 (8-hex-digit strings), an empty field being a missing value; test files have no
+label column (39 fields). Reading, checking, encoding and splitting are in text_lines.
+"""
+
+from tfscale.data.text_lines import DelimitedTextSource, LineLayout, TextFormat
+from tfscale.errors import UserError
+
+LABEL = "label"
+DENSE_NAMES = tuple(f"I{i}" for i in range(1, 14))
+CATEGORICAL_NAMES = tuple(f"C{i}" for i in range(1, 27))
+_UNLABELLED = LineLayout(DENSE_NAMES + CATEGORICAL_NAMES)
+_LABELLED = LineLayout((LABEL,) + _UNLABELLED.column_names)
+
+
+class CriteoFormat(TextFormat):
+    """Criteo lines: labelled (40 fields) or not (39), told apart by a file's first line."""
+
+    name = "criteo"
+    delimiter = "\t"
+    delimiter_name = "tab"
+    label_name = LABEL
+    dense_names = DENSE_NAMES
+    categorical_names = CATEGORICAL_NAMES
+
+    def layout(self, path, first_line):
+        found = len(first_line.split(self.delimiter))
+        for layout in (_LABELLED, _UNLABELLED):
+            if found == layout.num_fields:
+                return layout
+        raise UserError(
+            f"{path} line 1: expected {_LABELLED.num_fields} tab-separated fields "
+            f"({_UNLABELLED.num_fields} in a file without labels), found {found}; "
+            "is this a Criteo TSV file?"
+        )
+
+
+class CriteoTSV(DelimitedTextSource):
+    """Criteo Kaggle TSV files (plain or .gz) as a CTRSource.
+
+    features["dense"]: the 13 integers, by default sign(x) * log1p(|x|) (I2 has negatives), or
+    min-max scaled with the ranges of a vocabulary; missing -> 0. features["categorical"]: C1..C26
+    as ids, row 0 = missing, by hashing or a vocabulary (see DelimitedTextSource for every option).
+    """
+
+    FORMAT = CriteoFormat()
