@@ -12,6 +12,7 @@ from keras import ops
 
 from tfscale.data.schema import FeatureSchema
 from tfscale.embeddings import FieldEmbedding
+from tfscale.train_step import TrainStepModel
 
 
 def schema_to_config(schema):
@@ -126,7 +127,7 @@ class PredictionHead(keras.layers.Layer):
         return (input_shape[0][0], 1)
 
 
-class CTRModel(keras.Model):
+class CTRModel(TrainStepModel):
     """Base of the reference models: embeds the categorical fields, adds the linear (wide) part
     and turns the sum of logits into a float32 probability [B, 1].
 

@@ -2,6 +2,9 @@
 skipping, path checks, the train/test split, sharding, shuffling and resuming."""
 
 import gzip
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -235,3 +238,30 @@ def test_skip_batches_equals_dropping_batches(tmp_path):
                for f, _ in source.train_batches(8, epoch=2, skip_batches=4)]
     assert resumed == full[4:] and len(full) == len(resumed) + 4
     assert all(len(batch) == 8 for batch in full)  # full batches only
+
+
+def test_pipeline_stays_parallel_under_op_determinism(tmp_path):
+    """The launcher enables op determinism, under which tf.data turns a map holding any stateful
+    op into a serial Map: the parse map must stay a ParallelMap (seen in the error's iterator)."""
+    lines = numbered_lines(40)
+    lines[30] = "bad"
+    path = write(tmp_path / "train.txt", lines)
+    vocabulary = str(tmp_path / "vocab.json")
+    CriteoTSV.build_vocabulary(path, on_bad_line="skip").save(vocabulary)
+    script = f"""if True:
+        import tensorflow as tf
+        tf.config.experimental.enable_op_determinism()
+        from tfscale.data.criteo import CriteoTSV
+        source = CriteoTSV({path!r}, vocabulary={vocabulary!r}, dense_transform="minmax",
+                           shuffle_buffer=16, test_fraction=0.0, chunk_lines=8)
+        try:
+            for batch in source.train_batches(4):
+                pass
+        except tf.errors.InvalidArgumentError as error:
+            print(error.message)
+    """
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", script], cwd=repo, capture_output=True,
+                          text=True, timeout=120)
+    assert f"{path} line 31: expected 40 tab-separated fields, found 1" in done.stdout, done.stderr
+    assert "ParallelMapV2: StringToNumberOp" in done.stdout

@@ -45,7 +45,7 @@ class AvazuFormat(TextFormat):
                 f"{path} line 1: the header lacks the columns {', '.join(missing)}; an Avazu "
                 "file starts with a header like id,click,hour,C1,banner_pos,...,C21"
             )
-        return LineLayout(columns, header_lines=1)
+        return LineLayout(columns)
 
     def extra_checks(self, fields):
         hour = fields[HOUR]

@@ -7,7 +7,9 @@ hashing of categorical strings, and `DelimitedTextSource`, the CTRSource that a 
 specialises with a `TextFormat` (what its lines look like).
 
 Every step works on whole chunks of lines (vectorised string ops), mapped in parallel and in order,
-so reading is fast and deterministic.
+so reading is fast and deterministic. The pipelines hold no stateful op (no variable, lookup table
+or py_function): under tf.config.experimental.enable_op_determinism, which the launcher turns on,
+tf.data would otherwise run every map of the pipeline serially.
 """
 
 import collections
@@ -78,10 +80,9 @@ def read_first_lines(path, count):
 
 @dataclasses.dataclass(frozen=True)
 class LineLayout:
-    """The columns of the lines of one file, by name, and how many header lines precede them."""
+    """The columns of the lines of one file, by name."""
 
     column_names: tuple
-    header_lines: int = 0
 
     @property
     def num_fields(self):
@@ -96,22 +97,20 @@ class FileSet:
 
     def __init__(self, text_format, paths):
         self.paths = resolve_paths(paths)
+        self.header_lines = text_format.header_lines
         self.layout = self._common_layout(text_format)
         self.has_labels = text_format.label_name in self.layout.column_names
 
     def _common_layout(self, text_format):
         layouts = []
         for path in self.paths:
-            lines = read_first_lines(path, text_format.header_lines + 1)
-            if len(lines) <= text_format.header_lines:
+            lines = read_first_lines(path, self.header_lines + 1)
+            if len(lines) <= self.header_lines:
                 raise UserError(f"{path}: the file has no data lines")
             layouts.append(text_format.layout(path, lines[0]))
             if layouts[-1] != layouts[0]:
-                raise UserError(
-                    f"{path}: its columns differ from those of {self.paths[0]} "
-                    f"({layouts[-1].num_fields} against {layouts[0].num_fields}); "
-                    "files read together must have the same columns"
-                )
+                raise UserError(f"{path}: its columns differ from those of {self.paths[0]}; "
+                                "files read together must have the same columns")
         return layouts[0]
 
     def describe(self):
@@ -121,7 +120,7 @@ class FileSet:
     def chunks(self, order, chunk_lines):
         """(file_index, first_line_number, lines) for consecutive chunks of the files in `order`;
         line numbers are 1-based in the file, counting header lines."""
-        header = self.layout.header_lines
+        header = self.header_lines
 
         def read_file(file_index, path, compression):
             lines = tf.data.TextLineDataset(path, compression_type=compression, buffer_size=1 << 20)
@@ -239,17 +238,17 @@ class LineParser:
     """Turns chunks of lines of one FileSet into raw columns, checking every line.
 
     Raw columns: labels float32 [n] (zeros for files without labels), dense float32 [n, D] (the
-    integers as read, 0 where missing), dense_present bool [n, D], categorical string [n, C] and
-    derived int64 [n, E]. A bad line stops the pipeline with an InvalidArgumentError whose message
-    starts with DATA_ERROR_MARKER and names file and line; with a `bad_line_counter` (a tf.Variable)
-    bad lines are dropped and counted instead.
+    integers as read, 0 where missing), dense_present bool [n, D], categorical string [n, C],
+    derived int64 [n, E], and bad_lines, an int64 scalar: the malformed lines dropped. A bad line
+    stops the pipeline with an InvalidArgumentError whose message starts with DATA_ERROR_MARKER
+    and names file and line, unless `skip_bad_lines`.
     """
 
-    def __init__(self, text_format, files, bad_line_counter=None):
+    def __init__(self, text_format, files, skip_bad_lines=False):
         self._format = text_format
         self._files = files
         self._paths = tf.constant(files.paths)
-        self._bad_line_counter = bad_line_counter
+        self._skip_bad_lines = skip_bad_lines
 
     def __call__(self, file_index, line_numbers, lines):
         layout = self._files.layout
@@ -257,15 +256,15 @@ class LineParser:
         fields = Fields(fields, layout)
         checks = self._checks(fields, found)
         bad = tf.reduce_any(tf.stack([check.bad for check in checks], axis=1), axis=1)
-        if self._bad_line_counter is None:
+        if self._skip_bad_lines:
+            fields = fields.masked(tf.logical_not(bad))
+        else:
             verdict = self._stop_at_first_bad(checks, bad, file_index, line_numbers)
             with tf.control_dependencies([verdict]):
                 fields = Fields(tf.identity(fields.values), layout)
-        else:
-            counted = self._bad_line_counter.assign_add(tf.reduce_sum(tf.cast(bad, tf.int64)))
-            with tf.control_dependencies([counted]):
-                fields = fields.masked(tf.logical_not(bad))
-        return self._columns(fields)
+        raw = self._columns(fields)
+        raw["bad_lines"] = tf.reduce_sum(tf.cast(bad, tf.int64))
+        return raw
 
     def _checks(self, fields, found):
         fmt, layout = self._format, self._files.layout
@@ -312,8 +311,7 @@ class LineParser:
                 DATA_ERROR_MARKER, self._paths[file_index], " line ",
                 tf.strings.as_string(line_numbers[row]), ": ", problem,
             ])
-            with tf.control_dependencies([tf.py_function(_raise_data_error, [message], [])]):
-                return tf.constant(False)
+            return _raise_invalid_argument(message)
 
         return tf.cond(tf.reduce_any(bad), fail, lambda: tf.constant(True))
 
@@ -353,14 +351,26 @@ def is_present(strings):
     return tf.strings.length(strings) > 0
 
 
-def _raise_data_error(message):
-    # A ValueError inside tf.py_function reaches the caller as tf.errors.InvalidArgumentError.
-    raise ValueError(message.numpy().decode("utf-8", "replace"))
+def _raise_invalid_argument(message):
+    """An op that fails with InvalidArgumentError "...: <message>" (message starting with "[").
+
+    StringToNumber rejects the text and quotes it verbatim in its error; tf.debugging.Assert would
+    escape it, and tf.py_function, being stateful, would make the pipeline serial (module doc)."""
+    return tf.math.is_nan(tf.strings.to_number(message))
 
 
-def line_numbers_of(first_line, lines):
-    """The 1-based line numbers of a chunk that starts at `first_line`."""
-    return first_line + tf.range(tf.size(lines, out_type=tf.int64))
+def parsed_chunks(files, parser, selection, order, chunk_lines, finish=lambda raw: raw):
+    """`finish(raw columns)` of the lines of `files` (in `order`) that `selection` keeps, one
+    element per chunk, parsed in parallel and delivered in order."""
+
+    def parse_chunk(file_index, first_line, lines):
+        numbers = first_line + tf.range(tf.size(lines, out_type=tf.int64))
+        keep = selection(file_index, numbers)
+        return finish(parser(file_index, tf.boolean_mask(numbers, keep),
+                             tf.boolean_mask(lines, keep)))
+
+    return files.chunks(order, chunk_lines).map(
+        parse_chunk, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
 # ----------------------------------------------------------------------------- transforms
@@ -414,8 +424,9 @@ def hash_buckets_per_field(hash_buckets, names):
 
 
 def shuffle_seed(seed, epoch):
-    """The shuffle seed of one epoch: a fixed function of (seed, epoch)."""
-    return int(np.random.SeedSequence([int(seed), int(epoch)]).generate_state(1)[0])
+    """The shuffle seed of one epoch: a fixed function of (seed, epoch), any integers."""
+    entropy = [int(seed) % (1 << 64), int(epoch) % (1 << 64)]
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0])
 
 
 def shuffle_windows(rows, window_rows, seed):
@@ -477,7 +488,7 @@ class DelimitedTextSource(CTRSource):
         self._shuffle_buffer = int(shuffle_buffer)
         self._seed = int(seed)
         self._chunk_lines = int(chunk_lines)
-        self._pass_counters = {"train": [], "test": []}
+        self._bad_line_counts = {}  # (FileSet, LineSelection) read in skip mode -> count or None
         self._vocabulary = self._load_vocabulary(vocabulary)
         self._encoder = self._categorical_encoder(hash_buckets)
         self._dense_transform = self._dense_transform_of(dense_transform)
@@ -530,8 +541,8 @@ class DelimitedTextSource(CTRSource):
         selection = LineSelection(self._test_fraction, False, shard_index, num_shards)
         order = np.arange(len(self._train.paths))
         if self._shuffle_buffer:
-            order = np.random.default_rng([self._seed, epoch]).permutation(order)
-        rows = self._rows(self._train, selection, order, "train")
+            order = np.random.default_rng(shuffle_seed(self._seed, epoch)).permutation(order)
+        rows = self._rows(self._train, selection, order)
         if self._shuffle_buffer:
             rows = shuffle_windows(rows, self._shuffle_buffer, shuffle_seed(self._seed, epoch))
         batches = rows.rebatch(batch_size, drop_remainder=True)
@@ -540,14 +551,18 @@ class DelimitedTextSource(CTRSource):
     def test_batches(self, batch_size, *, shard_index=0, num_shards=1):
         files = self._test or self._train
         selection = LineSelection(self._test_fraction, True, shard_index, num_shards)
-        rows = self._rows(files, selection, np.arange(len(files.paths)), "test")
+        rows = self._rows(files, selection, np.arange(len(files.paths)))
         return rows.rebatch(batch_size).prefetch(tf.data.AUTOTUNE)
 
     def bad_line_count(self):
-        """Malformed lines skipped (on_bad_line="skip") by this process: per split, the most seen
-        in one pass, so a bad line counts once however many epochs read it."""
-        return sum(max((int(v.numpy()) for v in counters), default=0)
-                   for counters in self._pass_counters.values())
+        """Malformed lines among the lines this process has read (on_bad_line="skip"), each
+        counted once however many epochs read it. The pipelines cannot count (a counter is a
+        stateful op, see the module doc), so the first call after a new split or shard was read
+        counts its bad lines in a pass of its own; counts are cached."""
+        for (files, selection), count in self._bad_line_counts.items():
+            if count is None:
+                self._bad_line_counts[files, selection] = self._count_bad_lines(files, selection)
+        return sum(self._bad_line_counts.values())
 
     def describe(self):
         test = (self._test.describe() if self._test
@@ -561,22 +576,12 @@ class DelimitedTextSource(CTRSource):
 
     # -- pipeline
 
-    def _rows(self, files, selection, order, split):
+    def _rows(self, files, selection, order):
         """Batches of variable size (one per chunk) of the selected lines, as (features, labels)."""
-        counter = None
         if self._skip_bad_lines:
-            counter = tf.Variable(0, dtype=tf.int64, trainable=False)
-            self._pass_counters[split].append(counter)
-        parser = LineParser(self.FORMAT, files, counter)
-
-        def parse_chunk(file_index, first_line, lines):
-            numbers = line_numbers_of(first_line, lines)
-            keep = selection(file_index, numbers)
-            raw = parser(file_index, tf.boolean_mask(numbers, keep), tf.boolean_mask(lines, keep))
-            return self._features(raw)
-
-        return files.chunks(order, self._chunk_lines).map(
-            parse_chunk, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+            self._bad_line_counts.setdefault((files, selection), None)
+        parser = LineParser(self.FORMAT, files, self._skip_bad_lines)
+        return parsed_chunks(files, parser, selection, order, self._chunk_lines, self._features)
 
     def _features(self, raw):
         categorical = tf.concat([self._encoder.encode(raw["categorical"]), raw["derived"]], axis=1)
@@ -585,6 +590,12 @@ class DelimitedTextSource(CTRSource):
             "categorical": categorical,
         }
         return features, tf.expand_dims(raw["labels"], 1)
+
+    def _count_bad_lines(self, files, selection):
+        parser = LineParser(self.FORMAT, files, skip_bad_lines=True)
+        counts = parsed_chunks(files, parser, selection, np.arange(len(files.paths)),
+                               self._chunk_lines, lambda raw: raw["bad_lines"])
+        return int(counts.reduce(np.int64(0), tf.add))
 
     # -- vocabulary
 
@@ -595,13 +606,9 @@ class DelimitedTextSource(CTRSource):
         if on_bad_line not in ("error", "skip"):
             raise UserError(f"on_bad_line must be 'error' or 'skip', got {on_bad_line!r}")
         files = FileSet(cls.FORMAT, paths)
-        counter = tf.Variable(0, dtype=tf.int64) if on_bad_line == "skip" else None
-        parser = LineParser(cls.FORMAT, files, counter)
-        raw = files.chunks(np.arange(len(files.paths)), chunk_lines).map(
-            lambda index, first, lines: parser(index, line_numbers_of(first, lines), lines),
-            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        vocabulary = vocabulary_lib.count_vocabulary(
+        parser = LineParser(cls.FORMAT, files, skip_bad_lines=on_bad_line == "skip")
+        raw = parsed_chunks(files, parser, LineSelection(), np.arange(len(files.paths)),
+                            chunk_lines)
+        return vocabulary_lib.count_vocabulary(
             raw, format_name=cls.FORMAT.name, categorical_names=cls.FORMAT.categorical_names,
             dense_names=cls.FORMAT.dense_names, min_count=min_count)
-        vocabulary.bad_lines_skipped = 0 if counter is None else int(counter.numpy())
-        return vocabulary

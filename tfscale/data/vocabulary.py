@@ -126,30 +126,45 @@ def _json_lines(mapping):
 
 
 class VocabularyEncoder:
-    """Categorical strings -> ids with one tf.lookup.StaticHashTable per field:
-    row 0 = missing, row 1 = out of vocabulary, FIRST_VALUE_ID.. = the kept values."""
+    """Categorical strings -> ids: row 0 = missing, row 1 = out of vocabulary, FIRST_VALUE_ID.. =
+    the kept values.
+
+    Looked up without a tf.lookup table (its ops are stateful, which makes tf.data pipelines
+    serial under op determinism): each (field, value) becomes a 64-bit key, its value's
+    fingerprint XOR a per-field salt, found by binary search (tf.searchsorted) in the sorted keys
+    of the vocabulary. Two keys would have to collide in 64 bits to mix up values; if two kept
+    values of a field ever did, the more frequent one's id wins.
+    """
 
     def __init__(self, vocabulary, names):
         self.sizes = tuple(vocabulary.size(name) for name in names)
-        self._tables = [self._table(vocabulary.categorical[name]) for name in names]
+        self._salts = tf.constant(
+            np.random.default_rng(0).integers(0, 1 << 62, size=len(names)), tf.int64)
+        keys, ids = [np.array([np.iinfo(np.int64).max])], [np.array([OOV_ID])]  # a sentinel
+        for column, name in enumerate(names):
+            values = [value for value, _ in vocabulary.categorical[name]]
+            if values:
+                salt = self._salts[column]
+                keys.append(self._keys(tf.constant(values, tf.string), salt).numpy())
+                ids.append(np.arange(FIRST_VALUE_ID, FIRST_VALUE_ID + len(values)))
+        keys, ids = np.concatenate(keys), np.concatenate(ids)
+        order = np.argsort(keys, kind="stable")  # equal keys: the first kept wins the search
+        self._sorted_keys = tf.constant(keys[order], tf.int64)
+        self._ids = tf.constant(ids[order], tf.int64)
 
     @staticmethod
-    def _table(entries):
-        if not entries:  # a field with no value over the threshold: every value is OOV
-            return None
-        keys = tf.constant([value for value, _ in entries], tf.string)
-        ids = tf.range(FIRST_VALUE_ID, FIRST_VALUE_ID + len(entries), dtype=tf.int64)
-        return tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(keys, ids),
-                                         default_value=tf.constant(OOV_ID, tf.int64))
+    def _keys(strings, salts):
+        return tf.bitwise.bitwise_xor(tf.strings.to_hash_bucket_fast(strings, (1 << 63) - 1),
+                                      salts)
 
     def encode(self, strings):
-        columns = tf.unstack(strings, num=len(self._tables), axis=1)
-        ids = tf.stack([
-            table.lookup(column) if table is not None
-            else tf.fill(tf.shape(column), tf.constant(OOV_ID, tf.int64))
-            for table, column in zip(self._tables, columns)
-        ], axis=1)
-        return tf.where(tf.strings.length(strings) > 0, ids, tf.constant(MISSING_ID, tf.int64))
+        keys = tf.reshape(self._keys(strings, self._salts), [-1])
+        position = tf.minimum(tf.searchsorted(self._sorted_keys, keys, out_type=tf.int64),
+                              tf.size(self._sorted_keys, out_type=tf.int64) - 1)
+        found = tf.equal(tf.gather(self._sorted_keys, position), keys)
+        ids = tf.where(found, tf.gather(self._ids, position), tf.constant(OOV_ID, tf.int64))
+        return tf.where(tf.strings.length(strings) > 0, tf.reshape(ids, tf.shape(strings)),
+                        tf.constant(MISSING_ID, tf.int64))
 
 
 # ----------------------------------------------------------------------------- counting
@@ -168,18 +183,20 @@ def _summarise_chunk(raw):
         "lows": tf.reduce_min(tf.where(present, dense, np.inf), axis=0),
         "highs": tf.reduce_max(tf.where(present, dense, -np.inf), axis=0),
         "rows": tf.shape(dense)[0],
+        "bad_lines": raw["bad_lines"],
     }
 
 
 def count_vocabulary(raw_chunks, *, format_name, categorical_names, dense_names, min_count):
     """A Vocabulary from one pass over `raw_chunks` (a tf.data.Dataset of the raw columns of a
-    LineParser): values seen at least `min_count` times, integer min/max per field."""
+    LineParser): values seen at least `min_count` times, integer min/max per field, the rows
+    counted and the malformed lines skipped."""
     if int(min_count) < 1:
         raise UserError(f"min_count must be at least 1, got {min_count}")
     totals = [collections.defaultdict(int) for _ in categorical_names]
     lows = np.full(len(dense_names), np.inf)
     highs = np.full(len(dense_names), -np.inf)
-    rows = 0
+    rows = bad_lines = 0
     summaries = raw_chunks.map(_summarise_chunk, num_parallel_calls=tf.data.AUTOTUNE,
                                deterministic=True).prefetch(tf.data.AUTOTUNE)
     for summary in summaries.as_numpy_iterator():
@@ -189,12 +206,14 @@ def count_vocabulary(raw_chunks, *, format_name, categorical_names, dense_names,
         lows = np.minimum(lows, summary["lows"])
         highs = np.maximum(highs, summary["highs"])
         rows += int(summary["rows"])
+        bad_lines += int(summary["bad_lines"])
     categorical = {name: _kept_values(total, min_count)
                    for name, total in zip(categorical_names, totals)}
     dense_ranges = {name: None if low > high else (float(low), float(high))
                     for name, low, high in zip(dense_names, lows, highs)}
     return Vocabulary(format_name=format_name, min_count=int(min_count), rows=rows,
-                      categorical=categorical, dense_ranges=dense_ranges)
+                      categorical=categorical, dense_ranges=dense_ranges,
+                      bad_lines_skipped=bad_lines)
 
 
 def _kept_values(total, min_count):
