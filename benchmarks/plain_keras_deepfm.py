@@ -8,8 +8,8 @@ from keras import ops
 
 def plain_keras_deepfm(schema, embedding_dim=10, dnn_units=(400, 400, 400)):
     """A compiled-ready functional DeepFM over `schema` with per-field embedding layers."""
-    dense_in = keras.Input((schema.num_dense,), name="dense")
-    categorical_in = keras.Input((schema.num_categorical,), dtype="int64", name="categorical")
+    dense_in = keras.Input((schema.num_dense,), name="dense_features")
+    categorical_in = keras.Input((schema.num_categorical,), dtype="int64", name="categorical_ids")
 
     deep, wide = [], []
     for f, (name, rows) in enumerate(zip(schema.categorical_names, schema.vocabulary_sizes)):

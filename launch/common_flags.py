@@ -49,7 +49,9 @@ flags.DEFINE_integer("cross_layers", 3, "DCN / DCN-v2: cross layers.", lower_bou
 
 # Optimization.
 flags.DEFINE_integer("batch_size", 8192, "Global batch size.", lower_bound=1)
-flags.DEFINE_enum("optimizer", "adam", ["adam", "adagrad", "sgd"], "The optimizer.")
+flags.DEFINE_enum("optimizer", "adam", ["adam", "adagrad", "sgd"],
+                  "The optimizer (adam: Keras's Adam computed by TF's fused kernel, "
+                  "tfscale.optimizers.FusedAdam).")
 flags.DEFINE_float("learning_rate", 1e-3, "Learning rate of the dense weights.", lower_bound=0.0)
 flags.DEFINE_float("embedding_learning_rate", None,
                    "Learning rate of the embedding tables (default: --learning_rate); a different "
@@ -115,9 +117,10 @@ def build_optimizer():
     import keras
 
     from tfscale import embeddings
+    from tfscale.optimizers import FusedAdam
 
     def make(learning_rate, name):
-        cls = {"adam": keras.optimizers.Adam, "adagrad": keras.optimizers.Adagrad,
+        cls = {"adam": FusedAdam, "adagrad": keras.optimizers.Adagrad,
                "sgd": keras.optimizers.SGD}[FLAGS.optimizer]
         return cls(learning_rate=learning_rate, name=name)
 
@@ -141,7 +144,23 @@ def build_source():
 
 
 def _build_file_source():
-    raise NotImplementedError  # filled in with the readers' API
+    from tfscale.data.avazu import AvazuCSV
+    from tfscale.data.criteo import CriteoTSV
+    from tfscale.errors import UserError
+
+    if not FLAGS.train_path:
+        raise UserError(f"--data={FLAGS.data} needs --train_path (files or globs)")
+    if (FLAGS.categorical_encoding == "vocabulary") != bool(FLAGS.vocabulary):
+        raise UserError("--vocabulary goes with --categorical_encoding=vocabulary, and that "
+                        "encoding needs --vocabulary (python -m launch.build_vocab writes one)")
+    if FLAGS.integer_transform == "minmax" and not FLAGS.vocabulary:
+        raise UserError("--integer_transform=minmax needs the ranges a --vocabulary records")
+    source_class = {"criteo": CriteoTSV, "avazu": AvazuCSV}[FLAGS.data]
+    return source_class(
+        FLAGS.train_path, FLAGS.test_path or None, test_fraction=FLAGS.test_fraction,
+        vocabulary=FLAGS.vocabulary, hash_buckets=FLAGS.hash_buckets,
+        dense_transform=FLAGS.integer_transform, shuffle_buffer=FLAGS.shuffle_buffer,
+        seed=FLAGS.seed, on_bad_line=FLAGS.on_bad_line)
 
 
 def report(result, source, logdir, checkpoint_dir):

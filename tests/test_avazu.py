@@ -155,3 +155,16 @@ def test_split_and_shards_are_disjoint_and_cover(tmp_path):
     assert len(set(every_row)) == 96
     assert sorted(test + shards[0] + shards[1]) == every_row
     assert not set(shards[0]) & set(shards[1]) and not set(test) & set(shards[0] + shards[1])
+
+
+def test_vocabulary_encoding_keeps_exact_hour_fields(tmp_path):
+    lines = [avazu_line(1, "14102100"), avazu_line(0, "14102101"),
+             avazu_line(1, "14102102", rest=REST.replace("1005", "1010"))]
+    path = write(tmp_path / "train.csv", lines)
+    vocabulary = AvazuCSV.build_vocabulary(path, min_count=2)
+    assert vocabulary.categorical["C1"] == [("1005", 2)] and vocabulary.dense_ranges == {}
+    source = AvazuCSV(path, path, vocabulary=vocabulary)
+    assert source.schema.vocabulary_sizes[0] == 3 and source.schema.vocabulary_sizes[-2:] == (25, 8)
+    _, categorical, _ = collect(source.test_batches(3))
+    assert categorical[:, 0].tolist() == [2, 2, 1]  # 1010 is under min_count: out of vocabulary
+    assert categorical[:, -2].tolist() == [1, 2, 3]

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.test_avazu import HEADER, avazu_line
 from tests.test_criteo import collect, criteo_line, write
 from tfscale.data.avazu import AvazuCSV
 from tfscale.data.criteo import CriteoTSV
@@ -103,7 +104,6 @@ def test_a_vocabulary_of_another_format_is_refused(tmp_path, train_file):
     avazu.write_text("hour,click,C1\n14102100,1,5\n")
     with pytest.raises(UserError, match="header lacks"):
         AvazuCSV(str(avazu), vocabulary=path)
-    from tests.test_avazu import HEADER, avazu_line
     avazu.write_text(HEADER + "\n" + avazu_line(1, "14102100") + "\n")
     with pytest.raises(UserError, match="criteo.json: a vocabulary of criteo data, not avazu"):
         AvazuCSV(str(avazu), vocabulary=path)

@@ -66,6 +66,9 @@ def train(model, source, config, print_fn=print):
 
     writers = _summary_writers(config.logdir)
     steps_per_epoch = source.train_steps_per_epoch(config.batch_size)
+    if steps_per_epoch == 0:
+        raise UserError(f"--batch_size={config.batch_size} is larger than the training split "
+                        f"({source.describe()}): not one full batch per epoch")
     monitor = tfs_callbacks.TrainingMonitor(
         config.batch_size, config.log_every_steps, writers.get("train"), steps_per_epoch, print_fn)
     run_callbacks = [monitor]

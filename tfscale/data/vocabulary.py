@@ -37,7 +37,7 @@ class Vocabulary:
     categorical: dict
     dense_ranges: dict
     bad_lines_skipped: int = 0
-    path: str = None  # where it was loaded from or saved to, for messages
+    path: str = dataclasses.field(default=None, compare=False)  # loaded from / saved to
 
     def size(self, name):
         """Embedding rows of a field: missing + OOV + kept values."""
@@ -101,14 +101,19 @@ class Vocabulary:
             raise UserError(f"{path}: not a readable vocabulary file ({error})") from None
         try:
             return cls._from_json(data, path)
-        except (KeyError, TypeError, ValueError) as error:
-            raise UserError(f"{path}: not a valid vocabulary file ({error!r}); rebuild it with "
-                            "python -m launch.build_vocab") from None
+        except KeyError as error:
+            problem = f"no entry {error}"
+        except (TypeError, ValueError) as error:
+            problem = str(error)
+        raise UserError(f"{path}: not a valid vocabulary file ({problem}); rebuild it with "
+                        "python -m launch.build_vocab")
 
     @classmethod
     def _from_json(cls, data, path):
-        if data.get("kind") != _FILE_KIND or data.get("version") != _FILE_VERSION:
-            raise ValueError(f"expected kind {_FILE_KIND!r} version {_FILE_VERSION}")
+        if not isinstance(data, dict) or (data.get("kind"), data.get("version")) != (
+                _FILE_KIND, _FILE_VERSION):
+            raise ValueError(f"expected a JSON object of kind {_FILE_KIND!r}, version "
+                             f"{_FILE_VERSION}")
         categorical = {}
         for name, entries in data["categorical"].items():
             categorical[name] = [(str(value), int(count)) for value, count in entries]
