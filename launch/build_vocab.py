@@ -8,11 +8,12 @@ input ends with a one-paragraph error and exit status 2, never a traceback."""
 
 import os
 import sys
-import textwrap
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TF's C++ start-up chatter off the console
 
 from absl import app, flags  # noqa: E402
+
+from launch.user_errors import run_reporting_user_errors  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -45,24 +46,7 @@ def build():
 
 def main(argv):
     del argv
-    import tensorflow as tf
-
-    from tfscale.errors import UserError, user_error_from_tf
-
-    try:
-        print(build())
-    except UserError as error:
-        _exit_with(error)
-    except tf.errors.InvalidArgumentError as error:
-        user_error = user_error_from_tf(error)
-        if user_error is None:
-            raise
-        _exit_with(user_error)
-
-
-def _exit_with(error):
-    print(textwrap.fill(f"error: {error}", width=100), file=sys.stderr, flush=True)
-    sys.exit(2)
+    sys.exit(run_reporting_user_errors(lambda: print(build(), flush=True)))
 
 
 if __name__ == "__main__":

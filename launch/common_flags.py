@@ -1,10 +1,7 @@
-"""Flags shared by the entry points (data, model, optimizer, seed) and the builders that turn
-them into a CTRSource, a model and an optimizer; also the user-error boundary that turns bad
-input into a one-paragraph message and a non-zero exit status."""
+"""Flags shared by the training entry points (data, model, optimizer, seed) and the builders that
+turn them into a CTRSource, a model and an optimizer."""
 
 import os
-import sys
-import textwrap
 import time
 
 from absl import flags
@@ -180,27 +177,3 @@ def report(result, source, logdir, checkpoint_dir):
         print(f"TensorBoard logs: {logdir}  (tensorboard --logdir {logdir})", flush=True)
     if checkpoint_dir:
         print(f"checkpoints: {checkpoint_dir}", flush=True)
-
-
-def run_reporting_user_errors(run):
-    """Calls `run()`; bad input (a UserError, or a data error raised inside the TF graph) is
-    printed as one paragraph on stderr with exit status 2 instead of a traceback."""
-    import tensorflow as tf
-
-    from tfscale.errors import UserError, user_error_from_tf
-
-    try:
-        run()
-    except UserError as error:
-        return _print_user_error(error)
-    except tf.errors.InvalidArgumentError as error:
-        user_error = user_error_from_tf(error)
-        if user_error is None:
-            raise
-        return _print_user_error(user_error)
-    return 0
-
-
-def _print_user_error(error):
-    print(textwrap.fill(f"error: {error}", width=100), file=sys.stderr, flush=True)
-    return 2

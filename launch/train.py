@@ -12,6 +12,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TF's C++ start-up cha
 from absl import app, flags  # noqa: E402
 
 from launch import common_flags  # noqa: E402
+from launch.user_errors import run_reporting_user_errors  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -58,7 +59,7 @@ def run():
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    sys.exit(common_flags.run_reporting_user_errors(run))
+    sys.exit(run_reporting_user_errors(run))
 
 
 if __name__ == "__main__":

@@ -100,3 +100,66 @@ def test_bad_flags_give_a_clear_error(flags, message):
     assert result.returncode != 0
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def _criteo_file(path, lines_to_replace=None):
+    """A 3,000-line Criteo-format file from the synthetic generator, with some lines replaced."""
+    from tfscale.data.synthetic import SyntheticCTR
+
+    SyntheticCTR(seed=3, train_rows=3000, test_rows=10,
+                 vocabulary_scale=0.002).write_criteo_tsv(str(path), 0, 3000)
+    lines = path.read_text().splitlines(keepends=True)
+    for number, text in (lines_to_replace or {}).items():
+        lines[number - 1] = text
+    path.write_text("".join(lines))
+    return path
+
+
+def _field_missing(line):
+    return "\t".join(line.rstrip("\n").split("\t")[:-1]) + "\n"
+
+
+def _integer_not_numeric(line):
+    fields = line.rstrip("\n").split("\t")
+    fields[3] = "12x"
+    return "\t".join(fields) + "\n"
+
+
+CRITEO_RUN = ["--data=criteo", "--batch_size=256", "--dnn_units=32", "--hash_buckets=1000",
+              "--epochs=1", "--logdir=none", "--checkpoint_dir=none"]
+
+
+def test_trains_on_a_criteo_file(tmp_path):
+    path = _criteo_file(tmp_path / "train.txt")
+    result = launch(*CRITEO_RUN, f"--train_path={path}")
+    assert result.returncode == 0, result.stderr
+    assert "final test AUC" in result.stdout
+
+
+@pytest.mark.parametrize("corrupt, message", [
+    (_field_missing, "line 1234"),
+    (_integer_not_numeric, "line 1234"),
+])
+def test_malformed_line_names_file_and_line(tmp_path, corrupt, message):
+    path = tmp_path / "train.txt"
+    _criteo_file(path)
+    original = path.read_text().splitlines(keepends=True)[1233]
+    _criteo_file(path, {1234: corrupt(original)})
+    result = launch(*CRITEO_RUN, f"--train_path={path}")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "train.txt" in result.stderr and message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+    skipped = launch(*CRITEO_RUN, f"--train_path={path}", "--on_bad_line=skip")
+    assert skipped.returncode == 0, skipped.stderr
+    assert "skipped 1 malformed lines" in skipped.stdout
+
+
+def test_missing_and_empty_files_give_a_clear_error(tmp_path):
+    missing = launch(*CRITEO_RUN, f"--train_path={tmp_path}/nope.txt")
+    assert missing.returncode == 2 and "nope.txt" in missing.stderr
+    assert "Traceback" not in missing.stderr
+    (tmp_path / "empty.txt").write_text("")
+    empty = launch(*CRITEO_RUN, f"--train_path={tmp_path}/empty.txt")
+    assert empty.returncode == 2 and "empty.txt" in empty.stderr and "empty" in empty.stderr
+    assert "Traceback" not in empty.stderr

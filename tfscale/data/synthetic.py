@@ -254,7 +254,7 @@ class SyntheticCTR(CTRSource):
 
     def _id_order(self):
         """A random order of each field's ids 1..n, so that frequency does not follow the id:
-        (rank -> id table as a tf.Variable, id -> rank as numpy), both indexed by offset + rank/id."""
+        (rank -> id table as a tensor, id -> rank as numpy), both indexed by offset + rank/id."""
         keys = self._stateless_uniform([self.schema.total_vocabulary], _STREAM_ID_ORDER)
         id_of_rank = np.zeros(keys.size, np.int32)
         rank_of_id = np.zeros(keys.size, np.int32)
@@ -262,11 +262,11 @@ class SyntheticCTR(CTRSource):
             order = np.argsort(keys[offset + 1:offset + n + 1], kind="stable") + 1
             id_of_rank[offset + 1:offset + n + 1] = order
             rank_of_id[offset + order] = np.arange(1, n + 1)
-        return tf.Variable(id_of_rank, trainable=False, name="synthetic_id_of_rank"), rank_of_id
+        return tf.constant(id_of_rank), rank_of_id
 
     def _teacher(self):
         """The teacher's per-id first-order weights and hidden vectors (row 0 of a field is its
-        missing value) and dense weights as non-trainable variables, and its bias; see
+        missing value) and dense weights as constant tensors, and its bias; see
         FIRST_ORDER_SPREAD."""
         seeds = tf.random.experimental.stateless_split(tf.constant([self.seed, _STREAM_TEACHER], tf.int64), 3)
         importance = np.repeat(self.field_importances, self.schema.vocabulary_sizes).astype(np.float32)
@@ -284,11 +284,9 @@ class SyntheticCTR(CTRSource):
                   zip((FIRST_ORDER_SPREAD, PAIRWISE_SPREAD, DENSE_SPREAD), terms)]
         bias = _bias_for_click_rate(sum(scale * term for scale, term in zip(scales, terms)), self.click_rate)
 
-        variable = lambda value, name: tf.Variable(value, trainable=False, name=f"synthetic_teacher_{name}")
-        # The pairwise term is quadratic in the hidden vectors.
-        return (variable(first_order * scales[0], "first_order"),
-                variable(hidden * math.sqrt(scales[1]), "hidden"),
-                variable(dense_weights * scales[2], "dense"),
+        # Constants, not variables: a stateful op in the dataset's map would make tf.data run it
+        # serially under op determinism. The pairwise term is quadratic in the hidden vectors.
+        return (first_order * scales[0], hidden * math.sqrt(scales[1]), dense_weights * scales[2],
                 bias)
 
     # ----- the ceiling and id statistics -----

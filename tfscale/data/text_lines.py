@@ -458,6 +458,7 @@ class DelimitedTextSource(CTRSource):
         strings are then looked up (row 0 missing, row 1 out of vocabulary, then its values).
       hash_buckets: without a vocabulary, hash each categorical field into this many buckets
         (one int, or one per field; default DEFAULT_HASH_BUCKETS); ids 1..buckets, 0 = missing.
+        Ignored when there is a vocabulary.
       dense_transform: "log1p" (sign(x) * log1p(|x|)) or "minmax" (needs a vocabulary, which
         records each field's min and max); missing integers are 0 either way.
       shuffle_buffer: 0 reads the train split in file order; otherwise the file order is shuffled
@@ -513,12 +514,10 @@ class DelimitedTextSource(CTRSource):
 
     def _categorical_encoder(self, hash_buckets):
         names = self.FORMAT.categorical_names
-        if self._vocabulary is None:
-            buckets = DEFAULT_HASH_BUCKETS if hash_buckets is None else hash_buckets
-            return HashingEncoder(hash_buckets_per_field(buckets, names))
-        if hash_buckets is not None:
-            raise UserError("give either a vocabulary or hash_buckets, not both")
-        return self._vocabulary.encoder(names)
+        if self._vocabulary is not None:
+            return self._vocabulary.encoder(names)
+        buckets = DEFAULT_HASH_BUCKETS if hash_buckets is None else hash_buckets
+        return HashingEncoder(hash_buckets_per_field(buckets, names))
 
     def _dense_transform_of(self, name):
         if name == "log1p":
