@@ -12,7 +12,7 @@ FLAGS = flags.FLAGS
 flags.DEFINE_enum("data", "synthetic", ["synthetic", "criteo", "avazu"],
                   "Data set: the built-in synthetic Criteo-like stream, Criteo Kaggle TSV files or "
                   "Avazu CSV files (the last two need --train_path).")
-flags.DEFINE_integer("train_rows", 1_000_000, "Synthetic data: training rows.", lower_bound=1)
+flags.DEFINE_integer("train_rows", 4_000_000, "Synthetic data: training rows.", lower_bound=1)
 flags.DEFINE_integer("test_rows", 200_000, "Synthetic data: test rows.", lower_bound=1)
 flags.DEFINE_float("synthetic_vocabulary_scale", 1 / 20,
                    "Synthetic data: Criteo's large field cardinalities are multiplied by this.",

@@ -9,14 +9,14 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TF's C++ start-up chatter off the console
 
-from absl import app, flags  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
 
 from launch import common_flags  # noqa: E402
 from launch.user_errors import run_reporting_user_errors  # noqa: E402
 
 FLAGS = flags.FLAGS
 
-flags.DEFINE_integer("epochs", 2, "Training epochs.", lower_bound=1)
+flags.DEFINE_integer("epochs", 1, "Training epochs.", lower_bound=1)
 flags.DEFINE_string("logdir", None,
                     "TensorBoard log directory (default: runs/<model>-<time>/logs; 'none' for none).")
 flags.DEFINE_string("checkpoint_dir", None,
@@ -34,6 +34,7 @@ flags.DEFINE_integer("stop_after_steps", None,
 
 def run():
     """Builds everything from the flags, trains, and prints the final report."""
+    logging.set_verbosity(logging.WARNING)  # TF's checkpoint saver logs every save at INFO
     import keras
     import tensorflow as tf
 
