@@ -3,9 +3,11 @@ computes the loss and gradients as Keras does and prepares the gradients before 
 
 Why override Keras's step: an embedding lookup's gradient arrives as IndexedSlices with one row
 per occurrence in the batch, and Keras's built-in optimizers turn it into a dense tensor inside
-every arithmetic op of their update (Adam twice per step). Converting it once here gives the
-same numbers at the cost of one conversion. This is also where loss scaling, the Horovod
-exchange and CowClip's per-row clipping join the step (later work)."""
+every arithmetic op of their update, squaring each occurrence instead of the id's summed
+gradient in Adam's second moment. Converting it once here gives Adam's true update at the cost of
+one conversion. Optimizers that set `accepts_indexed_slices` (CowClip, which needs the per-id
+counts) get the slices unchanged. Loss scaling and the Horovod exchange join the step here
+(later work)."""
 
 import keras
 import tensorflow as tf
@@ -20,6 +22,7 @@ def densify(gradient):
     return gradient
 
 
+@keras.saving.register_keras_serializable(package="tfscale")
 class TrainStepModel(keras.Model):
     """A keras.Model with tfscale's train step; use it as the base class of a model."""
 
@@ -33,6 +36,8 @@ class TrainStepModel(keras.Model):
             self._loss_tracker.update_state(loss, sample_weight=batch_size)
             loss = self.optimizer.scale_loss(loss)
         variables = self.trainable_variables
-        gradients = [densify(g) for g in tape.gradient(loss, variables)]
+        gradients = tape.gradient(loss, variables)
+        if not getattr(self.optimizer, "accepts_indexed_slices", False):
+            gradients = [densify(g) for g in gradients]
         self.optimizer.apply(gradients, variables)
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)

@@ -1,5 +1,7 @@
 """Optimizers for large-embedding models, usable in `model.compile(optimizer=...)`."""
 
+from tfscale.optimizers.cowclip import CowClip
 from tfscale.optimizers.fused_adam import FusedAdam
+from tfscale.optimizers.row_sparse_adam import RowSparseAdam
 
-__all__ = ["FusedAdam"]
+__all__ = ["CowClip", "FusedAdam", "RowSparseAdam"]

@@ -1,0 +1,201 @@
+"""CowClip (Zheng et al., AAAI 2023): adaptive column-wise clipping of embedding gradients, one
+threshold per embedding row (per id), and the optimizer that applies it.
+
+For each row of a clipped table (../shared/docs/cowclip.md):
+    g   = the id's gradient summed over its occurrences in the (global) batch (+ 2*l2*w)
+    cnt = the id's occurrences in the batch (1 for rows not in it)
+    g  <- g * min(1, r * cnt * max(||w||, r * sqrt(d) * zeta) / ||g||)
+
+`CowClip` is a keras.optimizers.MultiOptimizer: embedding tables go to `embedding_optimizer`
+after the clip (and the optimizer-owned whole-table L2), every other variable to
+`dense_optimizer`. Width-1 (linear, "wide") tables get the L2 and the embedding optimizer but no
+clip, as in the official code. Two modes:
+  faithful: the official update: the gradient is dense over every row every step (L2 moves all
+            rows; rows absent from the batch are never clipped since 2*l2 << r);
+  scalable: only the rows in the batch get L2, clip and update (with RowSparseAdam), so a step
+            costs O(batch ids) instead of O(table rows). A different algorithm; see README.
+"""
+
+import math
+import re
+
+import keras
+import tensorflow as tf
+
+from tfscale.optimizers.fused_adam import FusedAdam
+from tfscale.optimizers.row_sparse_adam import RowSparseAdam
+from tfscale.train_step import densify
+
+MODES = ("faithful", "scalable")
+
+
+def aggregate_rows(gradient):
+    """(unique row ids int64, the gradient summed per id, occurrence counts float32) of an
+    IndexedSlices gradient whose indices repeat once per occurrence of an id in the batch."""
+    ids, position = tf.unique(tf.cast(gradient.indices, tf.int64))
+    num_ids = tf.shape(ids)[0]
+    rows = tf.math.unsorted_segment_sum(gradient.values, position, num_ids)
+    counts = tf.math.unsorted_segment_sum(tf.ones_like(position, tf.float32), position, num_ids)
+    return ids, rows, counts
+
+
+def clip_factors(gradient_rows, weight_rows, counts, r, zeta):
+    """Per row min(1, threshold / ||g||) with threshold = r * cnt * max(||w||, r*sqrt(d)*zeta);
+    1 for an all-zero gradient row."""
+    floor = r * math.sqrt(int(weight_rows.shape[-1])) * zeta
+    gradient_norm = tf.norm(gradient_rows, axis=-1)
+    threshold = r * counts * tf.maximum(tf.norm(weight_rows, axis=-1), floor)
+    safe_norm = tf.where(gradient_norm > 0, gradient_norm, tf.ones_like(gradient_norm))
+    return tf.where(gradient_norm > threshold, threshold / safe_norm, tf.ones_like(gradient_norm))
+
+
+@keras.saving.register_keras_serializable(package="tfscale")
+class CowClip(keras.optimizers.MultiOptimizer):
+    """CowClip over an embedding optimizer and a dense optimizer, for `model.compile`.
+
+    Args:
+        embedding_optimizer: optimizer of the embedding tables (default: Adam 1e-4, FusedAdam in
+            faithful mode, RowSparseAdam in scalable mode).
+        dense_optimizer: optimizer of every other variable (default FusedAdam 1e-3).
+        r: clip ratio (1 in the paper).
+        zeta: lower bound of the weight norm, in units of r*sqrt(d) (Criteo 1e-5).
+        l2: whole-table L2 strength on the embedding tables, owned here so their gradients stay
+            row-sparse (give the model no embedding regularizer).
+        mode: "faithful" or "scalable" (module docstring).
+        embedding_tables: regexes (re.fullmatch on variable.path) naming the embedding tables;
+            default: every variable named "embeddings" (keras.layers.Embedding's and
+            tfscale.embeddings.FieldEmbedding's tables).
+
+    Its gradients for embedding tables must arrive as IndexedSlices (one row per occurrence,
+    as tf.gather's gradient does), which is how the per-id counts are known; under Horovod they
+    must be the global batch's.
+    """
+
+    accepts_indexed_slices = True  # tfscale.train_step passes embedding gradients unchanged
+
+    def __init__(self, embedding_optimizer=None, dense_optimizer=None, r=1.0, zeta=1e-5, l2=0.0,
+                 mode="faithful", embedding_tables=None, loss_scale_factor=None, name="cowclip"):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if r <= 0 or zeta < 0 or l2 < 0:
+            raise ValueError(f"need r > 0, zeta >= 0, l2 >= 0; got r={r}, zeta={zeta}, l2={l2}")
+        if embedding_optimizer is None:
+            embedding_class = FusedAdam if mode == "faithful" else RowSparseAdam
+            embedding_optimizer = embedding_class(learning_rate=1e-4, name="embedding")
+        if dense_optimizer is None:
+            dense_optimizer = FusedAdam(learning_rate=1e-3, name="dense")
+        super().__init__(self._optimizer_for, loss_scale_factor=loss_scale_factor, name=name)
+        self.embedding_optimizer = embedding_optimizer
+        self.dense_optimizer = dense_optimizer
+        self._inner_optimizers = [embedding_optimizer, dense_optimizer]
+        for optimizer in self._inner_optimizers:
+            optimizer.loss_scale_factor = loss_scale_factor
+        self.r = float(r)
+        self.zeta = float(zeta)
+        self.l2 = float(l2)
+        self.mode = mode
+        self.embedding_tables = None if embedding_tables is None else list(embedding_tables)
+        self._clip_statistics = {}  # clipped table path -> (fraction clipped, mean factor) variables
+
+    # ----- which variable is what
+
+    def is_embedding_table(self, variable):
+        if self.embedding_tables is not None:
+            return any(re.fullmatch(p, variable.path) for p in self.embedding_tables)
+        return variable.path.split("/")[-1] == "embeddings"
+
+    def is_clipped_table(self, variable):
+        """Embedding tables wider than 1 are clipped; 1-wide linear tables are not."""
+        return self.is_embedding_table(variable) and len(variable.shape) == 2 and variable.shape[-1] > 1
+
+    def _optimizer_for(self, variable):
+        return self.embedding_optimizer if self.is_embedding_table(variable) else self.dense_optimizer
+
+    # ----- building and applying
+
+    def build(self, var_list):
+        if self.built:
+            return
+        for variable in var_list:
+            if self.is_clipped_table(variable):
+                name = variable.path.replace("/", "_")
+                self._clip_statistics[variable.path] = (
+                    self.add_variable((), initializer="zeros", name=f"{name}_clipped_fraction"),
+                    self.add_variable((), initializer="ones", name=f"{name}_mean_clip_factor"),
+                )
+        super().build(var_list)
+
+    def apply(self, grads, trainable_variables=None):
+        if trainable_variables is None:
+            trainable_variables = self._trainable_variables
+        if not self.built:
+            self.build(trainable_variables)
+        grads = [self._table_gradient(g, v) if self.is_embedding_table(v) else densify(g)
+                 for g, v in zip(grads, trainable_variables)]
+        super().apply(grads, trainable_variables)
+
+    def _table_gradient(self, gradient, table):
+        """The L2-added, clipped (for clipped tables) gradient of one embedding table: dense in
+        faithful mode, IndexedSlices of its unique batch rows in scalable mode."""
+        if not isinstance(gradient, tf.IndexedSlices):
+            raise ValueError(
+                f"CowClip needs the gradient of embedding table {table.path} as IndexedSlices (row "
+                "ids and their counts) but got a dense tensor: give the table no regularizer (pass "
+                "l2= to CowClip instead) and look it up with a gather (keras.layers.Embedding)")
+        gradient = tf.IndexedSlices(tf.cast(gradient.values, table.dtype), gradient.indices,
+                                    gradient.dense_shape)
+        ids, rows, counts = aggregate_rows(gradient)
+        weights = tf.convert_to_tensor(table)
+        clipped = self.is_clipped_table(table)
+        if self.mode == "scalable":
+            weight_rows = tf.gather(weights, ids)
+            if self.l2:
+                rows += 2 * self.l2 * weight_rows
+            if clipped:
+                factors = clip_factors(rows, weight_rows, counts, self.r, self.zeta)
+                rows *= factors[:, None]
+                self._record_statistics(table, factors)
+            return tf.IndexedSlices(rows, ids, tf.shape(weights, out_type=tf.int64))
+
+        dense = tf.scatter_nd(ids[:, None], rows, tf.shape(weights, out_type=tf.int64))
+        if self.l2:
+            dense += 2 * self.l2 * weights
+        if not clipped:
+            return dense
+        all_counts = tf.tensor_scatter_nd_update(
+            tf.ones(tf.shape(weights)[:1], tf.float32), ids[:, None], counts)
+        factors = clip_factors(dense, weights, all_counts, self.r, self.zeta)
+        self._record_statistics(table, tf.gather(factors, ids))
+        return dense * factors[:, None]
+
+    def _record_statistics(self, table, batch_row_factors):
+        fraction, mean_factor = self._clip_statistics[table.path]
+        fraction.assign(tf.reduce_mean(tf.cast(batch_row_factors < 1, tf.float32)))
+        mean_factor.assign(tf.reduce_mean(batch_row_factors))
+
+    def summary_scalars(self):
+        """{name: value} for TensorBoard: per clipped table, the fraction of its batch rows that
+        were clipped and their mean clip factor, at the last step."""
+        scalars = {}
+        for path, (fraction, mean_factor) in self._clip_statistics.items():
+            scalars[f"cowclip/{path}/clipped_fraction"] = float(fraction.numpy())
+            scalars[f"cowclip/{path}/mean_clip_factor"] = float(mean_factor.numpy())
+        return scalars
+
+    # ----- serialisation
+
+    def get_config(self):
+        return {
+            "embedding_optimizer": keras.optimizers.serialize(self.embedding_optimizer),
+            "dense_optimizer": keras.optimizers.serialize(self.dense_optimizer),
+            "r": self.r, "zeta": self.zeta, "l2": self.l2, "mode": self.mode,
+            "embedding_tables": self.embedding_tables,
+            "loss_scale_factor": self.loss_scale_factor, "name": self.name,
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        for key in ("embedding_optimizer", "dense_optimizer"):
+            config[key] = keras.optimizers.deserialize(config[key], custom_objects=custom_objects)
+        return cls(**config)
