@@ -44,15 +44,8 @@ flags.DEFINE_integer("embedding_dim", 10, "Embedding width.", lower_bound=1)
 flags.DEFINE_list("dnn_units", ["400", "400", "400"], "Units of the DNN tower's layers.")
 flags.DEFINE_integer("cross_layers", 3, "DCN / DCN-v2: cross layers.", lower_bound=1)
 
-# Optimization.
-flags.DEFINE_integer("batch_size", 8192, "Global batch size.", lower_bound=1)
-flags.DEFINE_enum("optimizer", "adam", ["adam", "adagrad", "sgd"],
-                  "The optimizer (adam: Keras's Adam computed by TF's fused kernel, "
-                  "tfscale.optimizers.FusedAdam).")
-flags.DEFINE_float("learning_rate", 1e-3, "Learning rate of the dense weights.", lower_bound=0.0)
-flags.DEFINE_float("embedding_learning_rate", None,
-                   "Learning rate of the embedding tables (default: --learning_rate); a different "
-                   "value gives the tables an optimizer of their own.", lower_bound=0.0)
+# Run.
+flags.DEFINE_integer("batch_size", 16384, "Global batch size.", lower_bound=1)
 flags.DEFINE_integer("seed", 0, "Seed for initialisation and data.")
 flags.DEFINE_bool("deterministic", True,
                   "Deterministic TF ops, so a fixed seed repeats a run exactly (on CPU).")
@@ -81,11 +74,18 @@ def run_directories(logdir, checkpoint_dir):
             None if checkpoint_dir in ("", "none") else checkpoint_dir)
 
 
-def build_model(schema):
-    import models
+def build_model(schema, settings):
+    """The --model over `schema`, initialised and regularised as `settings` (LargeBatchSettings)
+    say."""
+    import keras
 
-    return models.build_model(FLAGS.model, schema, embedding_dim=FLAGS.embedding_dim,
-                              hidden_units=_dnn_units(), **_model_specific_config())
+    import models
+    from launch import optimization_flags
+
+    return models.build_model(
+        FLAGS.model, schema, embedding_dim=FLAGS.embedding_dim, hidden_units=_dnn_units(),
+        embeddings_initializer=keras.initializers.RandomNormal(stddev=settings.embedding_init_stddev),
+        **optimization_flags.model_regularization(settings), **_model_specific_config())
 
 
 def _dnn_units():
@@ -106,28 +106,6 @@ def _model_specific_config():
     if FLAGS.model in ("dcn", "dcn_v2"):
         return {"cross_layers": FLAGS.cross_layers}
     return {}
-
-
-def build_optimizer():
-    """The optimizer of --optimizer; with --embedding_learning_rate the embedding tables get an
-    optimizer of their own through keras.optimizers.MultiOptimizer."""
-    import keras
-
-    from tfscale import embeddings
-    from tfscale.optimizers import FusedAdam
-
-    def make(learning_rate, name):
-        cls = {"adam": FusedAdam, "adagrad": keras.optimizers.Adagrad,
-               "sgd": keras.optimizers.SGD}[FLAGS.optimizer]
-        return cls(learning_rate=learning_rate, name=name)
-
-    if FLAGS.embedding_learning_rate is None:
-        return make(FLAGS.learning_rate, "dense")
-    optimizer_map = keras.optimizers.OptimizerMap(make(FLAGS.learning_rate, "dense"))
-    embedding_optimizer = make(FLAGS.embedding_learning_rate, "embedding")
-    for pattern in (embeddings.DEEP_TABLE_PATTERN, embeddings.WIDE_TABLE_PATTERN):
-        optimizer_map[pattern] = embedding_optimizer
-    return keras.optimizers.MultiOptimizer(optimizer_map)
 
 
 def build_source():

@@ -11,7 +11,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TF's C++ start-up cha
 
 from absl import app, flags, logging  # noqa: E402
 
-from launch import common_flags  # noqa: E402
+from launch import common_flags, optimization_flags  # noqa: E402
 from launch.user_errors import run_reporting_user_errors  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -43,11 +43,15 @@ def run():
     common_flags.seed_everything(FLAGS.seed, FLAGS.deterministic)
     logdir, checkpoint_dir = common_flags.run_directories(FLAGS.logdir, FLAGS.checkpoint_dir)
     source = common_flags.build_source()
-    model = common_flags.build_model(source.schema)
-    model.compile(optimizer=common_flags.build_optimizer(), loss=keras.losses.BinaryCrossentropy(),
+    settings = optimization_flags.resolve_settings()
+    model = common_flags.build_model(source.schema, settings)
+    optimizer = optimization_flags.build_optimizer(
+        settings, source.train_steps_per_epoch(FLAGS.batch_size))
+    model.compile(optimizer=optimizer, loss=keras.losses.BinaryCrossentropy(),
                   metrics=[keras.metrics.AUC(name="auc")])
     print(f"model {FLAGS.model} ({model.count_params():,} parameters) on {source.describe()}; "
-          f"batch {FLAGS.batch_size}, {FLAGS.epochs} epochs, TensorFlow {tf.__version__}", flush=True)
+          f"batch {FLAGS.batch_size}, {FLAGS.epochs} epochs, optimizer {FLAGS.optimizer}, "
+          f"{optimization_flags.describe(settings)}; TensorFlow {tf.__version__}", flush=True)
     config = TrainingConfig(
         batch_size=FLAGS.batch_size, epochs=FLAGS.epochs, log_every_steps=FLAGS.log_every_steps,
         logdir=logdir, checkpoint_dir=checkpoint_dir,

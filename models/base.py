@@ -141,7 +141,10 @@ class CTRModel(TrainStepModel):
         activation, dropout, batch_norm: the DNN's activation, dropout rate and batch norm.
         embeddings_initializer: deep table initializer (default RandomNormal(stddev=0.01)).
         l2_embedding: L2 strength on the whole deep table.
-        l2_linear: L2 strength on the wide table and on the dense features' linear kernel.
+        l2_wide: L2 strength on the whole wide table.
+        l2_linear: L2 strength on the dense features' linear kernel.
+            (With CowClip, which owns the tables' L2 so their gradients stay row-sparse, give
+            l2_embedding = l2_wide = 0 and only l2_linear.)
         use_wide: include the linear part (wide table + Dense(1) on the dense features).
         check_ids: assert in the graph that every id lies in its field's rows.
         name: default `default_name` (the registry key), made unique in the process.
@@ -159,6 +162,7 @@ class CTRModel(TrainStepModel):
         batch_norm=False,
         embeddings_initializer=None,
         l2_embedding=0.0,
+        l2_wide=0.0,
         l2_linear=0.0,
         use_wide=True,
         check_ids=True,
@@ -175,6 +179,7 @@ class CTRModel(TrainStepModel):
         self.dropout = float(dropout)
         self.batch_norm = bool(batch_norm)
         self.l2_embedding = float(l2_embedding)
+        self.l2_wide = float(l2_wide)
         self.l2_linear = float(l2_linear)
         self.use_wide = bool(use_wide)
         self.check_ids = bool(check_ids)
@@ -185,7 +190,7 @@ class CTRModel(TrainStepModel):
             use_wide=self.use_wide,
             embeddings_initializer=embeddings_initializer,
             embeddings_regularizer=l2_or_none(self.l2_embedding),
-            wide_regularizer=l2_or_none(self.l2_linear),
+            wide_regularizer=l2_or_none(self.l2_wide),
             check_ids=self.check_ids,
             dtype=self.dtype_policy,
             name="field_embedding",
@@ -272,6 +277,7 @@ class CTRModel(TrainStepModel):
                     self.field_embedding.embeddings_initializer
                 ),
                 "l2_embedding": self.l2_embedding,
+                "l2_wide": self.l2_wide,
                 "l2_linear": self.l2_linear,
                 "use_wide": self.use_wide,
                 "check_ids": self.check_ids,

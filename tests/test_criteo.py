@@ -265,3 +265,16 @@ def test_pipeline_stays_parallel_under_op_determinism(tmp_path):
                           text=True, timeout=120)
     assert f"{path} line 31: expected 40 tab-separated fields, found 1" in done.stdout, done.stderr
     assert "ParallelMapV2: StringToNumberOp" in done.stdout
+
+
+@pytest.mark.parametrize("on_bad_line", ["error", "skip"])
+def test_steps_per_epoch_counts_the_full_batches_each_shard_reads(tmp_path, on_bad_line):
+    lines = numbered_lines(103)
+    if on_bad_line == "skip":
+        lines[10] = lines[11] = "garbage"
+    path = write(tmp_path / "train.txt", lines)
+    source = CriteoTSV(path, test_fraction=0.2, on_bad_line=on_bad_line, chunk_lines=8)
+    for num_shards in (1, 3):
+        batches_per_shard = [len(collect(source.train_batches(
+            4, shard_index=s, num_shards=num_shards))[0]) // 4 for s in range(num_shards)]
+        assert source.train_steps_per_epoch(4, num_shards) == min(batches_per_shard)

@@ -53,8 +53,10 @@ def test_training_run_reports_auc_and_writes_logs_and_checkpoints(tmp_path):
     assert train_events and test_events
     tags = {value.tag for event in tf.compat.v1.train.summary_iterator(train_events[0])
             for value in event.summary.value}
-    assert {"loss", "auc", "examples_per_second", "step_time_seconds",
-            "learning_rate/dense"} <= tags, tags
+    assert {"loss", "auc", "examples_per_second", "step_time_seconds", "learning_rate/dense",
+            "learning_rate/embedding"} <= tags, tags
+    table = "cowclip/deepfm/field_embedding/deep_embedding/embeddings"
+    assert {f"{table}/clipped_fraction", f"{table}/mean_clip_factor"} <= tags, tags
 
 
 def test_stopped_and_resumed_run_equals_uninterrupted_run(tmp_path):

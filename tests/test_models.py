@@ -181,12 +181,12 @@ def test_deep_table_gradient_is_sparse():
 
 
 def test_l2_covers_the_whole_tables_and_the_dense_linear_kernel():
-    model = build_model("deepfm", SCHEMA, l2_embedding=1e-3, l2_linear=1e-2, **SMALL)
+    model = build_model("deepfm", SCHEMA, l2_embedding=1e-3, l2_wide=1e-2, l2_linear=1e-1, **SMALL)
     model(batch(SCHEMA, 2)[0])
     deep = model.field_embedding.deep_table.embeddings.numpy()
     wide = model.field_embedding.wide_table.embeddings.numpy()
     kernel = model.dense_linear.kernel.numpy()
-    expected = 1e-3 * np.sum(deep**2) + 1e-2 * (np.sum(wide**2) + np.sum(kernel**2))
+    expected = 1e-3 * np.sum(deep**2) + 1e-2 * np.sum(wide**2) + 1e-1 * np.sum(kernel**2)
     np.testing.assert_allclose(float(sum(model.losses)), expected, rtol=1e-5)
 
 

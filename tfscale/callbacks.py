@@ -31,7 +31,7 @@ def learning_rates(optimizer):
 class TrainingMonitor(keras.callbacks.Callback):
     """Every `every_steps` global steps: prints a progress line and, if `writer` (a
     tf.summary writer) is given, writes loss, the metrics in the logs (e.g. streaming AUC),
-    learning rates, examples/s and step time. Throughput excludes each `fit` call's first step,
+    learning rates, examples/s, step time and the optimizer's `summary_scalars()` if it has them. Throughput excludes each `fit` call's first step,
     which includes tracing."""
 
     def __init__(self, global_batch_size, every_steps, writer=None, steps_per_epoch=None,
@@ -64,13 +64,15 @@ class TrainingMonitor(keras.callbacks.Callback):
         if steps == 0:
             return
         step_time = (now - start_time) / steps
-        scalars = {name: float(value) for name, value in (logs or {}).items()}
-        scalars["examples_per_second"] = self.global_batch_size / step_time
-        scalars["step_time_seconds"] = step_time
-        scalars.update({f"learning_rate/{name}": rate
-                        for name, rate in learning_rates(self.model.optimizer).items()})
-        self._print(step, batch, scalars)
+        metrics = {name: float(value) for name, value in (logs or {}).items()}
+        self._print(step, batch, metrics, step_time)
         if self.writer is not None:
+            scalars = dict(metrics, examples_per_second=self.global_batch_size / step_time,
+                           step_time_seconds=step_time)
+            scalars.update({f"learning_rate/{name}": rate
+                            for name, rate in learning_rates(self.model.optimizer).items()})
+            # Optimizer-specific scalars, e.g. CowClip's clipped fraction per table.
+            scalars.update(getattr(self.model.optimizer, "summary_scalars", dict)())
             with self.writer.as_default(step=step):
                 for name, value in scalars.items():
                     tf.summary.scalar(name, value)
@@ -79,15 +81,12 @@ class TrainingMonitor(keras.callbacks.Callback):
     def _is_epoch_end(self, batch):
         return self.steps_per_epoch is not None and batch + 1 >= self.steps_per_epoch
 
-    def _print(self, step, batch, scalars):
+    def _print(self, step, batch, metrics, step_time):
         of_total = f"/{self.steps_per_epoch}" if self.steps_per_epoch else ""
-        shown = [f"{k} {v:.4f}" for k, v in scalars.items()
-                 if not k.startswith(("learning_rate", "examples_per", "step_time"))]
+        shown = ", ".join(f"{name} {value:.4f}" for name, value in metrics.items())
         self.print_fn(
-            f"epoch {self._epoch + 1} batch {batch + 1}{of_total} step {step}: " + ", ".join(shown)
-            + f", {scalars['examples_per_second']:,.0f} examples/s, "
-            f"{scalars['step_time_seconds'] * 1000:.1f} ms/step",
-        )
+            f"epoch {self._epoch + 1} batch {batch + 1}{of_total} step {step}: {shown}, "
+            f"{self.global_batch_size / step_time:,.0f} examples/s, {step_time * 1000:.1f} ms/step")
 
 
 class PeriodicCheckpoint(keras.callbacks.Callback):

@@ -252,10 +252,7 @@ class LineParser:
 
     def __call__(self, file_index, line_numbers, lines):
         layout = self._files.layout
-        fields, found = split_fields(lines, self._format.delimiter, layout.num_fields)
-        fields = Fields(fields, layout)
-        checks = self._checks(fields, found)
-        bad = tf.reduce_any(tf.stack([check.bad for check in checks], axis=1), axis=1)
+        fields, checks, bad = self._checked_fields(lines)
         if self._skip_bad_lines:
             fields = fields.masked(tf.logical_not(bad))
         else:
@@ -265,6 +262,18 @@ class LineParser:
         raw = self._columns(fields)
         raw["bad_lines"] = tf.reduce_sum(tf.cast(bad, tf.int64))
         return raw
+
+    def bad_lines_mask(self, lines):
+        """Whether each of `lines` is malformed."""
+        return self._checked_fields(lines)[2]
+
+    def _checked_fields(self, lines):
+        """(Fields, the checks, bad bool [n]) of a chunk of lines."""
+        fields, found = split_fields(lines, self._format.delimiter, self._files.layout.num_fields)
+        fields = Fields(fields, self._files.layout)
+        checks = self._checks(fields, found)
+        bad = tf.reduce_any(tf.stack([check.bad for check in checks], axis=1), axis=1)
+        return fields, checks, bad
 
     def _checks(self, fields, found):
         fmt, layout = self._format, self._files.layout
@@ -490,6 +499,7 @@ class DelimitedTextSource(CTRSource):
         self._seed = int(seed)
         self._chunk_lines = int(chunk_lines)
         self._bad_line_counts = {}  # (FileSet, LineSelection) read in skip mode -> count or None
+        self._train_rows_per_shard = {}  # num_shards -> train rows per shard
         self._vocabulary = self._load_vocabulary(vocabulary)
         self._encoder = self._categorical_encoder(hash_buckets)
         self._dense_transform = self._dense_transform_of(dense_transform)
@@ -552,6 +562,36 @@ class DelimitedTextSource(CTRSource):
         selection = LineSelection(self._test_fraction, True, shard_index, num_shards)
         rows = self._rows(files, selection, np.arange(len(files.paths)))
         return rows.rebatch(batch_size).prefetch(tf.data.AUTOTUNE)
+
+    def train_steps_per_epoch(self, batch_size, num_shards=1):
+        """Full batches per epoch that every shard can read (the smallest shard's count), from
+        one pass over the train files the first time it is asked (cached): lines are only
+        counted, or with on_bad_line="skip" parsed, so that skipped lines do not count."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if num_shards not in self._train_rows_per_shard:
+            self._train_rows_per_shard[num_shards] = self._count_train_rows(num_shards)
+        return int(min(self._train_rows_per_shard[num_shards])) // batch_size
+
+    def _count_train_rows(self, num_shards):
+        """Rows per shard of the train split, as an int64 array [num_shards]."""
+        selection = LineSelection(self._test_fraction, False, 0, 1)
+        order = np.arange(len(self._train.paths))
+        parser = LineParser(self.FORMAT, self._train, skip_bad_lines=True)
+
+        def count_chunk(file_index, first_line, lines):
+            numbers = first_line + tf.range(tf.size(lines, out_type=tf.int64))
+            keep = selection(file_index, numbers)
+            if self._skip_bad_lines:
+                bad = parser.bad_lines_mask(tf.boolean_mask(lines, keep))
+                keep = tf.tensor_scatter_nd_update(
+                    keep, tf.where(keep), tf.logical_not(bad))
+            return tf.math.unsorted_segment_sum(
+                tf.cast(keep, tf.int64), numbers % num_shards, num_shards)
+
+        counts = self._train.chunks(order, self._chunk_lines).map(
+            count_chunk, num_parallel_calls=tf.data.AUTOTUNE)
+        return counts.reduce(tf.zeros([num_shards], tf.int64), tf.add).numpy()
 
     def bad_line_count(self):
         """Malformed lines among the lines this process has read (on_bad_line="skip"), each

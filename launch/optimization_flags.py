@@ -1,0 +1,137 @@
+"""Optimizer flags and what they resolve to: the large-batch rule's hyper-parameters for the
+batch size (tfscale.optimizers.scaling), each overridable by its own flag, then the optimizer
+and the model's regularisation built from them."""
+
+import dataclasses
+
+from absl import flags
+
+FLAGS = flags.FLAGS
+
+flags.DEFINE_enum("optimizer", "cowclip", ["cowclip", "adam", "adagrad", "sgd"],
+                  "cowclip: CowClip over Adam (tfscale.optimizers.CowClip); adam: Keras's Adam "
+                  "computed by TF's fused kernel (tfscale.optimizers.FusedAdam).")
+flags.DEFINE_enum("scaling_rule", None, ["cowclip", "none", "sqrt", "linear"],
+                  "Large-batch rule giving the hyper-parameters for --batch_size (see "
+                  "tfscale.optimizers.scaling). Default: cowclip with --optimizer=cowclip; for "
+                  "other optimizers no rule, only the flags below (none/sqrt/linear scale both "
+                  "learning rates by 1, sqrt(s) or s, s = batch/1024).")
+flags.DEFINE_enum("scaling_preset", None, ["criteo", "avazu"],
+                  "Base hyper-parameters of the rule (default: avazu for --data=avazu, else "
+                  "criteo).")
+flags.DEFINE_enum("cowclip_mode", "faithful", ["faithful", "scalable"],
+                  "faithful: the official dense update of every table row every step; scalable: "
+                  "only the batch's rows (a different algorithm, see README).")
+flags.DEFINE_float("learning_rate", None, "Dense learning rate (default: the rule's, else 1e-3).",
+                   lower_bound=0.0)
+flags.DEFINE_float("embedding_learning_rate", None,
+                   "Embedding learning rate (default: the rule's, else --learning_rate).",
+                   lower_bound=0.0)
+flags.DEFINE_float("l2", None, "L2 strength on the embedding tables, wide tables and the dense "
+                   "features' linear kernel (default: the rule's, else 0).", lower_bound=0.0)
+flags.DEFINE_float("zeta", None, "CowClip's lower bound on the row weight norm, in units of "
+                   "r*sqrt(d) (default: the preset's).", lower_bound=0.0)
+flags.DEFINE_float("clip_r", None, "CowClip's clip ratio r (default 1).", lower_bound=0.0)
+flags.DEFINE_float("warmup_epochs", None, "Linear warm-up of the dense learning rate, in epochs "
+                   "(default: the rule's 1, else 0).", lower_bound=0.0)
+flags.DEFINE_integer("warmup_steps", None, "The same in steps (overrides --warmup_epochs; needed "
+                     "with file data, whose epoch length is unknown).", lower_bound=0)
+flags.DEFINE_float("embedding_init_stddev", None, "Stddev of the normal embedding initialiser "
+                   "(default: the rule's 1e-2).", lower_bound=0.0)
+
+# Without a rule: the optimizer's plain defaults.
+_NO_RULE = dict(rule="flags", embedding_learning_rate=None, dense_learning_rate=1e-3,
+                warmup_epochs=0.0, l2=0.0, embedding_init_stddev=1e-2, clip=False, r=1.0,
+                zeta=1e-5)
+_OVERRIDES = {"learning_rate": "dense_learning_rate",
+              "embedding_learning_rate": "embedding_learning_rate", "l2": "l2", "zeta": "zeta",
+              "clip_r": "r", "warmup_epochs": "warmup_epochs",
+              "embedding_init_stddev": "embedding_init_stddev"}
+
+
+def resolve_settings():
+    """The LargeBatchSettings of this run: the rule's for --batch_size, with every flag given
+    replacing its value."""
+    from tfscale.errors import UserError
+    from tfscale.optimizers.scaling import LargeBatchSettings, large_batch_settings
+
+    rule = FLAGS.scaling_rule or ("cowclip" if FLAGS.optimizer == "cowclip" else None)
+    if (rule == "cowclip") != (FLAGS.optimizer == "cowclip"):
+        raise UserError(f"--scaling_rule={rule} goes with --optimizer=cowclip and only with it "
+                        f"(got --optimizer={FLAGS.optimizer})")
+    if rule is None:
+        settings = LargeBatchSettings(batch_size=FLAGS.batch_size, **_NO_RULE)
+    else:
+        preset = FLAGS.scaling_preset or ("avazu" if FLAGS.data == "avazu" else "criteo")
+        settings = large_batch_settings(FLAGS.batch_size, rule, preset)
+    overrides = {field: getattr(FLAGS, flag) for flag, field in _OVERRIDES.items()
+                 if getattr(FLAGS, flag) is not None}
+    settings = dataclasses.replace(settings, **overrides)
+    if settings.embedding_learning_rate is None:
+        settings = dataclasses.replace(settings, embedding_learning_rate=settings.dense_learning_rate)
+    return settings
+
+
+def describe(settings):
+    """One line naming every resolved hyper-parameter."""
+    text = (f"rule {settings.rule}: embedding lr {settings.embedding_learning_rate:g}, dense lr "
+            f"{settings.dense_learning_rate:g} (warm-up {settings.warmup_epochs:g} epochs), "
+            f"l2 {settings.l2:g}, init stddev {settings.embedding_init_stddev:g}")
+    if settings.clip:
+        text += f", CowClip r {settings.r:g} zeta {settings.zeta:g} ({FLAGS.cowclip_mode})"
+    return text
+
+
+def model_regularization(settings):
+    """The model's L2 arguments: CowClip owns the tables' L2 (their gradients stay row-sparse);
+    otherwise the model carries all of it as Keras regularizers."""
+    if FLAGS.optimizer == "cowclip":
+        return {"l2_embedding": 0.0, "l2_wide": 0.0, "l2_linear": settings.l2}
+    return {"l2_embedding": settings.l2, "l2_wide": settings.l2, "l2_linear": settings.l2}
+
+
+def build_optimizer(settings, steps_per_epoch):
+    """The optimizer of --optimizer with `settings`; the dense learning rate warms up linearly
+    from 1e-8 (keras PolynomialDecay, as the official CowClip code) when asked."""
+    import keras
+
+    from tfscale import embeddings
+    from tfscale.optimizers import CowClip, FusedAdam, RowSparseAdam
+
+    dense_rate = _dense_learning_rate(settings, steps_per_epoch)
+    if FLAGS.optimizer == "cowclip":
+        embedding_class = RowSparseAdam if FLAGS.cowclip_mode == "scalable" else FusedAdam
+        return CowClip(embedding_class(settings.embedding_learning_rate, name="embedding"),
+                       FusedAdam(dense_rate, name="dense"), r=settings.r, zeta=settings.zeta,
+                       l2=settings.l2, mode=FLAGS.cowclip_mode)
+    optimizer_class = {"adam": FusedAdam, "adagrad": keras.optimizers.Adagrad,
+                       "sgd": keras.optimizers.SGD}[FLAGS.optimizer]
+    dense_optimizer = optimizer_class(learning_rate=dense_rate, name="dense")
+    if dense_rate == settings.embedding_learning_rate:  # one rate, no warm-up: one optimizer
+        return dense_optimizer
+    optimizer_map = keras.optimizers.OptimizerMap(dense_optimizer)
+    embedding_optimizer = optimizer_class(learning_rate=settings.embedding_learning_rate,
+                                          name="embedding")
+    for pattern in (embeddings.DEEP_TABLE_PATTERN, embeddings.WIDE_TABLE_PATTERN):
+        optimizer_map[pattern] = embedding_optimizer
+    return keras.optimizers.MultiOptimizer(optimizer_map)
+
+
+def _dense_learning_rate(settings, steps_per_epoch):
+    import keras
+
+    from tfscale.errors import UserError
+
+    if FLAGS.warmup_steps is not None:
+        warmup_steps = FLAGS.warmup_steps
+    elif not settings.warmup_epochs:
+        warmup_steps = 0
+    elif steps_per_epoch is None:
+        raise UserError(f"a warm-up of {settings.warmup_epochs:g} epochs needs the epoch length, "
+                        "unknown for file data: give --warmup_steps (or --warmup_epochs=0)")
+    else:
+        warmup_steps = max(1, round(settings.warmup_epochs * steps_per_epoch))
+    if warmup_steps == 0:
+        return settings.dense_learning_rate
+    return keras.optimizers.schedules.PolynomialDecay(
+        1e-8, warmup_steps, settings.dense_learning_rate, power=1.0)

@@ -1,0 +1,81 @@
+"""Large-batch hyper-parameter rules as functions of the batch size: CowClip's rule
+(../shared/docs/cowclip.md) with its published Criteo and Avazu presets, and the plain
+no / sqrt / linear learning-rate scaling rules it is compared against.
+
+With s = batch / 1024, CowClip keeps the embedding learning rate (1e-4), scales L2 linearly
+(1e-5 * s), the dense learning rate by sqrt(s) (with a linear warm-up over the first epoch), and
+clips per id with r = 1 and the preset's zeta. (The official README's table lists l2 = 1e-4 * s
+while its commands use 1e-5 * s; the contract, and this module, use 1e-5 * s.)"""
+
+import dataclasses
+import math
+
+BASE_BATCH_SIZE = 1024
+RULES = ("cowclip", "none", "sqrt", "linear")
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """A data set's base (batch 1024) hyper-parameters."""
+
+    dense_learning_rate: float
+    embedding_learning_rate: float = 1e-4
+    l2: float = 1e-5
+    embedding_init_stddev: float = 1e-2
+    r: float = 1.0
+    zeta_small_batch: float = 1e-5  # zeta below `zeta_switch_batch`
+    zeta_large_batch: float = 1e-5
+    zeta_switch_batch: int = 4096
+
+    def zeta(self, batch_size):
+        return self.zeta_small_batch if batch_size < self.zeta_switch_batch else self.zeta_large_batch
+
+
+PRESETS = {
+    "criteo": Preset(dense_learning_rate=8e-4),
+    "avazu": Preset(dense_learning_rate=1e-4, zeta_small_batch=1e-3, zeta_large_batch=1e-4),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class LargeBatchSettings:
+    """Every hyper-parameter a run at `batch_size` needs under one rule."""
+
+    rule: str
+    batch_size: int
+    embedding_learning_rate: float
+    dense_learning_rate: float
+    warmup_epochs: float  # the dense learning rate rises linearly from ~0 over these epochs
+    l2: float
+    embedding_init_stddev: float
+    clip: bool
+    r: float
+    zeta: float
+
+
+def large_batch_settings(batch_size, rule="cowclip", preset="criteo"):
+    """The hyper-parameters of `rule` at `batch_size` for a preset ("criteo" or "avazu").
+
+    "cowclip" is CowClip's rule (module docstring). "none", "sqrt" and "linear" are the
+    baselines: no clipping, the base L2, and both learning rates multiplied by 1, sqrt(s) or s."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+    if preset not in PRESETS:
+        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
+    base = PRESETS[preset]
+    s = batch_size / BASE_BATCH_SIZE
+    common = dict(rule=rule, batch_size=batch_size, warmup_epochs=1.0,
+                  embedding_init_stddev=base.embedding_init_stddev, r=base.r,
+                  zeta=base.zeta(batch_size))
+    if rule == "cowclip":
+        return LargeBatchSettings(
+            embedding_learning_rate=base.embedding_learning_rate,
+            dense_learning_rate=base.dense_learning_rate * math.sqrt(s),
+            l2=base.l2 * s, clip=True, **common)
+    factor = {"none": 1.0, "sqrt": math.sqrt(s), "linear": s}[rule]
+    return LargeBatchSettings(
+        embedding_learning_rate=base.embedding_learning_rate * factor,
+        dense_learning_rate=base.dense_learning_rate * factor,
+        l2=base.l2, clip=False, **common)
