@@ -1,0 +1,41 @@
+"""The large-batch rules give the official CowClip commands' hyper-parameters and the plain
+scaling baselines."""
+
+import pytest
+
+from tfscale.optimizers.scaling import large_batch_settings
+
+
+@pytest.mark.parametrize("preset, batch, dense_lr, l2, zeta", [
+    # The official README's commands: Criteo 8K and 128K, Avazu 64K.
+    ("criteo", 8192, 22.6274e-4, 8e-5, 1e-5),
+    ("criteo", 131072, 90.5096e-4, 128e-5, 1e-5),
+    ("avazu", 65536, 8e-4, 64e-5, 1e-4),
+    ("avazu", 2048, 1.41421e-4, 2e-5, 1e-3),
+    ("avazu", 4096, 2e-4, 4e-5, 1e-4),
+])
+def test_cowclip_rule_matches_the_official_commands(preset, batch, dense_lr, l2, zeta):
+    settings = large_batch_settings(batch, "cowclip", preset)
+    assert settings.dense_learning_rate == pytest.approx(dense_lr, rel=1e-5)
+    assert settings.l2 == pytest.approx(l2)
+    assert settings.zeta == zeta
+    assert settings.embedding_learning_rate == 1e-4
+    assert (settings.embedding_init_stddev, settings.warmup_epochs, settings.r) == (1e-2, 1.0, 1.0)
+    assert settings.clip
+
+
+@pytest.mark.parametrize("rule, factor", [("none", 1), ("sqrt", 4), ("linear", 16)])
+def test_baseline_rules_scale_both_learning_rates(rule, factor):
+    settings = large_batch_settings(16384, rule, "criteo")
+    assert settings.dense_learning_rate == pytest.approx(8e-4 * factor)
+    assert settings.embedding_learning_rate == pytest.approx(1e-4 * factor)
+    assert settings.l2 == 1e-5 and not settings.clip
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="rule"):
+        large_batch_settings(1024, "cube")
+    with pytest.raises(ValueError, match="preset"):
+        large_batch_settings(1024, "cowclip", "movielens")
+    with pytest.raises(ValueError, match="batch_size"):
+        large_batch_settings(0)
