@@ -80,12 +80,12 @@ def build_model(schema, settings):
     import keras
 
     import models
-    from launch import optimization_flags
+    from tfscale.optimizers.factory import model_regularization
 
     return models.build_model(
         FLAGS.model, schema, embedding_dim=FLAGS.embedding_dim, hidden_units=_dnn_units(),
         embeddings_initializer=keras.initializers.RandomNormal(stddev=settings.embedding_init_stddev),
-        **optimization_flags.model_regularization(settings), **_model_specific_config())
+        **model_regularization(settings, FLAGS.optimizer), **_model_specific_config())
 
 
 def _dnn_units():

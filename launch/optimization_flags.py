@@ -1,6 +1,6 @@
 """Optimizer flags and what they resolve to: the large-batch rule's hyper-parameters for the
 batch size (tfscale.optimizers.scaling), each overridable by its own flag, then the optimizer
-and the model's regularisation built from them."""
+built from them (tfscale.optimizers.factory)."""
 
 import dataclasses
 
@@ -82,56 +82,15 @@ def describe(settings):
     return text
 
 
-def model_regularization(settings):
-    """The model's L2 arguments: CowClip owns the tables' L2 (their gradients stay row-sparse);
-    otherwise the model carries all of it as Keras regularizers."""
-    if FLAGS.optimizer == "cowclip":
-        return {"l2_embedding": 0.0, "l2_wide": 0.0, "l2_linear": settings.l2}
-    return {"l2_embedding": settings.l2, "l2_wide": settings.l2, "l2_linear": settings.l2}
-
-
 def build_optimizer(settings, steps_per_epoch):
-    """The optimizer of --optimizer with `settings`; the dense learning rate warms up linearly
-    from 1e-8 (keras PolynomialDecay, as the official CowClip code) when asked."""
-    import keras
-
-    from tfscale import embeddings
-    from tfscale.optimizers import CowClip, FusedAdam, RowSparseAdam
-
-    dense_rate = _dense_learning_rate(settings, steps_per_epoch)
-    if FLAGS.optimizer == "cowclip":
-        embedding_class = RowSparseAdam if FLAGS.cowclip_mode == "scalable" else FusedAdam
-        return CowClip(embedding_class(settings.embedding_learning_rate, name="embedding"),
-                       FusedAdam(dense_rate, name="dense"), r=settings.r, zeta=settings.zeta,
-                       l2=settings.l2, mode=FLAGS.cowclip_mode)
-    optimizer_class = {"adam": FusedAdam, "adagrad": keras.optimizers.Adagrad,
-                       "sgd": keras.optimizers.SGD}[FLAGS.optimizer]
-    dense_optimizer = optimizer_class(learning_rate=dense_rate, name="dense")
-    if dense_rate == settings.embedding_learning_rate:  # one rate, no warm-up: one optimizer
-        return dense_optimizer
-    optimizer_map = keras.optimizers.OptimizerMap(dense_optimizer)
-    embedding_optimizer = optimizer_class(learning_rate=settings.embedding_learning_rate,
-                                          name="embedding")
-    for pattern in (embeddings.DEEP_TABLE_PATTERN, embeddings.WIDE_TABLE_PATTERN):
-        optimizer_map[pattern] = embedding_optimizer
-    return keras.optimizers.MultiOptimizer(optimizer_map)
-
-
-def _dense_learning_rate(settings, steps_per_epoch):
-    import keras
-
+    """The optimizer of --optimizer with `settings` and the warm-up of the flags."""
     from tfscale.errors import UserError
+    from tfscale.optimizers import factory
 
-    if FLAGS.warmup_steps is not None:
-        warmup_steps = FLAGS.warmup_steps
-    elif not settings.warmup_epochs:
-        warmup_steps = 0
-    elif steps_per_epoch is None:
+    warmup_steps = FLAGS.warmup_steps
+    if warmup_steps is None:
+        warmup_steps = factory.warmup_steps_for(settings, steps_per_epoch)
+    if warmup_steps is None:
         raise UserError(f"a warm-up of {settings.warmup_epochs:g} epochs needs the epoch length, "
-                        "unknown for file data: give --warmup_steps (or --warmup_epochs=0)")
-    else:
-        warmup_steps = max(1, round(settings.warmup_epochs * steps_per_epoch))
-    if warmup_steps == 0:
-        return settings.dense_learning_rate
-    return keras.optimizers.schedules.PolynomialDecay(
-        1e-8, warmup_steps, settings.dense_learning_rate, power=1.0)
+                        "which this data source does not know: give --warmup_steps")
+    return factory.build_optimizer(settings, FLAGS.optimizer, warmup_steps, FLAGS.cowclip_mode)

@@ -1,20 +1,24 @@
 """Exact evaluation of a model over a whole (test) split: every prediction is kept, so AUC and
 log loss are exact rather than bucketed."""
 
+import weakref
+
 import numpy as np
 import tensorflow as tf
 
 from tfscale import metrics
+
+_PREDICT_STEPS = weakref.WeakKeyDictionary()  # model -> its compiled prediction step
 
 
 def predict_with_labels(model, dataset):
     """Runs `model` over a dataset of (features, labels) and returns (labels, predictions) as
     flat float64 numpy arrays, in dataset order."""
 
-    @tf.function(reduce_retracing=True)
-    def predict_step(features):
-        return model(features, training=False)
-
+    if model not in _PREDICT_STEPS:
+        _PREDICT_STEPS[model] = tf.function(lambda features: model(features, training=False),
+                                            reduce_retracing=True)
+    predict_step = _PREDICT_STEPS[model]
     labels, predictions = [], []
     for features, batch_labels in dataset:
         predictions.append(tf.cast(predict_step(features), tf.float64).numpy().reshape(-1))
