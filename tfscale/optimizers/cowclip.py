@@ -79,6 +79,9 @@ class CowClip(keras.optimizers.MultiOptimizer):
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if r <= 0 or zeta < 0 or l2 < 0:
             raise ValueError(f"need r > 0, zeta >= 0, l2 >= 0; got r={r}, zeta={zeta}, l2={l2}")
+        if 2 * l2 > r:
+            raise ValueError(f"CowClip needs 2*l2 <= r (got l2={l2}, r={r}): rows absent from a "
+                             "batch are then never clipped, which the faithful update relies on")
         if embedding_optimizer is None:
             embedding_class = FusedAdam if mode == "faithful" else RowSparseAdam
             embedding_optimizer = embedding_class(learning_rate=1e-4, name="embedding")
@@ -146,27 +149,21 @@ class CowClip(keras.optimizers.MultiOptimizer):
                                     gradient.dense_shape)
         ids, rows, counts = aggregate_rows(gradient)
         weights = tf.convert_to_tensor(table)
-        clipped = self.is_clipped_table(table)
-        if self.mode == "scalable":
-            weight_rows = tf.gather(weights, ids)
-            if self.l2:
-                rows += 2 * self.l2 * weight_rows
-            if clipped:
-                factors = clip_factors(rows, weight_rows, counts, self.r, self.zeta)
-                rows *= factors[:, None]
-                self._record_statistics(table, factors)
-            return tf.IndexedSlices(rows, ids, tf.shape(weights, out_type=tf.int64))
-
-        dense = tf.scatter_nd(ids[:, None], rows, tf.shape(weights, out_type=tf.int64))
+        weight_rows = tf.gather(weights, ids)
         if self.l2:
-            dense += 2 * self.l2 * weights
-        if not clipped:
-            return dense
-        all_counts = tf.tensor_scatter_nd_update(
-            tf.ones(tf.shape(weights)[:1], tf.float32), ids[:, None], counts)
-        factors = clip_factors(dense, weights, all_counts, self.r, self.zeta)
-        self._record_statistics(table, tf.gather(factors, ids))
-        return dense * factors[:, None]
+            rows += 2 * self.l2 * weight_rows
+        if self.is_clipped_table(table):
+            factors = clip_factors(rows, weight_rows, counts, self.r, self.zeta)
+            rows *= factors[:, None]
+            self._record_statistics(table, factors)
+        shape = tf.shape(weights, out_type=tf.int64)
+        if self.mode == "scalable":
+            return tf.IndexedSlices(rows, ids, shape)
+        if not self.l2:
+            return tf.scatter_nd(ids[:, None], rows, shape)
+        # Every other row's gradient is its L2 term alone, 2*l2*w with count 1, which is never
+        # clipped since 2*l2 <= r (checked in __init__): ||2*l2*w|| <= r*max(||w||, floor).
+        return tf.tensor_scatter_nd_update(2 * self.l2 * weights, ids[:, None], rows)
 
     def _record_statistics(self, table, batch_row_factors):
         fraction, mean_factor = self._clip_statistics[table.path]
