@@ -45,7 +45,8 @@ class _StepTimer(keras.callbacks.Callback):
         self.times.append(time.perf_counter())
 
 
-def _examples_per_second(model, fit_args, batch_size, warmup, steps):
+def examples_per_second(model, fit_args, batch_size, warmup, steps):
+    """Examples/s of `model.fit(**fit_args)` over `steps` steps after `warmup` untimed ones."""
     timer = _StepTimer()
     model.fit(**fit_args, callbacks=[timer], verbose=0, shuffle=False)
     timed = timer.times[warmup - 1:warmup + steps]
@@ -73,9 +74,9 @@ def measure_training(batch_size, warmup, steps, repeats):
     baseline.compile(keras.optimizers.Adam(1e-3), keras.losses.BinaryCrossentropy())
     results = {"tfscale": [], "plain_keras": []}
     for _ in range(repeats):
-        results["tfscale"].append(_examples_per_second(
+        results["tfscale"].append(examples_per_second(
             ours, {"x": source.train_batches(batch_size)}, batch_size, warmup, steps))
-        results["plain_keras"].append(_examples_per_second(
+        results["plain_keras"].append(examples_per_second(
             baseline, {"x": x, "y": y, "batch_size": batch_size}, batch_size, warmup, steps))
     return {name: statistics.median(values) for name, values in results.items()}
 
