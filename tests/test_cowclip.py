@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from tfscale.optimizers import CowClip, FusedAdam, RowSparseAdam
 from tfscale.optimizers.cowclip import aggregate_rows
+from tfscale.train_step import FunctionalTrainStepModel
 
 VOCAB, DIM = 12, 4
 LR, BETA_1, BETA_2, EPSILON = 1e-2, 0.9, 0.999, 1e-7
@@ -142,9 +143,8 @@ def _tiny_model():
     ids = keras.Input((3,), dtype="int64")
     deep = keras.layers.Embedding(20, 4, name="deep")(ids)
     wide = keras.layers.Embedding(20, 1, name="wide")(ids)
-    logit = keras.layers.Dense(1)(keras.layers.Flatten()(deep)) + keras.ops.sum(wide, axis=1)
-    from tfscale.train_step import TrainStepModel
-    return TrainStepModel(ids, keras.layers.Activation("sigmoid")(logit))
+    logit = keras.layers.Dense(1, name="logit")(keras.layers.Flatten()(deep)) + keras.ops.sum(wide, axis=1)
+    return FunctionalTrainStepModel(ids, keras.layers.Activation("sigmoid")(logit))
 
 
 def test_routes_and_clips_tables_found_by_itself():
@@ -155,7 +155,7 @@ def test_routes_and_clips_tables_found_by_itself():
     routed = {v.path: optimizer._optimizer_for(v) is optimizer.embedding_optimizer
               for v in model.trainable_variables}
     assert routed == {"deep/embeddings": True, "wide/embeddings": True,
-                      "dense/kernel": False, "dense/bias": False}
+                      "logit/kernel": False, "logit/bias": False}
     assert [optimizer.is_clipped_table(v) for v in model.trainable_variables[:2]] == [True, False]
     override = CowClip(embedding_tables=["deep/embeddings"])
     assert [override.is_embedding_table(v) for v in model.trainable_variables[:2]] == [True, False]

@@ -8,9 +8,10 @@ actual update, the one it makes for any dense weight."""
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
-from tfscale.train_step import TrainStepModel, densify
+from tfscale.train_step import FunctionalTrainStepModel, TrainStepModel, densify
 
 
 def _dense_model(base):
@@ -26,7 +27,7 @@ def test_same_weights_and_logs_as_keras_train_step():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((512, 5)).astype("float32")
     y = (rng.random((512, 1)) < 0.3).astype("float32")
-    ours, theirs = _dense_model(TrainStepModel), _dense_model(keras.Model)
+    ours, theirs = _dense_model(FunctionalTrainStepModel), _dense_model(keras.Model)
     ours_history = ours.fit(x, y, batch_size=64, epochs=2, shuffle=False, verbose=0).history
     theirs_history = theirs.fit(x, y, batch_size=64, epochs=2, shuffle=False, verbose=0).history
     for a, b in zip(ours.get_weights(), theirs.get_weights()):
@@ -53,3 +54,9 @@ def test_embedding_gradients_get_adams_dense_update():
     dense = tf.ones([2])
     assert densify(dense) is dense
 
+
+
+def test_subclass_base_refuses_functional_construction():
+    inputs = keras.Input((2,))
+    with pytest.raises(TypeError, match="FunctionalTrainStepModel"):
+        TrainStepModel(inputs, keras.layers.Dense(1)(inputs))

@@ -123,7 +123,10 @@ class FieldEmbedding(keras.layers.Layer):
     def call(self, ids):
         ids = tf.cast(ids, tf.int64)
         if self.check_ids:
-            self._assert_ids_in_range(ids)
+            # The lookups wait for the check, so a bad id reports this message, not the gather's.
+            check = self._assert_ids_in_range(ids)
+            with tf.control_dependencies([check] if check is not None else []):
+                ids = tf.identity(ids)
         rows = ids + self._offsets
         embeddings = tf.cast(self.deep_table(rows), self.compute_dtype)
         if self.wide_table is None:
@@ -136,7 +139,8 @@ class FieldEmbedding(keras.layers.Layer):
         column = tf.argmin(tf.cast(column_ok, tf.int32), output_type=tf.int64)
         values = tf.gather(ids, column, axis=1)
         # Only string literals and numbers as data, so the op also compiles (as a no-op) in XLA.
-        tf.debugging.Assert(
+        # Returns the assert op in a graph, None when run eagerly (it has raised already).
+        return tf.debugging.Assert(
             tf.reduce_all(column_ok),
             [
                 DATA_ERROR_MARKER + "a categorical id is outside the embedding rows of its field (size "

@@ -1,5 +1,6 @@
-"""The train step shared by tfscale models: `TrainStepModel`, a keras.Model whose `train_step`
-computes the loss and gradients as Keras does and prepares the gradients before the optimizer.
+"""The train step shared by tfscale models (`TrainStepModel` for subclassed models,
+`FunctionalTrainStepModel` for functional ones): it computes the loss and gradients as Keras's
+own step does and prepares the gradients before the optimizer.
 
 Why override Keras's step: an embedding lookup's gradient arrives as IndexedSlices with one row
 per occurrence in the batch, and Keras's built-in optimizers turn it into a dense tensor inside
@@ -12,6 +13,7 @@ counts) get the slices unchanged. Loss scaling and the Horovod exchange join the
 import keras
 import tensorflow as tf
 from keras.src import tree
+from keras.src.models.model import functional_init_arguments
 from keras.src.trainers.data_adapters import data_adapter_utils
 
 
@@ -22,9 +24,9 @@ def densify(gradient):
     return gradient
 
 
-@keras.saving.register_keras_serializable(package="tfscale")
-class TrainStepModel(keras.Model):
-    """A keras.Model with tfscale's train step; use it as the base class of a model."""
+class TrainStep:
+    """Mixin holding tfscale's `train_step`; combine it with keras.Model (see the two classes
+    below, one for subclassed and one for functional models)."""
 
     def train_step(self, data):
         x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
@@ -41,3 +43,24 @@ class TrainStepModel(keras.Model):
             gradients = [densify(g) for g in gradients]
         self.optimizer.apply(gradients, variables)
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+
+@keras.saving.register_keras_serializable(package="tfscale")
+class TrainStepModel(TrainStep, keras.Model):
+    """Base class of subclassed models with tfscale's train step.
+
+    Not for functional construction: Keras builds `SomeModel(inputs, outputs)` by rewriting the
+    base classes of SomeModel and of every class above it to Functional, which would turn every
+    other subclass of this class into a broken functional model. Use FunctionalTrainStepModel."""
+
+    def __new__(cls, *args, **kwargs):
+        if functional_init_arguments(args, kwargs):
+            raise TypeError(f"{cls.__name__} is for subclassed models; build a functional model "
+                            "with tfscale.train_step.FunctionalTrainStepModel(inputs, outputs)")
+        return super().__new__(cls, *args, **kwargs)
+
+
+@keras.saving.register_keras_serializable(package="tfscale")
+class FunctionalTrainStepModel(TrainStep, keras.Model):
+    """`FunctionalTrainStepModel(inputs, outputs)`: a functional model with tfscale's train
+    step."""
