@@ -17,6 +17,7 @@ import dataclasses
 import glob
 import gzip
 import os
+import re
 
 import numpy as np
 import tensorflow as tf
@@ -249,14 +250,15 @@ class LineParser:
         self._files = files
         self._paths = tf.constant(files.paths)
         self._skip_bad_lines = skip_bad_lines
+        self._line_pattern = well_formed_line_pattern(text_format, files.layout)
 
     def __call__(self, file_index, line_numbers, lines):
         layout = self._files.layout
-        fields, checks, bad = self._checked_fields(lines)
+        fields, found, bad = self._checked_fields(lines)
         if self._skip_bad_lines:
             fields = fields.masked(tf.logical_not(bad))
         else:
-            verdict = self._stop_at_first_bad(checks, bad, file_index, line_numbers)
+            verdict = self._stop_at_first_bad(fields, found, bad, file_index, line_numbers)
             with tf.control_dependencies([verdict]):
                 fields = Fields(tf.identity(fields.values), layout)
         raw = self._columns(fields)
@@ -268,12 +270,15 @@ class LineParser:
         return self._checked_fields(lines)[2]
 
     def _checked_fields(self, lines):
-        """(Fields, the checks, bad bool [n]) of a chunk of lines."""
+        """(Fields, fields found per line, bad bool [n]) of a chunk of lines. Field count, label
+        and integers are checked by one regex per line (much cheaper than a check per field);
+        the per-field checks run only to describe a bad line."""
         fields, found = split_fields(lines, self._format.delimiter, self._files.layout.num_fields)
         fields = Fields(fields, self._files.layout)
-        checks = self._checks(fields, found)
-        bad = tf.reduce_any(tf.stack([check.bad for check in checks], axis=1), axis=1)
-        return fields, checks, bad
+        bad = tf.logical_not(tf.strings.regex_full_match(lines, self._line_pattern))
+        for check in self._format.extra_checks(fields):
+            bad |= check.bad
+        return fields, found, bad
 
     def _checks(self, fields, found):
         fmt, layout = self._format, self._files.layout
@@ -308,10 +313,11 @@ class LineParser:
 
         return Check(tf.reduce_any(bad, axis=1), describe)
 
-    def _stop_at_first_bad(self, checks, bad, file_index, line_numbers):
+    def _stop_at_first_bad(self, fields, found, bad, file_index, line_numbers):
         """An op that raises the data error of the first bad line, if any."""
 
         def fail():
+            checks = self._checks(fields, found)
             row = tf.argmax(tf.cast(bad, tf.int32), output_type=tf.int32)
             problem = checks[-1].describe(row)
             for check in reversed(checks[:-1]):
@@ -340,6 +346,22 @@ class LineParser:
             "categorical": fields.gather(fmt.categorical_names),
             "derived": fmt.derived_ids(fields),
         }
+
+
+def well_formed_line_pattern(text_format, layout):
+    """The regex a well-formed line of `layout` matches in full (the same rules as
+    LineParser._checks): exactly its columns, the label 0 or 1, integers empty or
+    _INTEGER_PATTERN, any other field anything but the delimiter."""
+    delimiter = "\\t" if text_format.delimiter == "\t" else re.escape(text_format.delimiter)
+
+    def column(name):
+        if name == text_format.label_name:
+            return "[01]"
+        if name in text_format.dense_names:
+            return f"(?:{_INTEGER_PATTERN})?"
+        return f"[^{delimiter}]*"
+
+    return delimiter.join(column(name) for name in layout.column_names)
 
 
 def split_fields(lines, delimiter, num_fields):
