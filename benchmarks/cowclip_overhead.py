@@ -17,7 +17,7 @@ import tensorflow as tf  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 import models  # noqa: E402
-from benchmarks.throughput import examples_per_second  # noqa: E402
+from benchmarks.timing import examples_per_second  # noqa: E402
 from tfscale.data.synthetic import SyntheticCTR  # noqa: E402
 from tfscale.optimizers import CowClip, FusedAdam, RowSparseAdam  # noqa: E402
 

@@ -24,6 +24,7 @@ from absl import app, flags  # noqa: E402
 
 import models  # noqa: E402
 from benchmarks.plain_keras_deepfm import plain_keras_deepfm  # noqa: E402
+from benchmarks.timing import examples_per_second  # noqa: E402
 from tfscale.data.criteo import CriteoTSV  # noqa: E402
 from tfscale.data.synthetic import SyntheticCTR  # noqa: E402
 from tfscale.optimizers import FusedAdam  # noqa: E402
@@ -34,23 +35,6 @@ flags.DEFINE_integer("steps", 8, "Timed steps per measurement.")
 flags.DEFINE_integer("warmup_steps", 3, "Untimed steps first (tracing, allocation).")
 flags.DEFINE_integer("repeats", 2, "Measurements per model and batch size (median shown).")
 flags.DEFINE_integer("reader_rows", 400_000, "Rows in the Criteo-format file for the reader.")
-
-
-class _StepTimer(keras.callbacks.Callback):
-    def __init__(self):
-        super().__init__()
-        self.times = []
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.times.append(time.perf_counter())
-
-
-def examples_per_second(model, fit_args, batch_size, warmup, steps):
-    """Examples/s of `model.fit(**fit_args)` over `steps` steps after `warmup` untimed ones."""
-    timer = _StepTimer()
-    model.fit(**fit_args, callbacks=[timer], verbose=0, shuffle=False)
-    timed = timer.times[warmup - 1:warmup + steps]
-    return batch_size * (len(timed) - 1) / (timed[-1] - timed[0])
 
 
 def _in_memory_arrays(source, batch_size, num_batches):
