@@ -43,6 +43,8 @@ flags.DEFINE_enum("model", "deepfm", ["deepfm", "wide_deep", "dcn", "dcn_v2"], "
 flags.DEFINE_integer("embedding_dim", 10, "Embedding width.", lower_bound=1)
 flags.DEFINE_list("dnn_units", ["400", "400", "400"], "Units of the DNN tower's layers.")
 flags.DEFINE_integer("cross_layers", 3, "DCN / DCN-v2: cross layers.", lower_bound=1)
+flags.DEFINE_integer("cross_experts", 1, "DCN-v2: low-rank experts per cross layer (1: keras-rs "
+                     "FeatureCross; the official CowClip runs use 4).", lower_bound=1)
 
 # Run.
 flags.DEFINE_integer("batch_size", 16384, "Global batch size.", lower_bound=1)
@@ -103,8 +105,10 @@ def _dnn_units():
 
 
 def _model_specific_config():
-    if FLAGS.model in ("dcn", "dcn_v2"):
+    if FLAGS.model == "dcn":
         return {"cross_layers": FLAGS.cross_layers}
+    if FLAGS.model == "dcn_v2":
+        return {"cross_layers": FLAGS.cross_layers, "num_experts": FLAGS.cross_experts}
     return {}
 
 
