@@ -228,6 +228,11 @@ class CTRModel(TrainStepModel):
             name=name,
         )
 
+    def towers_logit(self, towers):
+        """`self.logit` (made by make_logit_layer) of the concatenated outputs of parallel
+        towers (e.g. a cross network and the DNN)."""
+        return self.logit(towers[0] if len(towers) == 1 else ops.concatenate(towers, axis=-1))
+
     def dnn_input(self, embeddings, dense):
         """concat(flattened embeddings [B, n_fields * dim], dense features [B, n_dense])."""
         flat = ops.reshape(embeddings, (-1, self.schema.num_categorical * self.embedding_dim))

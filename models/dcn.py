@@ -93,7 +93,7 @@ class DCN(CTRModel):
             towers.append(self.cross(x0))
         if self.hidden_units:
             towers.append(self.dnn(x0, training=training))
-        return [self.logit(ops.concatenate(towers, axis=-1) if len(towers) > 1 else towers[0])]
+        return [self.towers_logit(towers)]
 
     def get_config(self):
         config = super().get_config()
