@@ -44,6 +44,8 @@ flags.DEFINE_integer("epochs", 1, "Epochs per run.")
 flags.DEFINE_integer("seed", 0, "Seed of the data and the initialisation.")
 flags.DEFINE_string("results", "benchmarks/results/cowclip_runs.jsonl", "Results, one run a line.")
 flags.DEFINE_string("plot", "benchmarks/results/cowclip_auc.png", "The PNG plot.")
+flags.DEFINE_bool("report_only", False, "Print the table and draw the plot of the runs already in "
+                  "--results, training nothing.")
 
 
 def planned_runs():
@@ -145,11 +147,13 @@ def main(argv):
     del argv
     os.makedirs(os.path.dirname(FLAGS.results), exist_ok=True)
     source = SyntheticCTR(seed=FLAGS.seed, train_rows=FLAGS.train_rows, test_rows=FLAGS.test_rows)
-    rare_rows = rare_row_mask(source)
+    rare_rows = None if FLAGS.report_only else rare_row_mask(source)
     done = load_results()
     records = []
     for model_name, batch, rule in planned_runs():
         key = run_key(model_name, batch, rule)
+        if key not in done and FLAGS.report_only:
+            continue
         if key not in done:
             started = time.perf_counter()
             done[key] = dict(train_once(source, model_name, batch, rule, rare_rows), key=key)
