@@ -19,7 +19,9 @@ setup(
         "numpy>=1.26",
     ],
     extras_require={
-        "test": ["pytest>=8", "scikit-learn>=1.4"],
+        # torch 2.13.0 is the CPU build the machine image carries; came-pytorch is CAME's
+        # reference implementation, used only by tests/test_came_parity.py.
+        "test": ["pytest>=8", "scikit-learn>=1.4", "torch==2.13.0", "came-pytorch==0.1.3"],
         "bench": ["matplotlib>=3.8"],
     },
 )

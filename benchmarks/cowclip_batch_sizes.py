@@ -94,6 +94,8 @@ def train_once(source, model_name, batch, rule, rare_rows):
     final = result.final
     return {
         "auc": final["auc"], "logloss": final["logloss"],
+        "auc_by_epoch": [e["auc"] for e in result.epochs],
+        "logloss_by_epoch": [e["logloss"] for e in result.epochs],
         "auc_rare_rows": exact_auc(labels[rare_rows], predictions[rare_rows]),
         "auc_frequent_rows": exact_auc(labels[~rare_rows], predictions[~rare_rows]),
         "seconds_per_epoch": float(np.mean([e["train_seconds"] for e in result.epochs])),

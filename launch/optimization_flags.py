@@ -8,9 +8,10 @@ from absl import flags
 
 FLAGS = flags.FLAGS
 
-flags.DEFINE_enum("optimizer", "cowclip", ["cowclip", "adam", "adagrad", "sgd"],
+flags.DEFINE_enum("optimizer", "cowclip", ["cowclip", "adam", "came", "adagrad", "sgd"],
                   "cowclip: CowClip over Adam (tfscale.optimizers.CowClip); adam: Keras's Adam "
-                  "computed by TF's fused kernel (tfscale.optimizers.FusedAdam).")
+                  "computed by TF's fused kernel (tfscale.optimizers.FusedAdam); came: CAME "
+                  "(tfscale.optimizers.CAME; embedding gradients densified).")
 flags.DEFINE_enum("scaling_rule", None, ["cowclip", "none", "sqrt", "linear"],
                   "Large-batch rule giving the hyper-parameters for --batch_size (see "
                   "tfscale.optimizers.scaling). Default: cowclip with --optimizer=cowclip; for "
@@ -22,7 +23,8 @@ flags.DEFINE_enum("scaling_preset", None, ["criteo", "avazu"],
 flags.DEFINE_enum("cowclip_mode", "faithful", ["faithful", "scalable"],
                   "faithful: the official dense update of every table row every step; scalable: "
                   "only the batch's rows (a different algorithm, see README).")
-flags.DEFINE_float("learning_rate", None, "Dense learning rate (default: the rule's, else 1e-3).",
+flags.DEFINE_float("learning_rate", None, "Dense learning rate (default: the rule's, else 2e-4 "
+                   "for came, the reference's README value, and 1e-3 for the others).",
                    lower_bound=0.0)
 flags.DEFINE_float("embedding_learning_rate", None,
                    "Embedding learning rate (default: the rule's, else --learning_rate).",
@@ -40,9 +42,9 @@ flags.DEFINE_float("embedding_init_stddev", None, "Stddev of the normal embeddin
                    "(default: the rule's 1e-2).", lower_bound=0.0)
 
 # Without a rule: the optimizer's plain defaults.
-_NO_RULE = dict(rule="flags", embedding_learning_rate=None, dense_learning_rate=1e-3,
-                warmup_epochs=0.0, l2=0.0, embedding_init_stddev=1e-2, clip=False, r=1.0,
-                zeta=1e-5)
+_NO_RULE = dict(rule="flags", embedding_learning_rate=None, warmup_epochs=0.0, l2=0.0,
+                embedding_init_stddev=1e-2, clip=False, r=1.0, zeta=1e-5)
+_DEFAULT_LEARNING_RATE = {"came": 2e-4}  # else 1e-3
 _OVERRIDES = {"learning_rate": "dense_learning_rate",
               "embedding_learning_rate": "embedding_learning_rate", "l2": "l2", "zeta": "zeta",
               "clip_r": "r", "warmup_epochs": "warmup_epochs",
@@ -60,7 +62,9 @@ def resolve_settings():
         raise UserError(f"--scaling_rule={rule} goes with --optimizer=cowclip and only with it "
                         f"(got --optimizer={FLAGS.optimizer})")
     if rule is None:
-        settings = LargeBatchSettings(batch_size=FLAGS.batch_size, **_NO_RULE)
+        settings = LargeBatchSettings(
+            batch_size=FLAGS.batch_size,
+            dense_learning_rate=_DEFAULT_LEARNING_RATE.get(FLAGS.optimizer, 1e-3), **_NO_RULE)
     else:
         preset = FLAGS.scaling_preset or ("avazu" if FLAGS.data == "avazu" else "criteo")
         settings = large_batch_settings(FLAGS.batch_size, rule, preset)

@@ -59,9 +59,22 @@ def test_training_run_reports_auc_and_writes_logs_and_checkpoints(tmp_path):
     assert {f"{table}/clipped_fraction", f"{table}/mean_clip_factor"} <= tags, tags
 
 
-def test_stopped_and_resumed_run_equals_uninterrupted_run(tmp_path):
+def _has_cowclip_state(values):
+    return any(name.startswith("optimizer/embedding_optimizer/") for name in values)
+
+
+def _has_came_state(values):
+    """CAME's factored statistics: a vector as long as the embedding table has rows."""
+    table_rows = max(value.shape[0] for value in values.values() if value.ndim == 2)
+    return any(name.startswith("optimizer/_variables/") and value.shape == (table_rows,)
+               for name, value in values.items())
+
+
+@pytest.mark.parametrize("optimizer, has_its_state", [("cowclip", _has_cowclip_state),
+                                                      ("came", _has_came_state)])
+def test_stopped_and_resumed_run_equals_uninterrupted_run(tmp_path, optimizer, has_its_state):
     common = [*SMALL_RUN, "--train_rows=12800", "--epochs=2", "--checkpoint_every_steps=15",
-              "--logdir=none"]
+              "--logdir=none", f"--optimizer={optimizer}"]
     whole = launch(*common, f"--checkpoint_dir={tmp_path}/whole")
     assert whole.returncode == 0, whole.stderr
 
@@ -77,6 +90,7 @@ def test_stopped_and_resumed_run_equals_uninterrupted_run(tmp_path):
     assert expected.keys() == actual.keys()
     weight_names = [n for n in expected if "embedding" in n or "kernel" in n]
     assert weight_names
+    assert has_its_state(expected), {name: value.shape for name, value in expected.items()}
     for name in expected:
         np.testing.assert_array_equal(expected[name], actual[name], err_msg=name)
 

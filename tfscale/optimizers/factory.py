@@ -4,11 +4,12 @@ that the launcher and the experiments share."""
 import keras
 
 from tfscale import embeddings
+from tfscale.optimizers.came import CAME
 from tfscale.optimizers.cowclip import CowClip
 from tfscale.optimizers.fused_adam import FusedAdam
 from tfscale.optimizers.row_sparse_adam import RowSparseAdam
 
-OPTIMIZERS = ("cowclip", "adam", "adagrad", "sgd")
+OPTIMIZERS = ("cowclip", "adam", "came", "adagrad", "sgd")
 
 
 def model_regularization(settings, optimizer_name):
@@ -34,7 +35,7 @@ def build_optimizer(settings, optimizer_name, warmup_steps, cowclip_mode="faithf
         return CowClip(embedding_class(settings.embedding_learning_rate, name="embedding"),
                        FusedAdam(dense_rate, name="dense"), r=settings.r, zeta=settings.zeta,
                        l2=settings.l2, mode=cowclip_mode)
-    optimizer_class = {"adam": FusedAdam, "adagrad": keras.optimizers.Adagrad,
+    optimizer_class = {"adam": FusedAdam, "came": CAME, "adagrad": keras.optimizers.Adagrad,
                        "sgd": keras.optimizers.SGD}[optimizer_name]
     dense_optimizer = optimizer_class(learning_rate=dense_rate, name="dense")
     if dense_rate == settings.embedding_learning_rate:  # one rate, no warm-up: one optimizer

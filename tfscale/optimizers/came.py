@@ -1,0 +1,154 @@
+"""`CAME` (Luo et al., ACL 2023, arXiv 2307.02047): Adafactor's factored second moment plus a
+factored "confidence" (instability) term that scales the momentum update. The reference is
+`came-pytorch` 0.1.3, which this module matches step for step (tests/test_came_parity.py).
+
+State per variable (float32, float64 for float64 variables; never the compute dtype):
+- at least 2 dims, shape (..., n, m): momentum (..., n, m); row/column statistics of the squared
+  gradient (..., n) and (..., m); row/column statistics of the instability (..., n) and (..., m).
+  Only the last two axes are factored; leading axes are independent slices.
+- fewer dims: momentum and an unfactored second moment, both full size; no confidence term.
+
+Weight decay is Keras's decoupled `weight_decay` (`theta -= lr * wd * theta`, with
+`exclude_from_weight_decay`). Keras applies it before `update_step`, the reference between
+computing the update and applying it; the update never reads theta, so both orders give the
+same result. IndexedSlices gradients are densified: the factored statistics cover every row.
+"""
+
+import keras
+from keras import ops
+
+from tfscale.train_step import densify
+
+
+@keras.saving.register_keras_serializable(package="tfscale")
+class CAME(keras.optimizers.Optimizer):
+    """Confidence-guided Adaptive Memory Efficient optimizer.
+
+    Args:
+        learning_rate: float, schedule or callable (the reference has no default; its README
+            uses 2e-4 and the authors advise 0.5-0.9x the AdamW rate). There is no bias
+            correction: the instability average starts at 0, so at step t the update is about
+            1 / sqrt(1 - beta_3^t) times what a bias-corrected one would be (100x at step 1,
+            4x at step 600 with beta_3 = 0.9999; a first step moves each element by about
+            11x lr). Use a warmup, and for short runs a much smaller rate than Adam's
+            (benchmarks/came.py).
+        beta_1: decay of the momentum of the clipped update.
+        beta_2: decay of the squared-gradient statistics.
+        beta_3: decay of the instability statistics.
+        epsilon_1: added to the squared gradient.
+        epsilon_2: added to the instability.
+        clip_threshold: the update is scaled down to RMS <= clip_threshold (per variable).
+        weight_decay and the other keyword arguments: as `keras.optimizers.Optimizer`.
+    """
+
+    def __init__(self, learning_rate=2e-4, beta_1=0.9, beta_2=0.999, beta_3=0.9999,
+                 epsilon_1=1e-30, epsilon_2=1e-16, clip_threshold=1.0, weight_decay=None,
+                 clipnorm=None, clipvalue=None, global_clipnorm=None, use_ema=False,
+                 ema_momentum=0.99, ema_overwrite_frequency=None, loss_scale_factor=None,
+                 gradient_accumulation_steps=None, name=None, **kwargs):
+        super().__init__(
+            learning_rate=learning_rate, name=name, weight_decay=weight_decay,
+            clipnorm=clipnorm, clipvalue=clipvalue, global_clipnorm=global_clipnorm,
+            use_ema=use_ema, ema_momentum=ema_momentum,
+            ema_overwrite_frequency=ema_overwrite_frequency,
+            loss_scale_factor=loss_scale_factor,
+            gradient_accumulation_steps=gradient_accumulation_steps, **kwargs)
+        self.beta_1 = beta_1
+        self.beta_2 = beta_2
+        self.beta_3 = beta_3
+        self.epsilon_1 = epsilon_1
+        self.epsilon_2 = epsilon_2
+        self.clip_threshold = clip_threshold
+
+    def build(self, var_list):
+        """Creates the state of each variable (see the module docstring); slots a variable does
+        not use are None."""
+        if self.built:
+            return
+        super().build(var_list)
+        self._momentums, self._velocities = [], []
+        self._rows, self._columns, self._instability_rows, self._instability_columns = \
+            [], [], [], []
+        for variable in var_list:
+            shape = tuple(variable.shape)
+            factored = len(shape) >= 2
+            self._momentums.append(self._add_state(variable, shape, "momentum"))
+            self._velocities.append(
+                None if factored else self._add_state(variable, shape, "velocity"))
+            row_shape, column_shape = shape[:-1], shape[:-2] + shape[-1:]
+            for slots, slot_shape, suffix in (
+                (self._rows, row_shape, "row"),
+                (self._columns, column_shape, "column"),
+                (self._instability_rows, row_shape, "instability_row"),
+                (self._instability_columns, column_shape, "instability_column"),
+            ):
+                slots.append(self._add_state(variable, slot_shape, suffix) if factored else None)
+
+    def _add_state(self, variable, shape, suffix):
+        prefix = getattr(variable, "path", variable.name).replace("/", "_").replace(":", "_")
+        return self.add_variable(shape=shape, dtype=state_dtype(variable.dtype),
+                                 name=f"{prefix}_{suffix}")
+
+    def update_step(self, gradient, variable, learning_rate):
+        """One CAME step of `variable` (came.md steps 1-10; weight decay is the base class's)."""
+        index = self._get_variable_index(variable)
+        dtype = state_dtype(variable.dtype)
+        gradient = ops.cast(densify(gradient), dtype)
+        squared = ops.square(gradient) + self.epsilon_1
+        factored = len(variable.shape) >= 2
+        if factored:
+            row = self._ema(self._rows[index], ops.mean(squared, axis=-1), self.beta_2)
+            column = self._ema(self._columns[index], ops.mean(squared, axis=-2), self.beta_2)
+            update = _inverse_sqrt_of_factored(row, column) * gradient
+        else:
+            velocity = self._ema(self._velocities[index], squared, self.beta_2)
+            update = ops.rsqrt(velocity) * gradient
+        update = update / ops.maximum(_rms(update) / self.clip_threshold, 1.0)
+        momentum = self._ema(self._momentums[index], update, self.beta_1)
+        if factored:
+            instability = ops.square(update - momentum) + self.epsilon_2
+            row = self._ema(self._instability_rows[index], ops.mean(instability, axis=-1),
+                            self.beta_3)
+            column = self._ema(self._instability_columns[index],
+                               ops.mean(instability, axis=-2), self.beta_3)
+            step = _inverse_sqrt_of_factored(row, column) * momentum
+        else:
+            step = momentum
+        step = ops.cast(learning_rate, dtype) * step
+        self.assign_sub(variable, ops.cast(step, variable.dtype))
+
+    def _ema(self, average, value, beta):
+        """Assigns `beta * average + (1 - beta) * value` to `average` and returns it."""
+        updated = beta * average + (1.0 - beta) * value
+        self.assign(average, updated)
+        return updated
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({
+            "beta_1": self.beta_1,
+            "beta_2": self.beta_2,
+            "beta_3": self.beta_3,
+            "epsilon_1": self.epsilon_1,
+            "epsilon_2": self.epsilon_2,
+            "clip_threshold": self.clip_threshold,
+        })
+        return config
+
+
+def state_dtype(variable_dtype):
+    """The dtype of CAME's state and math for a variable of `variable_dtype`: float32, or
+    float64 for float64 variables (float16 cannot hold epsilon_1, bfloat16 is too coarse)."""
+    return "float64" if keras.backend.standardize_dtype(variable_dtype) == "float64" else "float32"
+
+
+def _rms(x):
+    return ops.sqrt(ops.mean(ops.square(x)))
+
+
+def _inverse_sqrt_of_factored(row, column):
+    """1 / sqrt(V) for the rank-1 estimate
+    V = (row / mean(row))[..., :, None] * column[..., None, :] (means per leading-axes slice),
+    from the two vectors' inverse square roots."""
+    row_factor = ops.rsqrt(row / ops.mean(row, axis=-1, keepdims=True))
+    return ops.expand_dims(row_factor, -1) * ops.expand_dims(ops.rsqrt(column), -2)
