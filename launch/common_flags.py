@@ -76,9 +76,9 @@ def run_directories(logdir, checkpoint_dir):
             None if checkpoint_dir in ("", "none") else checkpoint_dir)
 
 
-def build_model(schema, settings):
+def build_model(schema, settings, dtype_policy="float32"):
     """The --model over `schema`, initialised and regularised as `settings` (LargeBatchSettings)
-    say."""
+    say, computing in `dtype_policy`."""
     import keras
 
     import models
@@ -87,7 +87,8 @@ def build_model(schema, settings):
     return models.build_model(
         FLAGS.model, schema, embedding_dim=FLAGS.embedding_dim, hidden_units=_dnn_units(),
         embeddings_initializer=keras.initializers.RandomNormal(stddev=settings.embedding_init_stddev),
-        **model_regularization(settings, FLAGS.optimizer), **_model_specific_config())
+        dtype=dtype_policy, **model_regularization(settings, FLAGS.optimizer),
+        **_model_specific_config())
 
 
 def _dnn_units():

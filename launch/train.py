@@ -11,7 +11,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TF's C++ start-up cha
 
 from absl import app, flags, logging  # noqa: E402
 
-from launch import common_flags, optimization_flags  # noqa: E402
+from launch import common_flags, optimization_flags, precision_flags  # noqa: E402
 from launch.user_errors import run_reporting_user_errors  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -44,14 +44,15 @@ def run():
     logdir, checkpoint_dir = common_flags.run_directories(FLAGS.logdir, FLAGS.checkpoint_dir)
     source = common_flags.build_source()
     settings = optimization_flags.resolve_settings()
-    model = common_flags.build_model(source.schema, settings)
-    optimizer = optimization_flags.build_optimizer(
-        settings, source.train_steps_per_epoch(FLAGS.batch_size))
+    model = common_flags.build_model(source.schema, settings, precision_flags.dtype_policy())
+    optimizer = precision_flags.with_loss_scaling(optimization_flags.build_optimizer(
+        settings, source.train_steps_per_epoch(FLAGS.batch_size)))
     model.compile(optimizer=optimizer, loss=keras.losses.BinaryCrossentropy(),
                   metrics=[keras.metrics.AUC(name="auc")])
     print(f"model {FLAGS.model} ({model.count_params():,} parameters) on {source.describe()}; "
           f"batch {FLAGS.batch_size}, {FLAGS.epochs} epochs, optimizer {FLAGS.optimizer}, "
-          f"{optimization_flags.describe(settings)}; TensorFlow {tf.__version__}", flush=True)
+          f"{optimization_flags.describe(settings)}; {precision_flags.describe()}; TensorFlow "
+          f"{tf.__version__}", flush=True)
     config = TrainingConfig(
         batch_size=FLAGS.batch_size, epochs=FLAGS.epochs, log_every_steps=FLAGS.log_every_steps,
         logdir=logdir, checkpoint_dir=checkpoint_dir,

@@ -4,6 +4,7 @@ bitwise the same weights as an uninterrupted one; bad input ending in a one-para
 
 import glob
 import os
+import re
 import subprocess
 import sys
 
@@ -70,11 +71,22 @@ def _has_came_state(values):
                for name, value in values.items())
 
 
-@pytest.mark.parametrize("optimizer, has_its_state", [("cowclip", _has_cowclip_state),
-                                                      ("came", _has_came_state)])
-def test_stopped_and_resumed_run_equals_uninterrupted_run(tmp_path, optimizer, has_its_state):
+def _has_loss_scale_state(values):
+    """The scaler's scale (grown from 2^15 every 10 steps) next to the inner CowClip's state."""
+    scales = [value for name, value in values.items() if value.ndim == 0
+              and value.dtype == np.float32 and value > 2.0 ** 15]
+    return _has_cowclip_state({name.replace("inner_optimizer/", "", 1): value
+                               for name, value in values.items()}) and len(scales) == 1
+
+
+@pytest.mark.parametrize("flags, has_its_state", [
+    (["--optimizer=cowclip"], _has_cowclip_state),
+    (["--optimizer=came"], _has_came_state),
+    (["--precision=mixed_float16", "--loss_scale_growth_steps=10"], _has_loss_scale_state),
+], ids=["cowclip", "came", "cowclip-float16"])
+def test_stopped_and_resumed_run_equals_uninterrupted_run(tmp_path, flags, has_its_state):
     common = [*SMALL_RUN, "--train_rows=12800", "--epochs=2", "--checkpoint_every_steps=15",
-              "--logdir=none", f"--optimizer={optimizer}"]
+              "--logdir=none", *flags]
     whole = launch(*common, f"--checkpoint_dir={tmp_path}/whole")
     assert whole.returncode == 0, whole.stderr
 
@@ -84,7 +96,13 @@ def test_stopped_and_resumed_run_equals_uninterrupted_run(tmp_path, optimizer, h
     assert "stopped after global step 37" in first.stdout
     second = launch(*common, f"--checkpoint_dir={tmp_path}/split", "--resume")
     assert second.returncode == 0, second.stderr
-    assert "resumed from global step 30: epoch 1, batch 30" in second.stdout
+    resumed = re.search(r"resumed from global step 30: epoch 1, batch (\d+)", second.stdout)
+    assert resumed, second.stdout
+    if "--precision=mixed_float16" in flags:
+        # The first steps at scale 2^15 overflow and are skipped: batches, not optimizer steps.
+        assert int(resumed.group(1)) > 30
+    else:
+        assert int(resumed.group(1)) == 30
 
     expected, actual = checkpoint_values(f"{tmp_path}/whole"), checkpoint_values(f"{tmp_path}/split")
     assert expected.keys() == actual.keys()
@@ -110,6 +128,7 @@ def test_refuses_to_overwrite_a_run_without_resume(tmp_path):
     (["--batch_size=-5"], "--batch_size"),
     (["--dnn_units=400,x"], "--dnn_units"),
     (["--resume"], "--resume needs --checkpoint_dir"),
+    (["--loss_scale=big"], "--loss_scale=big"),
 ])
 def test_bad_flags_give_a_clear_error(flags, message):
     result = launch(*flags, "--logdir=none", "--checkpoint_dir=none")

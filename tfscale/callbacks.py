@@ -1,6 +1,6 @@
 """Keras callbacks for a training run: the progress line and TensorBoard training scalars,
-periodic atomic checkpoints that record the exact data position, and a stop-after-N-steps switch
-(used to simulate an interrupted run).
+periodic atomic checkpoints that record the exact data position, a stop-after-N-steps switch
+(used to simulate an interrupted run), and the guard that stops a run gone non-finite.
 
 Why not keras.callbacks.TensorBoard: its batch counter restarts at every `fit` call (the launcher
 calls `fit` once per epoch so a run can resume mid-epoch) and it logs neither examples/s nor the
@@ -10,8 +10,12 @@ global step instead.
 
 import time
 
+import math
+
 import keras
 import tensorflow as tf
+
+from tfscale.errors import NonFiniteTraining
 
 
 def learning_rates(optimizer):
@@ -84,6 +88,9 @@ class TrainingMonitor(keras.callbacks.Callback):
     def _print(self, step, batch, metrics, step_time):
         of_total = f"/{self.steps_per_epoch}" if self.steps_per_epoch else ""
         shown = ", ".join(f"{name} {value:.4f}" for name, value in metrics.items())
+        progress_text = getattr(self.model.optimizer, "progress_text", None)
+        if progress_text is not None:  # e.g. the loss scale and the skipped steps
+            shown += f", {progress_text()}"
         self.print_fn(
             f"epoch {self._epoch + 1} batch {batch + 1}{of_total} step {step}: {shown}, "
             f"{self.global_batch_size / step_time:,.0f} examples/s, {step_time * 1000:.1f} ms/step")
@@ -133,3 +140,35 @@ class StopAfterSteps(keras.callbacks.Callback):
         if int(self.model.optimizer.iterations) >= self.max_steps:
             self.model.stop_training = True
             self.stopped = True
+
+
+class NonFiniteGuard(keras.callbacks.Callback):
+    """Raises NonFiniteTraining (before any later callback, such as a checkpoint, runs) when
+    training stops being finite: with a loss scaler (an optimizer with `skipped_in_a_row`) after
+    `max_skipped_in_a_row` skipped steps in a row; without one at the first non-finite loss,
+    since the optimizer has already applied those gradients."""
+
+    def __init__(self, max_skipped_in_a_row=50):
+        super().__init__()
+        if max_skipped_in_a_row < 1:
+            raise ValueError("max_skipped_in_a_row must be at least 1")
+        self.max_skipped_in_a_row = max_skipped_in_a_row
+
+    def on_train_batch_end(self, batch, logs=None):
+        optimizer = self.model.optimizer
+        step = int(optimizer.iterations)
+        in_a_row = getattr(optimizer, "skipped_in_a_row", None)
+        if in_a_row is not None:
+            if int(in_a_row.numpy()) >= self.max_skipped_in_a_row:
+                raise NonFiniteTraining(
+                    f"the last {int(in_a_row.numpy())} steps (after global step {step}) all had "
+                    f"inf/NaN gradients, down to loss scale {float(optimizer.dynamic_scale.numpy()):g}: "
+                    "the data or the model produce non-finite values (check the input for NaN/inf, "
+                    "or lower the learning rate)")
+            return
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(float(loss)):
+            raise NonFiniteTraining(
+                f"the training loss became {float(loss)} at global step {step} (no loss scaler "
+                "to skip such steps): check the input for NaN/inf, lower the learning rate, or "
+                "train with --loss_scale=dynamic")

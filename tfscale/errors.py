@@ -13,6 +13,11 @@ class UserError(Exception):
     to do. The launcher prints it as one paragraph and exits non-zero."""
 
 
+class NonFiniteTraining(UserError):
+    """Training stopped producing finite numbers (inf/NaN loss or gradients) beyond what the loss
+    scaler can absorb; the message says at which step and what was seen."""
+
+
 def user_error_from_tf(error):
     """The UserError carried by a TF error raised by a data check, or None for any other error."""
     message = str(getattr(error, "message", error))

@@ -7,8 +7,8 @@ per occurrence in the batch, and Keras's built-in optimizers turn it into a dens
 every arithmetic op of their update, squaring each occurrence instead of the id's summed
 gradient in Adam's second moment. Converting it once here gives Adam's true update at the cost of
 one conversion. Optimizers that set `accepts_indexed_slices` (CowClip, which needs the per-id
-counts) get the slices unchanged. Loss scaling and the Horovod exchange join the step here
-(later work)."""
+counts) get the slices unchanged. Loss scaling is the optimizer's (tfscale.loss_scaling wraps
+the optimizer); the Horovod exchange joins the step here (later work)."""
 
 import keras
 import tensorflow as tf
@@ -35,7 +35,7 @@ class TrainStep:
             loss = self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
                                      training=True)
             batch_size = tf.shape(next(t for t in tree.flatten(x) if t is not None))[0]
-            self._loss_tracker.update_state(loss, sample_weight=batch_size)
+            self._track_loss(loss, batch_size)
             loss = self.optimizer.scale_loss(loss)
         variables = self.trainable_variables
         gradients = tape.gradient(loss, variables)
@@ -43,6 +43,16 @@ class TrainStep:
             gradients = [densify(g) for g in gradients]
         self.optimizer.apply(gradients, variables)
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def _track_loss(self, loss, batch_size):
+        """Adds the batch's loss to the running mean; with a loss scaler, a non-finite loss is
+        left out (the scaler skips that step, and one NaN must not hide the rest of the
+        epoch's loss)."""
+        if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+            finite = tf.math.is_finite(loss)
+            loss = tf.where(finite, loss, tf.zeros_like(loss))
+            batch_size = tf.where(finite, batch_size, tf.zeros_like(batch_size))
+        self._loss_tracker.update_state(loss, sample_weight=batch_size)
 
 
 @keras.saving.register_keras_serializable(package="tfscale")

@@ -71,7 +71,8 @@ def train(model, source, config, print_fn=print):
                         f"({source.describe()}): not one full batch per epoch")
     monitor = tfs_callbacks.TrainingMonitor(
         config.batch_size, config.log_every_steps, writers.get("train"), steps_per_epoch, print_fn)
-    run_callbacks = [monitor]
+    # The guard comes first: a non-finite step must not reach the progress line or a checkpoint.
+    run_callbacks = [tfs_callbacks.NonFiniteGuard(), monitor]
     checkpointer = None
     if store is not None:
         checkpointer = tfs_callbacks.PeriodicCheckpoint(

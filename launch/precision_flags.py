@@ -1,0 +1,43 @@
+"""Precision flags (tfscale.precision): the model's dtype policy and the optimizer's loss
+scaling."""
+
+from absl import flags
+
+FLAGS = flags.FLAGS
+
+flags.DEFINE_enum("precision", "float32", ["float32", "mixed_float16", "mixed_bfloat16"],
+                  "Keras dtype policy of the model: float32 variables and, for mixed_*, float16 or "
+                  "bfloat16 compute. Embedding tables, the final sigmoid, the loss and all "
+                  "optimizer state stay float32.")
+flags.DEFINE_string("loss_scale", None,
+                    "'dynamic' (start 2^15, halve and skip on inf/NaN, double after "
+                    "--loss_scale_growth_steps finite steps), a fixed number (inf/NaN steps are "
+                    "still skipped), or 'none'. Default: dynamic for mixed_float16, else none.")
+flags.DEFINE_integer("loss_scale_growth_steps", 2000,
+                     "Finite steps in a row after which a dynamic loss scale doubles.",
+                     lower_bound=1)
+
+
+def dtype_policy():
+    """The dtype policy name for the model."""
+    from tfscale.precision import dtype_policy as policy
+
+    return policy(FLAGS.precision)
+
+
+def with_loss_scaling(optimizer):
+    """`optimizer` wrapped in the loss scaling the flags ask for (or unchanged)."""
+    from tfscale.errors import UserError
+    from tfscale.precision import parse_loss_scale, with_loss_scaling as wrap
+
+    try:
+        loss_scale = parse_loss_scale(FLAGS.loss_scale, FLAGS.precision)
+    except ValueError as error:
+        raise UserError(f"--loss_scale={FLAGS.loss_scale}: {error}") from None
+    return wrap(optimizer, loss_scale, FLAGS.loss_scale_growth_steps)
+
+
+def describe():
+    """A few words naming the precision and the loss scaling."""
+    scale = FLAGS.loss_scale or ("dynamic" if FLAGS.precision == "mixed_float16" else "none")
+    return f"precision {FLAGS.precision}, loss scale {scale}"
