@@ -1,8 +1,10 @@
 """Trains a CTR model: `python -m launch.train [--flags]` (`--helpfull` lists them all).
 
 With no flags it trains DeepFM on the built-in synthetic Criteo-like data set and prints the
-test AUC and log loss next to the teacher's AUC ceiling. Bad input (a file, a line in it, a flag)
-ends with a one-paragraph error and a non-zero exit status, never a traceback."""
+test AUC and log loss next to the teacher's AUC ceiling. Under `horovodrun -np P ... python -m
+launch.train` it trains data-parallel on P ranks (--batch_size stays the global batch); rank 0
+prints, logs and checkpoints. Bad input (a file, a line in it, a flag) ends with a one-paragraph
+error and a non-zero exit status, never a traceback."""
 
 import os
 import sys
@@ -11,7 +13,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TF's C++ start-up cha
 
 from absl import app, flags, logging  # noqa: E402
 
-from launch import common_flags, optimization_flags, precision_flags  # noqa: E402
+from launch import (common_flags, distributed_flags, optimization_flags,  # noqa: E402
+                    precision_flags)
 from launch.user_errors import run_reporting_user_errors  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -38,28 +41,36 @@ def run():
     import keras
     import tensorflow as tf
 
+    from tfscale import distributed
     from tfscale.training import TrainingConfig, train
 
+    distributed_flags.init_horovod()
     common_flags.seed_everything(FLAGS.seed, FLAGS.deterministic)
     logdir, checkpoint_dir = common_flags.run_directories(FLAGS.logdir, FLAGS.checkpoint_dir)
     source = common_flags.build_source()
     settings = optimization_flags.resolve_settings()
     model = common_flags.build_model(source.schema, settings, precision_flags.dtype_policy())
-    optimizer = precision_flags.with_loss_scaling(optimization_flags.build_optimizer(
-        settings, source.train_steps_per_epoch(FLAGS.batch_size)))
+    steps_per_epoch = source.train_steps_per_epoch(
+        distributed.local_batch_size(FLAGS.batch_size), distributed.size())
+    optimizer = precision_flags.with_loss_scaling(
+        optimization_flags.build_optimizer(settings, steps_per_epoch))
+    # Under Horovod the model's compile turns XLA off (tfscale.train_step.TrainStep.compile).
     model.compile(optimizer=optimizer, loss=keras.losses.BinaryCrossentropy(),
                   metrics=[keras.metrics.AUC(name="auc")])
-    print(f"model {FLAGS.model} ({model.count_params():,} parameters) on {source.describe()}; "
-          f"batch {FLAGS.batch_size}, {FLAGS.epochs} epochs, optimizer {FLAGS.optimizer}, "
-          f"{optimization_flags.describe(settings)}; {precision_flags.describe()}; TensorFlow "
-          f"{tf.__version__}", flush=True)
+    if distributed.is_chief():
+        print(f"model {FLAGS.model} ({model.count_params():,} parameters) on "
+              f"{source.describe()}; batch {FLAGS.batch_size}, {FLAGS.epochs} epochs, optimizer "
+              f"{FLAGS.optimizer}, {optimization_flags.describe(settings)}; "
+              f"{precision_flags.describe()}; {distributed_flags.describe()}; TensorFlow "
+              f"{tf.__version__}", flush=True)
     config = TrainingConfig(
         batch_size=FLAGS.batch_size, epochs=FLAGS.epochs, log_every_steps=FLAGS.log_every_steps,
         logdir=logdir, checkpoint_dir=checkpoint_dir,
         checkpoint_every_steps=FLAGS.checkpoint_every_steps, resume=FLAGS.resume,
         stop_after_steps=FLAGS.stop_after_steps)
     result = train(model, source, config, print_fn=lambda line: print(line, flush=True))
-    common_flags.report(result, source, logdir, checkpoint_dir)
+    if distributed.is_chief():
+        common_flags.report(result, source, logdir, checkpoint_dir)
 
 
 def main(argv):

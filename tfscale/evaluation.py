@@ -1,31 +1,37 @@
 """Exact evaluation of a model over a whole (test) split: every prediction is kept, so AUC and
-log loss are exact rather than bucketed."""
+log loss are exact rather than bucketed. Under Horovod each rank predicts its own shard of the split and the
+predictions and labels of all ranks are gathered, so the AUC is the union's (not a mean of
+per-rank AUCs)."""
 
 import weakref
 
 import numpy as np
 import tensorflow as tf
 
-from tfscale import metrics
+from tfscale import distributed, metrics
 
 _PREDICT_STEPS = weakref.WeakKeyDictionary()  # model -> its compiled prediction step
 
 
 def predict_with_labels(model, dataset):
     """Runs `model` over a dataset of (features, labels) and returns (labels, predictions) as
-    flat float64 numpy arrays, in dataset order."""
+    flat float64 numpy arrays, in dataset order (under Horovod: every rank's, in rank order)."""
 
     if model not in _PREDICT_STEPS:
         _PREDICT_STEPS[model] = tf.function(lambda features: model(features, training=False),
                                             reduce_retracing=True)
     predict_step = _PREDICT_STEPS[model]
-    labels, predictions = [], []
+    labels, predictions = [np.zeros([0])], [np.zeros([0])]
     for features, batch_labels in dataset:
         predictions.append(tf.cast(predict_step(features), tf.float64).numpy().reshape(-1))
         labels.append(batch_labels.numpy().astype(np.float64).reshape(-1))
-    if not labels:
+    # Gathered before the emptiness check: a rank with an empty shard must still take part.
+    labels = distributed.allgather_array(np.concatenate(labels), name="tfscale_eval_labels")
+    predictions = distributed.allgather_array(np.concatenate(predictions),
+                                              name="tfscale_eval_predictions")
+    if not labels.size:
         raise ValueError("the evaluation split is empty")
-    return np.concatenate(labels), np.concatenate(predictions)
+    return labels, predictions
 
 
 def evaluate_exact(model, dataset):

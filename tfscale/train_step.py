@@ -8,13 +8,16 @@ every arithmetic op of their update, squaring each occurrence instead of the id'
 gradient in Adam's second moment. Converting it once here gives Adam's true update at the cost of
 one conversion. Optimizers that set `accepts_indexed_slices` (CowClip, which needs the per-id
 counts) get the slices unchanged. Loss scaling is the optimizer's (tfscale.loss_scaling wraps
-the optimizer); the Horovod exchange joins the step here (later work)."""
+the optimizer). Under Horovod the gradients are exchanged between ranks here, before the optimizer
+(tfscale.distributed.gradients); a single-process run takes exactly the path without it."""
 
 import keras
 import tensorflow as tf
 from keras.src import tree
 from keras.src.models.model import functional_init_arguments
 from keras.src.trainers.data_adapters import data_adapter_utils
+
+from tfscale import distributed
 
 
 def densify(gradient):
@@ -28,6 +31,16 @@ class TrainStep:
     """Mixin holding tfscale's `train_step`; combine it with keras.Model (see the two classes
     below, one for subclassed and one for functional models)."""
 
+    def compile(self, *args, jit_compile="auto", **kwargs):
+        """keras.Model.compile; under Horovod without XLA, which has no kernels for Horovod's
+        ops (Keras's "auto" turns XLA on when there is a GPU)."""
+        if distributed.is_active():
+            if jit_compile is True:
+                raise ValueError("jit_compile=True cannot be used under Horovod: its collectives "
+                                 "in the train step have no XLA kernels")
+            jit_compile = False
+        super().compile(*args, jit_compile=jit_compile, **kwargs)
+
     def train_step(self, data):
         x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
         with tf.GradientTape() as tape:
@@ -39,6 +52,11 @@ class TrainStep:
             loss = self.optimizer.scale_loss(loss)
         variables = self.trainable_variables
         gradients = tape.gradient(loss, variables)
+        if distributed.is_active():
+            # Embedding gradients travel as IndexedSlices even to optimizers that densify them:
+            # the allgather's bytes grow with the batch's ids, a dense allreduce's with the
+            # table's size. Densifying after the exchange gives the same dense gradient.
+            gradients = distributed.exchange_gradients(gradients)
         if not getattr(self.optimizer, "accepts_indexed_slices", False):
             gradients = [densify(g) for g in gradients]
         self.optimizer.apply(gradients, variables)

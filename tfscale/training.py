@@ -3,7 +3,12 @@ epoch, TensorBoard scalars, periodic atomic checkpoints, and resuming mid-epoch 
 checkpoint so that a stopped-and-resumed run ends with the same weights as an uninterrupted one.
 
 `model.fit` is called once per epoch (each epoch's dataset starts at the right batch when
-resuming); the model must be compiled before `train` is called."""
+resuming); the model must be compiled before `train` is called.
+
+Under Horovod (tfscale.distributed) every rank runs `train`: each reads its own shard of the
+training split at batch_size / P, all run the same number of steps per epoch, all start from
+rank 0's (possibly restored) variables, and the test AUC is computed on the union of the ranks'
+test shards. Only rank 0 prints, writes TensorBoard logs and checkpoints."""
 
 import dataclasses
 import os
@@ -13,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfscale import callbacks as tfs_callbacks
+from tfscale import distributed
 from tfscale.checkpoints import CheckpointStore
 from tfscale.errors import UserError
 from tfscale.evaluation import evaluate_exact
@@ -22,7 +28,7 @@ from tfscale.evaluation import evaluate_exact
 class TrainingConfig:
     """How to run training; see `train`."""
 
-    batch_size: int
+    batch_size: int  # global: the ranks of a Horovod job share it
     epochs: int
     log_every_steps: int = 100
     logdir: str = None  # TensorBoard event files go to logdir/train and logdir/test
@@ -59,22 +65,37 @@ def build_model_and_optimizer(model, schema):
 
 def train(model, source, config, print_fn=print):
     """Trains the compiled `model` on `source` as `config` says and returns a TrainingResult."""
+    chief = distributed.is_chief()
+    if not chief:
+        print_fn = _silent
+    local_batch_size = distributed.local_batch_size(config.batch_size)
+    shard = distributed.data_shard()
     build_model_and_optimizer(model, source.schema)
     store = CheckpointStore(config.checkpoint_dir, model=model, optimizer=model.optimizer) \
         if config.checkpoint_dir else None
-    start_epoch, skip_batches = _starting_position(store, config, print_fn)
+    # Rank 0 alone reads the checkpoint directory; the others get its position and its
+    # (restored or freshly initialised) variables.
+    start_epoch, skip_batches = distributed.broadcast_from_chief(
+        lambda: _starting_position(store, config, print_fn), name="tfscale_start_position")
+    distributed.broadcast_model_and_optimizer(model)
 
-    writers = _summary_writers(config.logdir)
-    steps_per_epoch = source.train_steps_per_epoch(config.batch_size)
+    writers = _summary_writers(config.logdir) if chief else {}
+    steps_per_epoch = source.train_steps_per_epoch(local_batch_size, shard["num_shards"])
     if steps_per_epoch == 0:
         raise UserError(f"--batch_size={config.batch_size} is larger than the training split "
                         f"({source.describe()}): not one full batch per epoch")
-    monitor = tfs_callbacks.TrainingMonitor(
-        config.batch_size, config.log_every_steps, writers.get("train"), steps_per_epoch, print_fn)
+    if steps_per_epoch is None and distributed.is_active():
+        raise UserError(f"{source.describe()} cannot tell its batches per epoch in advance, which "
+                        "Horovod needs so that every rank runs the same number of steps")
     # The guard comes first: a non-finite step must not reach the progress line or a checkpoint.
-    run_callbacks = [tfs_callbacks.NonFiniteGuard(), monitor]
+    # It runs on every rank: the ranks' optimizer states are identical, so all stop together.
+    run_callbacks = [tfs_callbacks.NonFiniteGuard()]
+    if chief:
+        run_callbacks.append(tfs_callbacks.TrainingMonitor(
+            config.batch_size, config.log_every_steps, writers.get("train"), steps_per_epoch,
+            print_fn))
     checkpointer = None
-    if store is not None:
+    if store is not None and chief:
         checkpointer = tfs_callbacks.PeriodicCheckpoint(
             store, config.checkpoint_every_steps or np.iinfo(np.int64).max)
         run_callbacks.append(checkpointer)
@@ -92,11 +113,13 @@ def train(model, source, config, print_fn=print):
         first_step = int(model.optimizer.iterations)
         started = time.perf_counter()
         if steps_per_epoch is None or skip_batches < steps_per_epoch:
-            dataset = source.train_batches(config.batch_size, epoch=epoch, skip_batches=skip_batches)
+            dataset = source.train_batches(local_batch_size, epoch=epoch,
+                                           skip_batches=skip_batches, **shard)
             if steps_per_epoch is not None:
                 # A known length keeps Keras from counting an extra optimizer iteration when an
-                # epoch's dataset of unknown length runs out.
-                dataset = dataset.apply(
+                # epoch's dataset of unknown length runs out; `take` cuts a larger file shard to
+                # the smallest shard's count, so no rank waits for another at the epoch's end.
+                dataset = dataset.take(steps_per_epoch - skip_batches).apply(
                     tf.data.experimental.assert_cardinality(steps_per_epoch - skip_batches))
             model.fit(dataset, initial_epoch=epoch, epochs=epoch + 1, verbose=0, shuffle=False,
                       callbacks=run_callbacks)
@@ -106,7 +129,8 @@ def train(model, source, config, print_fn=print):
             print_fn(f"stopped after global step {int(model.optimizer.iterations)} "
                      "(--stop_after_steps); resume with --resume")
             break
-        result = _evaluate_epoch(model, source, config, epoch, steps, train_seconds, writers, print_fn)
+        result = _evaluate_epoch(model, source, config, epoch, steps, train_seconds, writers,
+                                 print_fn, local_batch_size)
         epoch_results.append(result)
         if checkpointer is not None:
             checkpointer.save(int(model.optimizer.iterations), epoch=epoch + 1, batches_done=0,
@@ -141,6 +165,10 @@ def _starting_position(store, config, print_fn):
     return progress["epoch"], progress["batches_done"]
 
 
+def _silent(line):
+    """The print_fn of ranks other than 0."""
+
+
 def _summary_writers(logdir):
     if not logdir:
         return {}
@@ -148,8 +176,10 @@ def _summary_writers(logdir):
             for split in ("train", "test")}
 
 
-def _evaluate_epoch(model, source, config, epoch, steps, train_seconds, writers, print_fn):
-    metrics = evaluate_exact(model, source.test_batches(config.batch_size))
+def _evaluate_epoch(model, source, config, epoch, steps, train_seconds, writers, print_fn,
+                    local_batch_size):
+    metrics = evaluate_exact(
+        model, source.test_batches(local_batch_size, **distributed.data_shard()))
     examples_per_second = steps * config.batch_size / train_seconds if train_seconds > 0 else 0.0
     result = dict(metrics, epoch=epoch + 1, train_seconds=train_seconds,
                   examples_per_second=examples_per_second)

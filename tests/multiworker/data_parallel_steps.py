@@ -1,0 +1,86 @@
+"""Run under horovodrun with an output directory: each rank trains a small DeepFM for STEPS steps
+on its slice of every global batch, with Adam and with CowClip, and writes its final model and
+optimizer variables (in `model_state` order) to OUT_DIR/<optimizer>-rank<r>.npz. Imported by
+tests/test_distributed.py, whose process (no Horovod) trains the one-process reference on the
+whole global batches, and by the other multi-process scripts."""
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import models  # noqa: E402
+from tfscale import distributed  # noqa: E402
+from tfscale.data.synthetic import SyntheticCTR  # noqa: E402
+from tfscale.optimizers import CowClip, FusedAdam  # noqa: E402
+from tfscale.training import build_model_and_optimizer  # noqa: E402
+
+GLOBAL_BATCH = 256
+STEPS = 20
+OPTIMIZERS = ("adam", "cowclip")
+
+
+def source():
+    return SyntheticCTR(seed=0, train_rows=GLOBAL_BATCH * STEPS, test_rows=256,
+                        vocabulary_scale=0.002)
+
+
+def make_optimizer(name):
+    if name == "adam":
+        return FusedAdam(learning_rate=1e-3)
+    return CowClip(FusedAdam(learning_rate=1e-3, name="embedding"),
+                   FusedAdam(learning_rate=1e-3, name="dense"), l2=1e-4)
+
+
+def compiled_model(schema, optimizer):
+    """A small DeepFM, seeded identically on every rank, compiled and built (and, under Horovod,
+    set to rank 0's variables)."""
+    keras.utils.set_random_seed(0)
+    model = models.build_model("deepfm", schema, hidden_units=[32, 32])
+    model.compile(optimizer=optimizer, loss=keras.losses.BinaryCrossentropy())
+    build_model_and_optimizer(model, schema)
+    distributed.broadcast_model_and_optimizer(model)
+    return model
+
+
+def rank_slice(dataset, rank, num_ranks):
+    """Rank `rank`'s contiguous 1/num_ranks of every (features, labels) batch of `dataset`, of
+    known length (else Keras counts one optimizer iteration too many)."""
+    def take(tensor):
+        size = GLOBAL_BATCH // num_ranks
+        return tensor[rank * size:(rank + 1) * size]
+
+    sliced = dataset.map(lambda features, labels: ({k: take(v) for k, v in features.items()},
+                                                   take(labels)))
+    return sliced.apply(tf.data.experimental.assert_cardinality(STEPS))
+
+
+def model_state(model):
+    """The values of every model and optimizer variable, in a fixed order (paths are not
+    compared: they depend on how many models the process built before)."""
+    return [v.numpy() for v in list(model.variables) + list(model.optimizer.variables)]
+
+
+def train(optimizer_name, rank, num_ranks):
+    """Final variables after STEPS steps of rank `rank` of `num_ranks` (1: the reference)."""
+    data = source()
+    model = compiled_model(data.schema, make_optimizer(optimizer_name))
+    batches = rank_slice(data.train_batches(GLOBAL_BATCH), rank, num_ranks)
+    model.fit(batches, epochs=1, verbose=0, shuffle=False)
+    assert int(model.optimizer.iterations) == STEPS
+    return model_state(model)
+
+
+def main(out_dir):
+    distributed.init()
+    for name in OPTIMIZERS:
+        state = train(name, distributed.rank(), distributed.size())
+        np.savez(os.path.join(out_dir, f"{name}-rank{distributed.rank()}.npz"), *state)
+    print(f"rank {distributed.rank()} of {distributed.size()} done", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,149 @@
+"""Horovod data parallelism (tfscale.distributed): 2 ranks at batch B/2 train to the weights of
+1 process at batch B, ranks stay bitwise identical, an inf on one rank makes every rank skip the
+step, a dead rank ends the job, and the launcher trains under horovodrun with rank 0 alone
+reporting and writing; single-process runs never import Horovod."""
+
+import glob
+import os
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tests.horovod_launch import REPO_ROOT, horovodrun
+from tests.multiworker import data_parallel_steps, loss_scale_skip
+from tests.test_launcher import checkpoint_values
+
+# 6400 rows / 2 shards / 128 per rank = 25 steps per epoch.
+SMALL_RUN = ["-m", "launch.train", "--train_rows=6400", "--test_rows=2000",
+             "--synthetic_vocabulary_scale=0.002", "--dnn_units=32,32", "--batch_size=256",
+             "--log_every_steps=10", "--checkpoint_every_steps=10"]
+
+
+def load_state(path):
+    """The variable values data_parallel_steps.py saved, in order."""
+    with np.load(path) as saved:
+        return [saved[f"arr_{i}"] for i in range(len(saved.files))]
+
+
+@pytest.fixture(scope="module")
+def two_rank_states(tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("data_parallel")
+    result = horovodrun(2, ["tests/multiworker/data_parallel_steps.py", str(out_dir)])
+    assert result.returncode == 0, result.stdout
+    return {(name, rank): load_state(out_dir / f"{name}-rank{rank}.npz")
+            for name in data_parallel_steps.OPTIMIZERS for rank in (0, 1)}
+
+
+@pytest.mark.parametrize("optimizer", data_parallel_steps.OPTIMIZERS)
+def test_two_ranks_at_half_batch_match_one_process_at_full_batch(two_rank_states, optimizer):
+    expected = data_parallel_steps.train(optimizer, rank=0, num_ranks=1)
+    actual = two_rank_states[(optimizer, 0)]
+    assert len(actual) == len(expected)
+    for i, (want, got) in enumerate(zip(expected, actual)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"variable {i}")
+
+
+@pytest.mark.parametrize("optimizer", data_parallel_steps.OPTIMIZERS)
+def test_ranks_end_bitwise_identical(two_rank_states, optimizer):
+    for i, (rank0, rank1) in enumerate(zip(two_rank_states[(optimizer, 0)],
+                                           two_rank_states[(optimizer, 1)])):
+        np.testing.assert_array_equal(rank0, rank1, err_msg=f"variable {i}")
+
+
+def test_inf_on_one_rank_skips_the_step_on_every_rank(tmp_path):
+    result = horovodrun(2, ["tests/multiworker/loss_scale_skip.py", str(tmp_path)])
+    assert result.returncode == 0, result.stdout
+    ranks = [np.load(tmp_path / f"rank{rank}.npz") for rank in (0, 1)]
+    for saved in ranks:
+        assert int(saved["skipped_steps"]) == 1
+        assert float(saved["scale"]) == loss_scale_skip.INITIAL_SCALE / 2
+    names = [k for k in ranks[0] if k.startswith("arr_")]
+    assert names
+    for name in names:
+        np.testing.assert_array_equal(ranks[0][name], ranks[1][name], err_msg=name)
+
+
+def test_a_killed_rank_ends_the_job_with_an_error():
+    started = time.monotonic()
+    result = horovodrun(2, ["tests/multiworker/rank_dies.py"], timeout=120)
+    elapsed = time.monotonic() - started
+    assert "rank 1: killing itself" in result.stdout, result.stdout
+    assert result.returncode != 0, result.stdout
+    assert elapsed < 60, f"the job took {elapsed:.0f} s to end"
+
+
+@pytest.fixture(scope="module")
+def launched_run(tmp_path_factory):
+    """(stdout, run directory) of a whole 2-rank launcher run with logs and checkpoints."""
+    run_dir = tmp_path_factory.mktemp("launched_run")
+    result = horovodrun(2, [*SMALL_RUN, "--gradient_compression=fp16", f"--logdir={run_dir}/logs",
+                            f"--checkpoint_dir={run_dir}/ckpt"])
+    assert result.returncode == 0, result.stdout
+    return result.stdout, run_dir
+
+
+def test_launcher_under_horovodrun(launched_run):
+    out, run_dir = launched_run
+    assert "2 Horovod ranks at batch 128 each, gradient compression fp16" in out, out
+    final_lines = re.findall(r"^\[(\d)\]<stdout>:final test AUC", out, re.MULTILINE)
+    assert final_lines == ["0"], out
+    assert "on 2,000 examples; trained 25 steps" in out, out
+    assert not re.search(r"^\[1\]<stdout>:", out, re.MULTILINE), out
+    # One writer of each kind: rank 0's (a second rank would add its own event files).
+    for split in ("train", "test"):
+        assert len(glob.glob(f"{run_dir}/logs/{split}/events.out.tfevents.*")) == 1
+    assert sorted(os.listdir(f"{run_dir}/ckpt")) == ["latest", "step-0000000020",
+                                                     "step-0000000025"]
+
+
+def test_resumed_two_rank_run_equals_uninterrupted_one(launched_run, tmp_path):
+    common = [*SMALL_RUN, "--gradient_compression=fp16", "--logdir=none"]
+    first = horovodrun(2, [*common, f"--checkpoint_dir={tmp_path}/split", "--stop_after_steps=17"])
+    assert first.returncode == 0, first.stdout
+    # Rank 0 restores step 10 and broadcasts its variables and position to rank 1.
+    second = horovodrun(2, [*common, f"--checkpoint_dir={tmp_path}/split", "--resume"])
+    assert second.returncode == 0, second.stdout
+    assert "resumed from global step 10: epoch 1, batch 10" in second.stdout, second.stdout
+    expected = checkpoint_values(f"{launched_run[1]}/ckpt")
+    actual = checkpoint_values(f"{tmp_path}/split")
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        np.testing.assert_array_equal(expected[name], actual[name], err_msg=name)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--batch_size=255", "--checkpoint_dir=none"],
+     "--batch_size=255 is the global batch and must divide evenly over the 2 Horovod ranks"),
+    (["--checkpoint_dir={run_dir}/ckpt"], "already holds a checkpoint"),  # found by rank 0 only
+])
+def test_launcher_user_errors_stop_every_rank_cleanly(launched_run, flags, message):
+    flags = [flag.format(run_dir=launched_run[1]) for flag in flags]
+    result = horovodrun(2, [*SMALL_RUN, "--logdir=none", *flags])
+    assert result.returncode != 0
+    # Every rank raises the error; the first to exit makes horovodrun end the others, which may
+    # not have printed it yet.
+    assert re.search(r"^\[\d\]<stderr>:error: .*" + re.escape(message), result.stdout,
+                     re.MULTILINE), result.stdout
+    assert not re.search(r"^\[\d\]<stderr>:Traceback", result.stdout, re.MULTILINE), result.stdout
+
+
+def test_single_process_training_never_imports_horovod():
+    script = ("import sys, models\n"
+              "from tfscale.data.synthetic import SyntheticCTR\n"
+              "from tfscale.evaluation import evaluate_exact\n"
+              "source = SyntheticCTR(seed=0, train_rows=512, test_rows=256, "
+              "vocabulary_scale=0.002)\n"
+              "model = models.build_model('deepfm', source.schema, hidden_units=[8])\n"
+              "model.compile(optimizer='adam', loss='binary_crossentropy')\n"
+              "model.fit(source.train_batches(256), verbose=0)\n"
+              "evaluate_exact(model, source.test_batches(256))\n"
+              "assert not [m for m in sys.modules if m.startswith('horovod')]\n")
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stdout

@@ -1,0 +1,21 @@
+"""Horovod data parallelism for tfscale: one process per rank, started by `horovodrun`.
+
+- `runtime`: whether this process is a rank of a Horovod job, start-up, rank and size;
+- `sharding`: how the global batch and the data splits divide over the ranks;
+- `gradients`: the gradient exchange inside the train step (dense allreduce, sparse allgather);
+- `broadcast`: rank 0's model and optimizer variables (and small Python values) to every rank;
+- `gather`: numpy arrays from every rank joined, for exact evaluation over all shards.
+
+A single-process run never imports Horovod: every entry point checks `runtime.is_active()`
+first."""
+
+from tfscale.distributed.broadcast import broadcast_from_chief, broadcast_model_and_optimizer
+from tfscale.distributed.gather import allgather_array
+from tfscale.distributed.gradients import exchange_gradients
+from tfscale.distributed.runtime import (COMPRESSIONS, init, is_active, is_chief,
+                                         launched_by_horovodrun, rank, size)
+from tfscale.distributed.sharding import data_shard, local_batch_size
+
+__all__ = ["COMPRESSIONS", "allgather_array", "broadcast_from_chief",
+           "broadcast_model_and_optimizer", "data_shard", "exchange_gradients", "init", "is_active",
+           "is_chief", "launched_by_horovodrun", "local_batch_size", "rank", "size"]

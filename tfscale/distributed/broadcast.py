@@ -1,0 +1,39 @@
+"""Rank 0's state to every rank: the model's and optimizer's variables (once built, and
+restored when resuming), so all ranks start from the same weights, and small Python values such
+as the position a resumed run starts from."""
+
+from tfscale.distributed import runtime
+from tfscale.errors import UserError
+
+
+def broadcast_model_and_optimizer(model):
+    """Overwrites every variable of `model` and of its (built) optimizer with rank 0's values;
+    does nothing outside Horovod."""
+    hvd = runtime.horovod()
+    if hvd is None:
+        return
+    variables = list(model.variables) + list(model.optimizer.variables)
+    # Keras 3 variables wrap a tf.Variable (`.value`), which is what Horovod assigns to.
+    hvd.broadcast_variables([v.value for v in variables], root_rank=0)
+
+
+def broadcast_from_chief(compute, name):
+    """`compute()` as rank 0 computes it, on every rank (the other ranks do not call it); a
+    UserError it raises is raised on every rank, so all of them stop with the same message.
+    `name` identifies the broadcast and must be the same on every rank. Outside Horovod this is
+    just `compute()`."""
+    hvd = runtime.horovod()
+    if hvd is None:
+        return compute()
+    if hvd.rank() != 0:
+        value, error = hvd.broadcast_object(None, root_rank=0, name=name)
+        if error is not None:
+            raise error
+        return value
+    try:
+        value = compute()
+    except UserError as error:
+        hvd.broadcast_object((None, error), root_rank=0, name=name)
+        raise
+    hvd.broadcast_object((value, None), root_rank=0, name=name)
+    return value

@@ -1,0 +1,80 @@
+"""Horovod set-up: whether this process is one rank of a multi-process Horovod job, starting
+Horovod when `horovodrun` launched the process, this rank's index, the job's size, and the
+compression of dense gradient allreduces.
+
+Horovod is imported by `init` only. Until Horovod is initialised with more than one rank (and
+in every single-process run) `is_active()` is False and rank/size are 0/1, so single-process
+code paths never import or call Horovod."""
+
+import os
+import sys
+
+COMPRESSIONS = ("none", "fp16")
+
+# How a dead rank ends the job (measured with horovodrun --gloo, 2 ranks): a rank that exits
+# (SIGKILL, os._exit, even with status 0) closes its sockets, the others' next collective fails at
+# once ("Horovod has been shut down"), and horovodrun terminates the job with a non-zero status. A
+# rank that is frozen (SIGSTOP, a hung host) is only noticed when a peer's Gloo receive times out
+# after HOROVOD_GLOO_TIMEOUT_SECONDS: Gloo's default of 30 s, pinned here because the "a dead
+# rank ends the job within a minute" guarantee relies on it (horovodrun --gloo-timeout-seconds or
+# the variable itself override it). A slow but live rank (e.g. rank 0 writing a checkpoint) is not
+# a timeout: its Horovod background thread keeps answering.
+GLOO_TIMEOUT_SECONDS = "30"
+
+_settings = {"gradient_compression": "none"}
+
+
+def launched_by_horovodrun():
+    """True when `horovodrun` started this process (it sets HOROVOD_RANK and HOROVOD_SIZE)."""
+    return "HOROVOD_RANK" in os.environ and "HOROVOD_SIZE" in os.environ
+
+
+def init(gradient_compression="none"):
+    """Starts Horovod (`hvd.init()`); `gradient_compression` ("none" or "fp16") is applied to the
+    dense gradient allreduce of every train step. Call it before building and compiling the
+    model."""
+    if gradient_compression not in COMPRESSIONS:
+        raise ValueError(f"gradient_compression must be one of {COMPRESSIONS}, got "
+                         f"{gradient_compression!r}")
+    os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", GLOO_TIMEOUT_SECONDS)
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    _settings["gradient_compression"] = gradient_compression
+
+
+def horovod():
+    """The `horovod.tensorflow` module when Horovod runs with more than one rank, else None."""
+    hvd = sys.modules.get("horovod.tensorflow")
+    if hvd is None or not hvd.is_initialized() or hvd.size() < 2:
+        return None
+    return hvd
+
+
+def is_active():
+    """True in a rank of a Horovod job of two or more processes."""
+    return horovod() is not None
+
+
+def rank():
+    """This process's rank (0 outside Horovod)."""
+    hvd = horovod()
+    return 0 if hvd is None else hvd.rank()
+
+
+def size():
+    """The number of ranks (1 outside Horovod)."""
+    hvd = horovod()
+    return 1 if hvd is None else hvd.size()
+
+
+def is_chief():
+    """True on rank 0, the rank that prints, logs and checkpoints (and outside Horovod)."""
+    return rank() == 0
+
+
+def gradient_compression():
+    """The Horovod compressor for dense gradient allreduces chosen at `init`."""
+    hvd = horovod()
+    return hvd.Compression.fp16 if _settings["gradient_compression"] == "fp16" \
+        else hvd.Compression.none
