@@ -35,10 +35,10 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 import models  # noqa: E402
+from benchmarks.timing import StepDurations, machine_description  # noqa: E402
 from models.transformer import TransformerLM  # noqa: E402
 from tfscale.data.synthetic import SyntheticCTR  # noqa: E402
 from tfscale.optimizers.came import CAME  # noqa: E402
@@ -110,20 +110,6 @@ def windows(data, starts, length):
     return data[np.asarray(starts)[:, None] + np.arange(length + 1)].astype(np.int32)
 
 
-class StepTimer(keras.callbacks.Callback):
-    """Seconds of each training step."""
-
-    def __init__(self):
-        super().__init__()
-        self.seconds = []
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self._started = time.perf_counter()
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.seconds.append(time.perf_counter() - self._started)
-
-
 class LanguageModelRun:
     """One optimizer training one transformer; `train` advances it by a chunk of batches."""
 
@@ -135,7 +121,7 @@ class LanguageModelRun:
         self.model.compile(make_optimizer(name, peak, FLAGS.steps, FLAGS.warmup_steps),
                            keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         self.curve = []
-        self.timer = StepTimer()
+        self.timer = StepDurations()
         self.timed_steps = []
 
     @property
@@ -304,14 +290,6 @@ def goals_table(runs, state, minimum, ctr_auc, report):
     report("")
 
 
-def machine():
-    model_name = next((line.split(":", 1)[1].strip() for line in
-                       pathlib.Path("/proc/cpuinfo").read_text().splitlines()
-                       if line.startswith("model name")), platform.machine())
-    return (f"{model_name}, {os.cpu_count()} cores (shared with other work), Python "
-            f"{platform.python_version()}, TensorFlow {tf.__version__}, Keras {keras.__version__}")
-
-
 def main(argv):
     del argv
     lines = []
@@ -320,7 +298,7 @@ def main(argv):
         print(line, flush=True)
         lines.append(line)
 
-    report(f"Machine: {machine()}.\n")
+    report(f"Machine: {machine_description()}.\n")
     started = time.perf_counter()
     runs = language_model_benchmark(report) if FLAGS.optimizers else []
     state, minimum = memory_table(runs, report)

@@ -114,14 +114,18 @@ def load_results():
 
 
 def print_table(records, teacher_auc):
+    by_epoch = FLAGS.epochs > 1
     print(f"\nteacher ceiling (test AUC): {teacher_auc:.4f}")
     print("| model | batch | rule | test AUC | logloss | AUC rarer half | AUC frequent half "
-          "| s/epoch | examples/s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| s/epoch | examples/s |" + (" test AUC after each epoch |" if by_epoch else ""))
+    print("|---|---|---|---|---|---|---|---|---|" + ("---|" if by_epoch else ""))
     for model, batch, rule, r in records:
-        print(f"| {model} | {batch:,} | {rule} | {r['auc']:.4f} | {r['logloss']:.4f} | "
-              f"{r['auc_rare_rows']:.4f} | {r['auc_frequent_rows']:.4f} | "
-              f"{r['seconds_per_epoch']:.0f} | {r['examples_per_second']:,.0f} |")
+        line = (f"| {model} | {batch:,} | {rule} | {r['auc']:.4f} | {r['logloss']:.4f} | "
+                f"{r['auc_rare_rows']:.4f} | {r['auc_frequent_rows']:.4f} | "
+                f"{r['seconds_per_epoch']:.0f} | {r['examples_per_second']:,.0f} |")
+        if by_epoch:
+            line += " " + ", ".join(f"{auc:.4f}" for auc in r["auc_by_epoch"]) + " |"
+        print(line)
 
 
 def plot(records, path):
@@ -131,14 +135,22 @@ def plot(records, path):
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(6, 4))
-    for rule in FLAGS.rules:
-        points = sorted((b, r["auc"]) for m, b, ru, r in records if ru == rule and m == FLAGS.models[0])
-        if points:
-            axis.plot(*zip(*points), marker="o", label=rule)
-    axis.set_xscale("log", base=2)
-    axis.set_xlabel("batch size")
+    if FLAGS.epochs > 1:  # one line per run: AUC after each epoch
+        for model, batch, rule, r in records:
+            epochs = range(1, len(r["auc_by_epoch"]) + 1)
+            axis.plot(epochs, r["auc_by_epoch"], marker="o", label=f"{model} {batch:,} {rule}")
+        axis.set_xlabel("epoch")
+        axis.set_title(f"Synthetic Criteo-like data, {FLAGS.epochs} epochs")
+    else:
+        for rule in FLAGS.rules:
+            points = sorted((b, r["auc"]) for m, b, ru, r in records
+                            if ru == rule and m == FLAGS.models[0])
+            if points:
+                axis.plot(*zip(*points), marker="o", label=rule)
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("batch size")
+        axis.set_title(f"{FLAGS.models[0]} on synthetic Criteo-like data, 1 epoch")
     axis.set_ylabel("test AUC")
-    axis.set_title(f"{FLAGS.models[0]} on synthetic Criteo-like data, {FLAGS.epochs} epoch(s)")
     axis.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=120)

@@ -1,8 +1,37 @@
-"""Timing a model's training steps from inside `model.fit`, for the benchmarks."""
+"""Timing a model's training steps from inside `model.fit`, and the machine line every benchmark
+prints."""
 
+import os
+import pathlib
+import platform
 import time
 
 import keras
+import tensorflow as tf
+
+
+def machine_description():
+    """CPU model, cores, Python, TensorFlow and Keras versions."""
+    cpuinfo = pathlib.Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    model_name = next((line.split(":", 1)[1].strip() for line in lines
+                       if line.startswith("model name")), platform.machine())
+    return (f"{model_name}, {os.cpu_count()} cores (shared with other work), Python "
+            f"{platform.python_version()}, TensorFlow {tf.__version__}, Keras {keras.__version__}")
+
+
+class StepDurations(keras.callbacks.Callback):
+    """Seconds from the start to the end of each training batch (`seconds`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seconds = []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._started = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seconds.append(time.perf_counter() - self._started)
 
 
 class StepTimer(keras.callbacks.Callback):
