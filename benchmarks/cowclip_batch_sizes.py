@@ -11,6 +11,7 @@ count of a row's ids) against the other half. Each run is appended to
 At batch 1024 the three plain rules are the same run. Prints a markdown table and writes a PNG
 of AUC against batch size, one line per rule."""
 
+import dataclasses
 import json
 import os
 import time
@@ -43,6 +44,9 @@ flags.DEFINE_integer("epochs", 1, "Epochs per run.")
 flags.DEFINE_integer("seed", 0, "Seed of the data and the initialisation.")
 flags.DEFINE_string("results", "benchmarks/results/cowclip_runs.jsonl", "Results, one run a line.")
 flags.DEFINE_string("plot", "benchmarks/results/cowclip_auc.png", "The PNG plot.")
+flags.DEFINE_float("l2", None, "Ablation: this L2 for every run instead of the rule's.")
+flags.DEFINE_float("embedding_learning_rate", None,
+                   "Ablation: this embedding learning rate for every run instead of the rule's.")
 flags.DEFINE_bool("report_only", False, "Print the table and draw the plot of the runs already in "
                   "--results, training nothing.")
 
@@ -58,7 +62,18 @@ def planned_runs():
 def run_key(model, batch, rule):
     """Runs that are the same training share a key: at the base batch every plain rule is."""
     same_rule = "none" if rule in ("sqrt", "linear") and batch == BASE_BATCH_SIZE else rule
-    return f"{model}|{batch}|{same_rule}|{FLAGS.train_rows}|{FLAGS.epochs}|{FLAGS.seed}"
+    key = f"{model}|{batch}|{same_rule}|{FLAGS.train_rows}|{FLAGS.epochs}|{FLAGS.seed}"
+    for name in ("l2", "embedding_learning_rate"):  # ablations are runs of their own
+        if getattr(FLAGS, name) is not None:
+            key += f"|{name}={getattr(FLAGS, name):g}"
+    return key
+
+
+def ablation_label():
+    """What the ablation flags change, for the table and plot (empty without them)."""
+    changed = [f"{name} {getattr(FLAGS, name):g}" for name in ("l2", "embedding_learning_rate")
+               if getattr(FLAGS, name) is not None]
+    return f" ({', '.join(changed)})" if changed else ""
 
 
 def rare_row_mask(source):
@@ -78,6 +93,9 @@ def train_once(source, model_name, batch, rule, rare_rows):
     keras.utils.set_random_seed(FLAGS.seed)
     cowclip = rule.startswith("cowclip")
     settings = large_batch_settings(batch, "cowclip" if cowclip else rule, "criteo")
+    settings = dataclasses.replace(settings, **{
+        name: getattr(FLAGS, name) for name in ("l2", "embedding_learning_rate")
+        if getattr(FLAGS, name) is not None})
     optimizer_name = "cowclip" if cowclip else "adam"
     model = models.build_model(
         model_name, source.schema,
@@ -174,7 +192,7 @@ def main(argv):
                 f.write(json.dumps(done[key]) + "\n")
             print(f"{model_name} batch {batch} {rule}: AUC {done[key]['auc']:.4f} "
                   f"({time.perf_counter() - started:.0f} s)", flush=True)
-        records.append((model_name, batch, rule, done[key]))
+        records.append((model_name, batch, rule + ablation_label(), done[key]))
     print_table(records, source.teacher_auc())
     plot(records, FLAGS.plot)
     print(f"plot: {FLAGS.plot}")
