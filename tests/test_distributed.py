@@ -1,5 +1,6 @@
 """Horovod data parallelism (tfscale.distributed): 2 ranks at batch B/2 train to the weights of
-1 process at batch B, ranks stay bitwise identical, an inf on one rank makes every rank skip the
+1 process at batch B, ranks stay bitwise identical, the dense embedding exchange trains to the
+allgather's weights (and is refused with CowClip), an inf on one rank makes every rank skip the
 step, a dead rank ends the job, and the launcher trains under horovodrun with rank 0 alone
 reporting and writing; single-process runs never import Horovod."""
 
@@ -16,6 +17,7 @@ import pytest
 from tests.horovod_launch import REPO_ROOT, horovodrun
 from tests.multiworker import data_parallel_steps, loss_scale_skip
 from tests.test_launcher import checkpoint_values
+from tfscale.errors import UserError
 
 # 6400 rows / 2 shards / 128 per rank = 25 steps per epoch.
 SMALL_RUN = ["-m", "launch.train", "--train_rows=6400", "--test_rows=2000",
@@ -34,24 +36,40 @@ def two_rank_states(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("data_parallel")
     result = horovodrun(2, ["tests/multiworker/data_parallel_steps.py", str(out_dir)])
     assert result.returncode == 0, result.stdout
-    return {(name, rank): load_state(out_dir / f"{name}-rank{rank}.npz")
-            for name in data_parallel_steps.OPTIMIZERS for rank in (0, 1)}
+    return {(name, exchange, rank): load_state(out_dir / f"{name}-{exchange}-rank{rank}.npz")
+            for name, exchange in data_parallel_steps.RUNS for rank in (0, 1)}
 
 
 @pytest.mark.parametrize("optimizer", data_parallel_steps.OPTIMIZERS)
 def test_two_ranks_at_half_batch_match_one_process_at_full_batch(two_rank_states, optimizer):
     expected = data_parallel_steps.train(optimizer, rank=0, num_ranks=1)
-    actual = two_rank_states[(optimizer, 0)]
+    actual = two_rank_states[(optimizer, "allgather", 0)]
     assert len(actual) == len(expected)
     for i, (want, got) in enumerate(zip(expected, actual)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"variable {i}")
 
 
-@pytest.mark.parametrize("optimizer", data_parallel_steps.OPTIMIZERS)
-def test_ranks_end_bitwise_identical(two_rank_states, optimizer):
-    for i, (rank0, rank1) in enumerate(zip(two_rank_states[(optimizer, 0)],
-                                           two_rank_states[(optimizer, 1)])):
+@pytest.mark.parametrize("optimizer, exchange", data_parallel_steps.RUNS)
+def test_ranks_end_bitwise_identical(two_rank_states, optimizer, exchange):
+    for i, (rank0, rank1) in enumerate(zip(two_rank_states[(optimizer, exchange, 0)],
+                                           two_rank_states[(optimizer, exchange, 1)])):
         np.testing.assert_array_equal(rank0, rank1, err_msg=f"variable {i}")
+
+
+def test_dense_embedding_exchange_trains_to_the_allgathers_weights(two_rank_states):
+    allgather = two_rank_states[("adam", "allgather", 0)]
+    dense = two_rank_states[("adam", "dense", 0)]
+    assert len(dense) == len(allgather)
+    for i, (want, got) in enumerate(zip(allgather, dense)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"variable {i}")
+
+
+def test_dense_embedding_exchange_is_refused_with_cowclip():
+    data = data_parallel_steps.source()
+    with pytest.raises(UserError, match=r"--embedding_exchange=dense cannot be used with "
+                                        r"--optimizer=cowclip"):
+        data_parallel_steps.compiled_model(data.schema, data_parallel_steps.make_optimizer(
+            "cowclip"), embedding_exchange="dense")
 
 
 def test_inf_on_one_rank_skips_the_step_on_every_rank(tmp_path):

@@ -9,7 +9,8 @@ gradient in Adam's second moment. Converting it once here gives Adam's true upda
 one conversion. Optimizers that set `accepts_indexed_slices` (CowClip, which needs the per-id
 counts) get the slices unchanged. Loss scaling is the optimizer's (tfscale.loss_scaling wraps
 the optimizer). Under Horovod the gradients are exchanged between ranks here, before the optimizer
-(tfscale.distributed.gradients); a single-process run takes exactly the path without it."""
+(tfscale.distributed.gradients), by the embedding exchange fixed at `compile`; a single-process
+run takes exactly the path without it."""
 
 import keras
 import tensorflow as tf
@@ -18,6 +19,7 @@ from keras.src.models.model import functional_init_arguments
 from keras.src.trainers.data_adapters import data_adapter_utils
 
 from tfscale import distributed
+from tfscale.errors import UserError
 
 
 def densify(gradient):
@@ -31,15 +33,28 @@ class TrainStep:
     """Mixin holding tfscale's `train_step`; combine it with keras.Model (see the two classes
     below, one for subclassed and one for functional models)."""
 
-    def compile(self, *args, jit_compile="auto", **kwargs):
+    def compile(self, *args, jit_compile="auto", embedding_exchange=None, **kwargs):
         """keras.Model.compile; under Horovod without XLA, which has no kernels for Horovod's
-        ops (Keras's "auto" turns XLA on when there is a GPU)."""
+        ops (Keras's "auto" turns XLA on when there is a GPU). `embedding_exchange` (one of
+        tfscale.distributed.EMBEDDING_EXCHANGES, default: the one chosen at
+        tfscale.distributed.init) is how this model's train step sends embedding gradients."""
         if distributed.is_active():
             if jit_compile is True:
                 raise ValueError("jit_compile=True cannot be used under Horovod: its collectives "
                                  "in the train step have no XLA kernels")
             jit_compile = False
+        embedding_exchange = embedding_exchange or distributed.embedding_exchange()
+        distributed.check_embedding_exchange(embedding_exchange)
         super().compile(*args, jit_compile=jit_compile, **kwargs)
+        if embedding_exchange == "dense" and getattr(self.optimizer, "accepts_indexed_slices",
+                                                     False):
+            # Densified rows cannot be turned back into slices with per-id counts: the sum of an
+            # id's occurrences does not say how many there were.
+            raise UserError("--embedding_exchange=dense cannot be used with --optimizer=cowclip: "
+                            "CowClip clips each id by its number of occurrences in the global "
+                            "batch, which only the allgathered embedding gradients carry; use "
+                            "--embedding_exchange=allgather")
+        self._embedding_exchange = embedding_exchange
 
     def train_step(self, data):
         x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
@@ -53,10 +68,10 @@ class TrainStep:
         variables = self.trainable_variables
         gradients = tape.gradient(loss, variables)
         if distributed.is_active():
-            # Embedding gradients travel as IndexedSlices even to optimizers that densify them:
-            # the allgather's bytes grow with the batch's ids, a dense allreduce's with the
-            # table's size. Densifying after the exchange gives the same dense gradient.
-            gradients = distributed.exchange_gradients(gradients)
+            # By default embedding gradients travel as IndexedSlices even to optimizers that
+            # densify them: the allgather's bytes grow with the batch's ids, a dense allreduce's
+            # with the table's size. Densifying after the exchange gives the same dense gradient.
+            gradients = distributed.exchange_gradients(gradients, self._embedding_exchange)
         if not getattr(self.optimizer, "accepts_indexed_slices", False):
             gradients = [densify(g) for g in gradients]
         self.optimizer.apply(gradients, variables)

@@ -1,6 +1,7 @@
 """Run under horovodrun with an output directory: each rank trains a small DeepFM for STEPS steps
-on its slice of every global batch, with Adam and with CowClip, and writes its final model and
-optimizer variables (in `model_state` order) to OUT_DIR/<optimizer>-rank<r>.npz. Imported by
+on its slice of every global batch, for each of RUNS (Adam and CowClip with the allgather
+embedding exchange, Adam with the dense one), and writes its final model and optimizer variables
+(in `model_state` order) to OUT_DIR/<optimizer>-<exchange>-rank<r>.npz. Imported by
 tests/test_distributed.py, whose process (no Horovod) trains the one-process reference on the
 whole global batches, and by the other multi-process scripts."""
 
@@ -21,6 +22,7 @@ from tfscale.training import build_model_and_optimizer  # noqa: E402
 GLOBAL_BATCH = 256
 STEPS = 20
 OPTIMIZERS = ("adam", "cowclip")
+RUNS = (("adam", "allgather"), ("cowclip", "allgather"), ("adam", "dense"))
 
 
 def source():
@@ -35,12 +37,13 @@ def make_optimizer(name):
                    FusedAdam(learning_rate=1e-3, name="dense"), l2=1e-4)
 
 
-def compiled_model(schema, optimizer):
+def compiled_model(schema, optimizer, embedding_exchange="allgather"):
     """A small DeepFM, seeded identically on every rank, compiled and built (and, under Horovod,
     set to rank 0's variables)."""
     keras.utils.set_random_seed(0)
     model = models.build_model("deepfm", schema, hidden_units=[32, 32])
-    model.compile(optimizer=optimizer, loss=keras.losses.BinaryCrossentropy())
+    model.compile(optimizer=optimizer, loss=keras.losses.BinaryCrossentropy(),
+                  embedding_exchange=embedding_exchange)
     build_model_and_optimizer(model, schema)
     distributed.broadcast_model_and_optimizer(model)
     return model
@@ -64,10 +67,10 @@ def model_state(model):
     return [v.numpy() for v in list(model.variables) + list(model.optimizer.variables)]
 
 
-def train(optimizer_name, rank, num_ranks):
+def train(optimizer_name, rank, num_ranks, embedding_exchange="allgather"):
     """Final variables after STEPS steps of rank `rank` of `num_ranks` (1: the reference)."""
     data = source()
-    model = compiled_model(data.schema, make_optimizer(optimizer_name))
+    model = compiled_model(data.schema, make_optimizer(optimizer_name), embedding_exchange)
     batches = rank_slice(data.train_batches(GLOBAL_BATCH), rank, num_ranks)
     model.fit(batches, epochs=1, verbose=0, shuffle=False)
     assert int(model.optimizer.iterations) == STEPS
@@ -76,9 +79,10 @@ def train(optimizer_name, rank, num_ranks):
 
 def main(out_dir):
     distributed.init()
-    for name in OPTIMIZERS:
-        state = train(name, distributed.rank(), distributed.size())
-        np.savez(os.path.join(out_dir, f"{name}-rank{distributed.rank()}.npz"), *state)
+    for name, exchange in RUNS:
+        state = train(name, distributed.rank(), distributed.size(), exchange)
+        np.savez(os.path.join(out_dir, f"{name}-{exchange}-rank{distributed.rank()}.npz"),
+                 *state)
     print(f"rank {distributed.rank()} of {distributed.size()} done", flush=True)
 
 

@@ -3,6 +3,7 @@
 - `runtime`: whether this process is a rank of a Horovod job, start-up, rank and size;
 - `sharding`: how the global batch and the data splits divide over the ranks;
 - `gradients`: the gradient exchange inside the train step (dense allreduce, sparse allgather);
+- `traffic`: the bytes a rank sends and receives per step in that exchange;
 - `broadcast`: rank 0's model and optimizer variables (and small Python values) to every rank;
 - `gather`: numpy arrays from every rank joined, for exact evaluation over all shards.
 
@@ -12,10 +13,13 @@ first."""
 from tfscale.distributed.broadcast import broadcast_from_chief, broadcast_model_and_optimizer
 from tfscale.distributed.gather import allgather_array
 from tfscale.distributed.gradients import exchange_gradients
-from tfscale.distributed.runtime import (COMPRESSIONS, init, is_active, is_chief,
-                                         launched_by_horovodrun, rank, size)
+from tfscale.distributed.runtime import (COMPRESSIONS, EMBEDDING_EXCHANGES,
+                                         check_embedding_exchange, embedding_exchange, init,
+                                         is_active, is_chief, launched_by_horovodrun, rank, size)
 from tfscale.distributed.sharding import data_shard, local_batch_size
+from tfscale.distributed.traffic import exchange_bytes
 
-__all__ = ["COMPRESSIONS", "allgather_array", "broadcast_from_chief",
-           "broadcast_model_and_optimizer", "data_shard", "exchange_gradients", "init", "is_active",
+__all__ = ["COMPRESSIONS", "EMBEDDING_EXCHANGES", "allgather_array", "broadcast_from_chief",
+           "broadcast_model_and_optimizer", "check_embedding_exchange", "data_shard",
+           "embedding_exchange", "exchange_bytes", "exchange_gradients", "init", "is_active",
            "is_chief", "launched_by_horovodrun", "local_batch_size", "rank", "size"]

@@ -4,19 +4,29 @@ same reduced gradients on every rank, and take the same decisions).
 
 Each rank's loss is the mean over its B/P examples, so the mean of the P ranks' gradients is the
 gradient of the mean loss over the global batch of B. Dense gradients are averaged in one
-grouped allreduce. An embedding gradient (IndexedSlices, one row per occurrence) is allgathered,
-values and indices with duplicates kept, its values divided by P: the summed rows are then the
-global mean's, and per-id counts (CowClip) are counts over the global batch.
-`hvd.grouped_allreduce(op=Average)` does both."""
+grouped allreduce. An embedding gradient (IndexedSlices, one row per occurrence) is, with the
+"allgather" exchange, allgathered, values and indices with duplicates kept, its values divided
+by P: the summed rows are then the global mean's, and per-id counts (CowClip) are counts over the
+global batch. `hvd.grouped_allreduce(op=Average)` does both. With the "dense" exchange
+(Horovod's sparse_as_dense) it is first summed into a whole-table tensor and averaged in the
+same allreduce: the same mean gradient, without the per-id counts; its bytes grow with the
+table's rows instead of the batch's ids (tfscale.distributed.traffic counts both)."""
+
+import tensorflow as tf
 
 from tfscale.distributed import runtime
 
 
-def exchange_gradients(gradients):
+def exchange_gradients(gradients, embedding_exchange="allgather"):
     """`gradients` (a list aligned with the variables, None for unconnected ones) averaged over
-    all ranks; IndexedSlices stay IndexedSlices. Call only when `runtime.is_active()`."""
+    all ranks; IndexedSlices stay IndexedSlices with the "allgather" exchange and become dense
+    tensors with "dense". Call only when `runtime.is_active()`."""
+    runtime.check_embedding_exchange(embedding_exchange)
     hvd = runtime.horovod()
     present = [g for g in gradients if g is not None]
+    if embedding_exchange == "dense":
+        present = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+                   for g in present]
     reduced = iter(hvd.grouped_allreduce(present, op=hvd.Average,
                                          compression=runtime.gradient_compression(),
                                          name="tfscale_gradients"))

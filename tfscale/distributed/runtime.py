@@ -1,6 +1,6 @@
 """Horovod set-up: whether this process is one rank of a multi-process Horovod job, starting
-Horovod when `horovodrun` launched the process, this rank's index, the job's size, and the
-compression of dense gradient allreduces.
+Horovod when `horovodrun` launched the process, this rank's index, the job's size, the
+compression of dense gradient allreduces and how embedding gradients are exchanged.
 
 Horovod is imported by `init` only. Until Horovod is initialised with more than one rank (and
 in every single-process run) `is_active()` is False and rank/size are 0/1, so single-process
@@ -10,6 +10,9 @@ import os
 import sys
 
 COMPRESSIONS = ("none", "fp16")
+# allgather: embedding gradients travel as IndexedSlices (values and int64 indices of every
+# occurrence); dense: as whole-table tensors in the allreduce (Horovod's sparse_as_dense).
+EMBEDDING_EXCHANGES = ("allgather", "dense")
 
 # How a dead rank ends the job (measured with horovodrun --gloo, 2 ranks): a rank that exits
 # (SIGKILL, os._exit, even with status 0) closes its sockets, the others' next collective fails at
@@ -21,7 +24,7 @@ COMPRESSIONS = ("none", "fp16")
 # a timeout: its Horovod background thread keeps answering.
 GLOO_TIMEOUT_SECONDS = "30"
 
-_settings = {"gradient_compression": "none"}
+_settings = {"gradient_compression": "none", "embedding_exchange": "allgather"}
 
 
 def launched_by_horovodrun():
@@ -29,18 +32,28 @@ def launched_by_horovodrun():
     return "HOROVOD_RANK" in os.environ and "HOROVOD_SIZE" in os.environ
 
 
-def init(gradient_compression="none"):
+def init(gradient_compression="none", embedding_exchange="allgather"):
     """Starts Horovod (`hvd.init()`); `gradient_compression` ("none" or "fp16") is applied to the
-    dense gradient allreduce of every train step. Call it before building and compiling the
+    dense gradient allreduce of every train step, `embedding_exchange` (EMBEDDING_EXCHANGES) is
+    the default of the models compiled afterwards. Call it before building and compiling the
     model."""
     if gradient_compression not in COMPRESSIONS:
         raise ValueError(f"gradient_compression must be one of {COMPRESSIONS}, got "
                          f"{gradient_compression!r}")
+    check_embedding_exchange(embedding_exchange)
     os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", GLOO_TIMEOUT_SECONDS)
     import horovod.tensorflow as hvd
 
     hvd.init()
     _settings["gradient_compression"] = gradient_compression
+    _settings["embedding_exchange"] = embedding_exchange
+
+
+def check_embedding_exchange(embedding_exchange):
+    """A ValueError unless `embedding_exchange` is one of EMBEDDING_EXCHANGES."""
+    if embedding_exchange not in EMBEDDING_EXCHANGES:
+        raise ValueError(f"embedding_exchange must be one of {EMBEDDING_EXCHANGES}, got "
+                         f"{embedding_exchange!r}")
 
 
 def horovod():
@@ -78,3 +91,8 @@ def gradient_compression():
     hvd = horovod()
     return hvd.Compression.fp16 if _settings["gradient_compression"] == "fp16" \
         else hvd.Compression.none
+
+
+def embedding_exchange():
+    """The embedding gradient exchange chosen at `init` ("allgather" before it)."""
+    return _settings["embedding_exchange"]

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs benchmarks.embedding_exchange on P Horovod ranks (Gloo) inside a private network namespace
+# whose loopback is shaped to 1 Gbit (tbf, as in ../shared/docs/stack.md), then deletes the
+# namespace, whatever happens. Needs root. All ranks share the one shaped link.
+#   benchmarks/run_under_1gbit.sh P [benchmark flags...]
+set -euo pipefail
+if [[ $# -lt 1 ]]; then
+  echo "usage: $0 P [benchmarks.embedding_exchange flags...]" >&2
+  exit 2
+fi
+ranks=$1
+shift
+repo=$(cd "$(dirname "$0")/.." && pwd)
+namespace="tfs-net-$$"
+ip netns add "$namespace"
+trap 'ip netns del "$namespace"' EXIT
+trap 'exit 130' INT TERM
+ip netns exec "$namespace" ip link set lo up
+ip netns exec "$namespace" tc qdisc add dev lo root tbf rate 1gbit burst 128kb latency 50ms
+cd "$repo"
+ip netns exec "$namespace" env PYTHONPATH="$repo" TF_CPP_MIN_LOG_LEVEL=2 \
+  .venv/bin/horovodrun -np "$ranks" -H "localhost:$ranks" --gloo \
+  .venv/bin/python -m benchmarks.embedding_exchange "$@"
