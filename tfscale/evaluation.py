@@ -18,8 +18,9 @@ def predict_with_labels(model, dataset):
     flat float64 numpy arrays, in dataset order (under Horovod: every rank's, in rank order)."""
 
     if model not in _PREDICT_STEPS:
+        # No AutoGraph: nothing to convert, and it cannot parse a lambda's source (a warning).
         _PREDICT_STEPS[model] = tf.function(lambda features: model(features, training=False),
-                                            reduce_retracing=True)
+                                            reduce_retracing=True, autograph=False)
     predict_step = _PREDICT_STEPS[model]
     labels, predictions = [np.zeros([0])], [np.zeros([0])]
     for features, batch_labels in dataset:
