@@ -8,8 +8,9 @@ DeepFM with CowClip (or Adam) on the synthetic data and reports, from TensorFlow
 statistics (tf.config.experimental.get_memory_info), the bytes held before a step (weights,
 optimizer state, the batch) and the peak during one step; the difference is what the step itself
 allocates (activations, gradients, temporaries). Step times are medians of rounds that alternate
-between the precisions, so machine load hits all alike. Memory is the point on a CPU: this one has
-no fast half-precision path to expect a speed-up from."""
+between the precisions, so machine load hits all alike. Memory is the point on a CPU: TF's
+float16 matrix products on this CPU are not accelerated (a 64K-batch float16 step took over ten
+minutes here), so compare float16 at a smaller --batch_size."""
 
 import os
 import statistics
@@ -31,6 +32,8 @@ from tfscale.precision import PRECISIONS, parse_loss_scale, with_loss_scaling  #
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("batch_size", 65536, "Examples per step.")
 flags.DEFINE_enum("optimizer", "cowclip", ["cowclip", "adam"], "Optimizer of every model.")
+flags.DEFINE_list("precisions", list(PRECISIONS), "Precisions to compare (float32 first: the "
+                  "baseline of the ratios).")
 flags.DEFINE_integer("rounds", 5, "Timing rounds (each runs --steps_per_round of every model).")
 flags.DEFINE_integer("steps_per_round", 3, "Steps per model per round.")
 
@@ -71,8 +74,14 @@ def main(argv):
     del argv
     source = SyntheticCTR(seed=0, train_rows=FLAGS.batch_size, test_rows=1024)
     batch = next(iter(source.train_batches(FLAGS.batch_size, epoch=0)))
-    runs = [PrecisionRun(precision, source, batch) for precision in PRECISIONS]
-    memory = {run.precision: run.measure_memory() for run in runs}
+    if FLAGS.precisions[0] != "float32" or not set(FLAGS.precisions) <= set(PRECISIONS):
+        raise app.UsageError(f"--precisions: float32 first, then any of {PRECISIONS}")
+    runs, memory = [], {}
+    for precision in FLAGS.precisions:
+        runs.append(PrecisionRun(precision, source, batch))
+        memory[precision] = runs[-1].measure_memory()
+        print(f"{precision}: {memory[precision][0]:,} bytes held, peak {memory[precision][1]:,}",
+              flush=True)
     for _ in range(FLAGS.rounds):
         for run in runs:
             run.seconds.extend(run.step() for _ in range(FLAGS.steps_per_round))
