@@ -16,6 +16,7 @@ import keras
 import tensorflow as tf
 from keras.src import tree
 from keras.src.models.model import functional_init_arguments
+from keras.src.saving import serialization_lib
 from keras.src.trainers.data_adapters import data_adapter_utils
 
 from tfscale import distributed
@@ -55,6 +56,13 @@ class TrainStep:
                             "batch, which only the allgathered embedding gradients carry; use "
                             "--embedding_exchange=allgather")
         self._embedding_exchange = embedding_exchange
+
+    def compile_from_config(self, config):
+        """Keras's, which skips loading the compile state of any model that overrides `compile`;
+        ours only adds checks around Keras's, so a saved model reloads compiled."""
+        self.compile(**serialization_lib.deserialize_keras_object(config))
+        if self.built:
+            self.optimizer.build(self.trainable_variables)
 
     def train_step(self, data):
         x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
