@@ -86,12 +86,14 @@ def test_inf_on_one_rank_skips_the_step_on_every_rank(tmp_path):
 
 
 def test_a_killed_rank_ends_the_job_with_an_error():
-    started = time.monotonic()
-    result = horovodrun(2, ["tests/multiworker/rank_dies.py"], timeout=120)
-    elapsed = time.monotonic() - started
-    assert "rank 1: killing itself" in result.stdout, result.stdout
+    result = horovodrun(2, ["tests/multiworker/rank_dies.py"], timeout=300)
+    ended = time.time()
+    killed = re.search(r"rank 1: killing itself at ([0-9.]+)", result.stdout)
+    assert killed, result.stdout
     assert result.returncode != 0, result.stdout
-    assert elapsed < 60, f"the job took {elapsed:.0f} s to end"
+    # Timed from the kill, not from the start: start-up on a loaded machine is not the point.
+    after_kill = ended - float(killed.group(1))
+    assert after_kill < 60, f"the job ended {after_kill:.0f} s after the kill"
 
 
 @pytest.fixture(scope="module")
