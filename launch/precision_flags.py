@@ -39,5 +39,7 @@ def with_loss_scaling(optimizer):
 
 def describe():
     """A few words naming the precision and the loss scaling."""
-    scale = FLAGS.loss_scale or ("dynamic" if FLAGS.precision == "mixed_float16" else "none")
-    return f"precision {FLAGS.precision}, loss scale {scale}"
+    from tfscale.precision import parse_loss_scale
+
+    scale = parse_loss_scale(FLAGS.loss_scale, FLAGS.precision)  # the one place for the default
+    return f"precision {FLAGS.precision}, loss scale {scale or 'none'}"
