@@ -116,11 +116,11 @@ def report(runs, gradients, schema, ranks, local_batch):
     base = next(run for run in runs if run.exchange == BASELINE)
     base_step = statistics.median(base.step_seconds)
     base_exchange = statistics.median(base.exchange_seconds)
-    base_bytes = distributed.exchange_bytes(gradients, ranks, BASELINE)
+    base_bytes = float(distributed.exchange_bytes(gradients, ranks, BASELINE))
     for run in runs:
         step = statistics.median(run.step_seconds)
         exchange = statistics.median(run.exchange_seconds)
-        nbytes = distributed.exchange_bytes(gradients, ranks, run.exchange)
+        nbytes = float(distributed.exchange_bytes(gradients, ranks, run.exchange))
         # Every rank sends half its sent+received bytes, all over the one loopback.
         print(f"| {ranks} | {run.exchange} | {step:.2f} | {step / base_step:.2f} | "
               f"{exchange:.2f} | {exchange / base_exchange:.2f} | {nbytes / 1e6:,.1f} | "

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Runs benchmarks.embedding_exchange on P Horovod ranks (Gloo) inside a private network namespace
-# whose loopback is shaped to 1 Gbit (tbf, as in ../shared/docs/stack.md), then deletes the
-# namespace, whatever happens. Needs root. All ranks share the one shaped link.
-#   benchmarks/run_under_1gbit.sh P [benchmark flags...]
+# Runs a benchmark module (default benchmarks.embedding_exchange; another with BENCHMARK=module)
+# on P Horovod ranks (Gloo) inside a private network namespace whose loopback is shaped to 1 Gbit
+# (tbf, as in ../shared/docs/stack.md), then deletes the namespace, whatever happens. Needs root.
+# All ranks share the one shaped link.
+#   [BENCHMARK=benchmarks.gtopk_collective] benchmarks/run_under_1gbit.sh P [benchmark flags...]
 set -euo pipefail
 if [[ $# -lt 1 ]]; then
-  echo "usage: $0 P [benchmarks.embedding_exchange flags...]" >&2
+  echo "usage: [BENCHMARK=module] $0 P [benchmark flags...]" >&2
   exit 2
 fi
 ranks=$1
@@ -20,4 +21,4 @@ ip netns exec "$namespace" tc qdisc add dev lo root tbf rate 1gbit burst 128kb l
 cd "$repo"
 ip netns exec "$namespace" env PYTHONPATH="$repo" TF_CPP_MIN_LOG_LEVEL=2 \
   .venv/bin/horovodrun -np "$ranks" -H "localhost:$ranks" --gloo \
-  .venv/bin/python -m benchmarks.embedding_exchange "$@"
+  .venv/bin/python -m "${BENCHMARK:-benchmarks.embedding_exchange}" "$@"

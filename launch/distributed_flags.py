@@ -1,5 +1,5 @@
-"""Horovod flags and start-up (tfscale.distributed): started by `horovodrun -np P ...`, the
-launcher runs as one of P data-parallel ranks sharing the global --batch_size."""
+"""Horovod and gradient-exchange flags (tfscale.distributed): started by `horovodrun -np P ...`,
+the launcher runs as one of P data-parallel ranks sharing the global --batch_size."""
 
 from absl import flags
 
@@ -9,13 +9,34 @@ flags.DEFINE_enum("gradient_compression", "none", ["none", "fp16"],
                   "Under horovodrun: send dense gradients as float16 in the allreduce (half the "
                   "bytes; values beyond float16's range become inf, which a loss scaler skips "
                   "and plain float32 training stops on). Embedding gradients are not compressed "
-                  "unless --embedding_exchange=dense.")
-flags.DEFINE_enum("embedding_exchange", "allgather", ["allgather", "dense"],
-                  "Under horovodrun: how embedding gradients travel between ranks. allgather: "
-                  "the rows of the batch's ids (values and int64 indices, bytes grow with the "
-                  "batch); dense: whole-table tensors in the allreduce (Horovod's "
-                  "sparse_as_dense, bytes grow with the vocabulary). Same averaged gradient; "
-                  "dense cannot be used with --optimizer=cowclip, which needs per-id counts.")
+                  "unless --embedding_comm=dense.")
+flags.DEFINE_enum("embedding_comm", "allgather", ["allgather", "topk", "gtopk", "dense"],
+                  "How embedding gradients travel between ranks. allgather: the rows of the "
+                  "batch's ids (values and int64 indices, bytes grow with the batch); dense: "
+                  "whole-table tensors in the allreduce (Horovod's sparse_as_dense, bytes grow "
+                  "with the vocabulary); topk: each rank's --density top rows (with error "
+                  "feedback), allgathered (bytes grow with P); gtopk: the global top rows of the "
+                  "sum, in log2(P) pairwise rounds. topk and gtopk also apply in a single "
+                  "process (top-k sparsified training). Only allgather can be used with "
+                  "--optimizer=cowclip, which needs per-id counts.")
+flags.DEFINE_float("density", 0.001, "topk/gtopk: fraction of each embedding table's rows "
+                   "exchanged per step.", lower_bound=0.0, upper_bound=1.0)
+flags.DEFINE_float("density_warmup", None, "topk/gtopk: the density of the first "
+                   "--density_warmup_epochs epochs (the gTop-k reference: 0.004 for one epoch, "
+                   "then 0.001); unset: no warm-up.", lower_bound=0.0, upper_bound=1.0)
+flags.DEFINE_integer("density_warmup_epochs", 1, "See --density_warmup.", lower_bound=0)
+flags.DEFINE_bool("topk_dense_gradients", False, "topk/gtopk: also sparsify the dense "
+                  "gradients, element-wise at --density, instead of allreducing them.")
+
+
+@flags.validator("density", message="--density must be above 0")
+def _positive_density(value):
+    return value > 0
+
+
+@flags.validator("density_warmup", message="--density_warmup must be above 0 (or unset)")
+def _positive_warmup_density(value):
+    return value is None or value > 0
 
 
 def init_horovod():
@@ -23,15 +44,29 @@ def init_horovod():
     from tfscale import distributed
 
     if distributed.launched_by_horovodrun():
-        distributed.init(FLAGS.gradient_compression, FLAGS.embedding_exchange)
+        distributed.init(FLAGS.gradient_compression)
 
 
-def describe():
-    """A few words on the process layout."""
+def embedding_exchange(steps_per_epoch):
+    """The model's embedding exchange: "allgather" or "dense", or a TopKExchange built from the
+    flags (`steps_per_epoch` turns the warm-up epochs into optimizer steps)."""
+    from tfscale import distributed
+
+    if FLAGS.embedding_comm not in distributed.TOPK_EXCHANGES:
+        return FLAGS.embedding_comm
+    return distributed.TopKExchange(
+        FLAGS.embedding_comm, density=FLAGS.density, warmup_density=FLAGS.density_warmup,
+        warmup_steps=FLAGS.density_warmup_epochs * (steps_per_epoch or 0),
+        dense_gradients=FLAGS.topk_dense_gradients)
+
+
+def describe(exchange):
+    """A few words on the process layout and the gradient exchange."""
     from tfscale import distributed
 
     if not distributed.is_active():
-        return "1 process"
+        return "1 process" + ("" if isinstance(exchange, str) else f", embedding exchange "
+                              f"{exchange}")
     return (f"{distributed.size()} Horovod ranks at batch "
             f"{distributed.local_batch_size(FLAGS.batch_size)} each, gradient compression "
-            f"{FLAGS.gradient_compression}, embedding exchange {FLAGS.embedding_exchange}")
+            f"{FLAGS.gradient_compression}, embedding exchange {exchange}")

@@ -54,14 +54,15 @@ def run():
         distributed.local_batch_size(FLAGS.batch_size), distributed.size())
     optimizer = precision_flags.with_loss_scaling(
         optimization_flags.build_optimizer(settings, steps_per_epoch))
+    exchange = distributed_flags.embedding_exchange(steps_per_epoch)
     # Under Horovod the model's compile turns XLA off (tfscale.train_step.TrainStep.compile).
     model.compile(optimizer=optimizer, loss=keras.losses.BinaryCrossentropy(),
-                  metrics=[keras.metrics.AUC(name="auc")])
+                  metrics=[keras.metrics.AUC(name="auc")], embedding_exchange=exchange)
     if distributed.is_chief():
         print(f"model {FLAGS.model} ({model.count_params():,} parameters) on "
               f"{source.describe()}; batch {FLAGS.batch_size}, {FLAGS.epochs} epochs, optimizer "
               f"{FLAGS.optimizer}, {optimization_flags.describe(settings)}; "
-              f"{precision_flags.describe()}; {distributed_flags.describe()}; TensorFlow "
+              f"{precision_flags.describe()}; {distributed_flags.describe(exchange)}; TensorFlow "
               f"{tf.__version__}", flush=True)
     config = TrainingConfig(
         batch_size=FLAGS.batch_size, epochs=FLAGS.epochs, log_every_steps=FLAGS.log_every_steps,

@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from tests.horovod_launch import REPO_ROOT, horovodrun
 from tests.multiworker import data_parallel_steps, loss_scale_skip
@@ -23,6 +24,12 @@ from tfscale.errors import UserError
 SMALL_RUN = ["-m", "launch.train", "--train_rows=6400", "--test_rows=2000",
              "--synthetic_vocabulary_scale=0.002", "--dnn_units=32,32", "--batch_size=256",
              "--log_every_steps=10", "--checkpoint_every_steps=10"]
+
+
+# The launched runs exchange embedding gradients by gTop-k: each rank then has its own
+# error-feedback residuals (936 of 187,199 rows a step, fewer than a rank's batch touches: the
+# rest wait in them), which checkpoints gather and a resume hands back.
+GTOPK_FLAGS = ["--optimizer=adam", "--embedding_comm=gtopk", "--density=0.005"]
 
 
 def load_state(path):
@@ -66,7 +73,7 @@ def test_dense_embedding_exchange_trains_to_the_allgathers_weights(two_rank_stat
 
 def test_dense_embedding_exchange_is_refused_with_cowclip():
     data = data_parallel_steps.source()
-    with pytest.raises(UserError, match=r"--embedding_exchange=dense cannot be used with "
+    with pytest.raises(UserError, match=r"--embedding_comm=dense cannot be used with "
                                         r"--optimizer=cowclip"):
         data_parallel_steps.compiled_model(data.schema, data_parallel_steps.make_optimizer(
             "cowclip"), embedding_exchange="dense")
@@ -100,15 +107,16 @@ def test_a_killed_rank_ends_the_job_with_an_error():
 def launched_run(tmp_path_factory):
     """(stdout, run directory) of a whole 2-rank launcher run with logs and checkpoints."""
     run_dir = tmp_path_factory.mktemp("launched_run")
-    result = horovodrun(2, [*SMALL_RUN, "--gradient_compression=fp16", f"--logdir={run_dir}/logs",
-                            f"--checkpoint_dir={run_dir}/ckpt"])
+    result = horovodrun(2, [*SMALL_RUN, *GTOPK_FLAGS, "--gradient_compression=fp16",
+                            f"--logdir={run_dir}/logs", f"--checkpoint_dir={run_dir}/ckpt"])
     assert result.returncode == 0, result.stdout
     return result.stdout, run_dir
 
 
 def test_launcher_under_horovodrun(launched_run):
     out, run_dir = launched_run
-    assert "2 Horovod ranks at batch 128 each, gradient compression fp16" in out, out
+    assert ("2 Horovod ranks at batch 128 each, gradient compression fp16, embedding exchange "
+            "gtopk at density 0.005") in out, out
     final_lines = re.findall(r"^\[(\d)\]<stdout>:final test AUC", out, re.MULTILINE)
     assert final_lines == ["0"], out
     assert "on 2,000 examples; trained 25 steps" in out, out
@@ -118,10 +126,16 @@ def test_launcher_under_horovodrun(launched_run):
         assert len(glob.glob(f"{run_dir}/logs/{split}/events.out.tfevents.*")) == 1
     assert sorted(os.listdir(f"{run_dir}/ckpt")) == ["latest", "step-0000000020",
                                                      "step-0000000025"]
+    # Bytes of the gradient exchange per step in TensorBoard (dense allreduce and gTop-k rounds).
+    events = glob.glob(f"{run_dir}/logs/train/events.out.tfevents.*")[0]
+    scalars = {value.tag: float(tf.make_ndarray(value.tensor))
+               for event in tf.compat.v1.train.summary_iterator(events)
+               for value in event.summary.value}
+    assert scalars["exchange/bytes_sent"] > 0 and scalars["exchange/bytes_received"] > 0, scalars
 
 
 def test_resumed_two_rank_run_equals_uninterrupted_one(launched_run, tmp_path):
-    common = [*SMALL_RUN, "--gradient_compression=fp16", "--logdir=none"]
+    common = [*SMALL_RUN, *GTOPK_FLAGS, "--gradient_compression=fp16", "--logdir=none"]
     first = horovodrun(2, [*common, f"--checkpoint_dir={tmp_path}/split", "--stop_after_steps=17"])
     assert first.returncode == 0, first.stdout
     # Rank 0 restores step 10 and broadcasts its variables and position to rank 1.
@@ -131,6 +145,11 @@ def test_resumed_two_rank_run_equals_uninterrupted_one(launched_run, tmp_path):
     expected = checkpoint_values(f"{launched_run[1]}/ckpt")
     actual = checkpoint_values(f"{tmp_path}/split")
     assert expected.keys() == actual.keys()
+    residuals = [name for name in expected if name.startswith("per_rank/residual/")]
+    assert len(residuals) == 2, list(expected)  # the deep and the wide table
+    for name in residuals:  # one slice per rank, and the ranks' residuals differ
+        assert expected[name].shape[0] == 2 and expected[name].any(), name
+        assert not np.array_equal(expected[name][0], expected[name][1]), name
     for name in expected:
         np.testing.assert_array_equal(expected[name], actual[name], err_msg=name)
 

@@ -19,18 +19,18 @@ SLICES = tf.IndexedSlices(tf.zeros([6, 10]), tf.zeros([6], tf.int64), tf.constan
     ("dense", 2 * (6_000 + 60_000)),
 ])
 def test_bytes_sent_and_received_per_rank_at_four_ranks(exchange, expected):
-    assert exchange_bytes([DENSE, None, SLICES], 4, exchange) == expected
+    assert float(exchange_bytes([DENSE, None, SLICES], 4, exchange)) == expected
 
 
 def test_two_ranks():
     # Allreduce: 2 * 1/2 * 4,000 = 4,000 each way; allgather: 1 * 288.
-    assert exchange_bytes([DENSE, SLICES], 2, "allgather") == 2 * (4_000 + 288)
+    assert float(exchange_bytes([DENSE, SLICES], 2, "allgather")) == 2 * (4_000 + 288)
 
 
 def test_one_rank_exchanges_nothing():
-    assert exchange_bytes([DENSE, SLICES], 1, "dense") == 0
+    assert float(exchange_bytes([DENSE, SLICES], 1, "dense")) == 0
 
 
 def test_unknown_exchange():
-    with pytest.raises(ValueError, match="embedding_exchange must be one of"):
+    with pytest.raises(ValueError, match="exchange_bytes models the"):
         exchange_bytes([DENSE], 2, "sparse")

@@ -27,11 +27,18 @@ def launch(*flags, timeout=300):
 
 
 def checkpoint_values(checkpoint_dir):
-    """{name: array} of every value in the newest checkpoint of a CheckpointStore directory."""
+    """{name: array} of every value in the newest checkpoint of a CheckpointStore directory,
+    the per-rank state (per_rank.npz) under "per_rank/<name>"."""
     with open(os.path.join(checkpoint_dir, "latest")) as f:
-        reader = tf.train.load_checkpoint(os.path.join(checkpoint_dir, f.read().strip(), "state"))
-    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-            if not name.startswith("_CHECKPOINTABLE_OBJECT_GRAPH")}
+        step_dir = os.path.join(checkpoint_dir, f.read().strip())
+    reader = tf.train.load_checkpoint(os.path.join(step_dir, "state"))
+    values = {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+              if not name.startswith("_CHECKPOINTABLE_OBJECT_GRAPH")}
+    per_rank = os.path.join(step_dir, "per_rank.npz")
+    if os.path.exists(per_rank):
+        with np.load(per_rank) as stored:
+            values.update({f"per_rank/{name}": stored[name] for name in stored.files})
+    return values
 
 
 def test_training_run_reports_auc_and_writes_logs_and_checkpoints(tmp_path):

@@ -35,7 +35,8 @@ def learning_rates(optimizer):
 class TrainingMonitor(keras.callbacks.Callback):
     """Every `every_steps` global steps: prints a progress line and, if `writer` (a
     tf.summary writer) is given, writes loss, the metrics in the logs (e.g. streaming AUC),
-    learning rates, examples/s, step time and the optimizer's `summary_scalars()` if it has them. Throughput excludes each `fit` call's first step,
+    learning rates, examples/s, step time and the optimizer's and the model's
+    `summary_scalars()` if they have them. Throughput excludes each `fit` call's first step,
     which includes tracing."""
 
     def __init__(self, global_batch_size, every_steps, writer=None, steps_per_epoch=None,
@@ -77,6 +78,8 @@ class TrainingMonitor(keras.callbacks.Callback):
                             for name, rate in learning_rates(self.model.optimizer).items()})
             # Optimizer-specific scalars, e.g. CowClip's clipped fraction per table.
             scalars.update(getattr(self.model.optimizer, "summary_scalars", dict)())
+            # The model's, e.g. the gradient exchange's bytes per step.
+            scalars.update(getattr(self.model, "summary_scalars", dict)())
             with self.writer.as_default(step=step):
                 for name, value in scalars.items():
                     tf.summary.scalar(name, value)

@@ -5,6 +5,11 @@ tracked objects and `progress.json` (epoch, batches done in that epoch, global s
 written under a temporary name and renamed into place, and the `latest` file is replaced
 atomically afterwards, so a crash at any moment leaves the previous checkpoint intact and
 `latest` always names a complete one.
+
+State that differs between Horovod ranks (`per_rank_variables`, e.g. the top-k exchanges'
+residuals) is gathered from every rank into `per_rank.npz` ([P, ...] per variable) when saving
+and handed back to each rank after a restore; with it, every rank calls `save` and
+`distribute_restored_per_rank_state`, and only rank 0 writes.
 """
 
 import json
@@ -12,35 +17,48 @@ import os
 import shutil
 import tempfile
 
+import numpy as np
 import tensorflow as tf
 
+from tfscale.distributed import per_rank, runtime
 from tfscale.errors import UserError
 
 _LATEST_FILE = "latest"
 _PROGRESS_FILE = "progress.json"
+_PER_RANK_FILE = "per_rank.npz"
 _STATE_PREFIX = "state"
 _STEP_DIR = "step-{:010d}"
 
 
 class CheckpointStore:
-    """Saves and restores `trackables` (e.g. model=..., optimizer=...) in `directory`, keeping
-    the newest `keep` checkpoints."""
+    """Saves and restores `trackables` (e.g. model=..., optimizer=...) and each rank's
+    `per_rank_variables` ({name: tf.Variable}) in `directory`, keeping the newest `keep`
+    checkpoints."""
 
-    def __init__(self, directory, keep=2, **trackables):
+    def __init__(self, directory, keep=2, per_rank_variables=None, **trackables):
         if keep < 1:
             raise ValueError("keep must be at least 1")
         self.directory = directory
         self.keep = keep
         self._checkpoint = tf.train.Checkpoint(**trackables)
+        self._per_rank_variables = dict(per_rank_variables or {})
+        self._restored_per_rank = None
 
     def save(self, global_step, progress):
         """Writes a checkpoint for `global_step` with the JSON-serialisable `progress` dict and
-        returns its directory."""
+        returns its directory (None on ranks other than 0, which only contribute their
+        per-rank state)."""
+        per_rank_arrays = per_rank.gather_to_chief(self._per_rank_variables) \
+            if self._per_rank_variables else None
+        if not runtime.is_chief():
+            return None
         os.makedirs(self.directory, exist_ok=True)
         final_dir = os.path.join(self.directory, _STEP_DIR.format(global_step))
         staging_dir = tempfile.mkdtemp(prefix=".staging-", dir=self.directory)
         try:
             self._checkpoint.write(os.path.join(staging_dir, _STATE_PREFIX))
+            if per_rank_arrays is not None:
+                np.savez(os.path.join(staging_dir, _PER_RANK_FILE), **per_rank_arrays)
             _write_file_durably(
                 os.path.join(staging_dir, _PROGRESS_FILE),
                 json.dumps(dict(progress, global_step=int(global_step)), indent=1, sort_keys=True),
@@ -83,7 +101,35 @@ class CheckpointStore:
                 f"checkpoint {prefix} does not match this model and optimizer ({_first_line(error)}); "
                 "resume with the same --model, data schema and --optimizer flags it was written with"
             ) from error
+        self._restored_per_rank = self._read_per_rank(self._latest_dir())
         return progress
+
+    def distribute_restored_per_rank_state(self):
+        """Gives every rank its slice of the per-rank state rank 0 restored; every rank calls
+        it after a restore on rank 0."""
+        if self._per_rank_variables:
+            per_rank.scatter_from_chief(self._per_rank_variables, self._restored_per_rank)
+
+    def _read_per_rank(self, checkpoint_dir):
+        path = os.path.join(checkpoint_dir, _PER_RANK_FILE)
+        if not self._per_rank_variables and not os.path.exists(path):
+            return None
+        try:
+            with np.load(path) as stored:
+                arrays = {name: stored[name] for name in stored.files}
+        except (OSError, ValueError) as error:
+            raise UserError(f"checkpoint {path} cannot be read ({error}): it was written without "
+                            "the per-rank state this run needs (e.g. another --embedding_comm); "
+                            "resume with the flags it was written with") from error
+        if set(arrays) != set(self._per_rank_variables):
+            raise UserError(f"checkpoint {path} holds {sorted(arrays)}, this run needs "
+                            f"{sorted(self._per_rank_variables)}: resume with the flags it was "
+                            "written with")
+        for name, array in arrays.items():
+            if array.shape[0] != runtime.size():
+                raise UserError(f"checkpoint {path} holds {name} of {array.shape[0]} ranks; this "
+                                f"job has {runtime.size()}: resume with as many ranks")
+        return arrays
 
     def _latest_dir(self):
         latest_file = os.path.join(self.directory, _LATEST_FILE)

@@ -10,7 +10,8 @@ one conversion. Optimizers that set `accepts_indexed_slices` (CowClip, which nee
 counts) get the slices unchanged. Loss scaling is the optimizer's (tfscale.loss_scaling wraps
 the optimizer). Under Horovod the gradients are exchanged between ranks here, before the optimizer
 (tfscale.distributed.gradients), by the embedding exchange fixed at `compile`; a single-process
-run takes exactly the path without it."""
+run takes exactly the path without it, except with a top-k exchange
+(tfscale.distributed.sparse_exchange), which sparsifies in any case."""
 
 import keras
 import tensorflow as tf
@@ -36,26 +37,42 @@ class TrainStep:
 
     def compile(self, *args, jit_compile="auto", embedding_exchange=None, **kwargs):
         """keras.Model.compile; under Horovod without XLA, which has no kernels for Horovod's
-        ops (Keras's "auto" turns XLA on when there is a GPU). `embedding_exchange` (one of
-        tfscale.distributed.EMBEDDING_EXCHANGES, default: the one chosen at
-        tfscale.distributed.init) is how this model's train step sends embedding gradients."""
-        if distributed.is_active():
+        ops (Keras's "auto" turns XLA on when there is a GPU). `embedding_exchange` is how this
+        model's train step sends embedding gradients: "allgather", "dense", "topk", "gtopk" (at
+        the default density) or a tfscale.distributed.TopKExchange; default: the one chosen at
+        tfscale.distributed.init. The top-k exchanges sparsify even in a single process."""
+        exchange = distributed.resolve_embedding_exchange(
+            embedding_exchange or distributed.embedding_exchange())
+        if distributed.is_active() or isinstance(exchange, distributed.TopKExchange):
             if jit_compile is True:
-                raise ValueError("jit_compile=True cannot be used under Horovod: its collectives "
-                                 "in the train step have no XLA kernels")
+                raise ValueError("jit_compile=True cannot be used with Horovod or a top-k "
+                                 "exchange: their collectives and dynamic shapes have no XLA "
+                                 "kernels")
             jit_compile = False
-        embedding_exchange = embedding_exchange or distributed.embedding_exchange()
-        distributed.check_embedding_exchange(embedding_exchange)
         super().compile(*args, jit_compile=jit_compile, **kwargs)
-        if embedding_exchange == "dense" and getattr(self.optimizer, "accepts_indexed_slices",
-                                                     False):
-            # Densified rows cannot be turned back into slices with per-id counts: the sum of an
-            # id's occurrences does not say how many there were.
-            raise UserError("--embedding_exchange=dense cannot be used with --optimizer=cowclip: "
+        if exchange != "allgather" and getattr(self.optimizer, "accepts_indexed_slices", False):
+            # Densified or top-k rows cannot be turned back into slices with per-id counts: the
+            # sum of an id's occurrences does not say how many there were.
+            method = exchange if isinstance(exchange, str) else exchange.method
+            raise UserError(f"--embedding_comm={method} cannot be used with --optimizer=cowclip: "
                             "CowClip clips each id by its number of occurrences in the global "
                             "batch, which only the allgathered embedding gradients carry; use "
-                            "--embedding_exchange=allgather")
-        self._embedding_exchange = embedding_exchange
+                            "--embedding_comm=allgather")
+        self._embedding_exchange = exchange
+        self._exchange_traffic = distributed.TrafficCounter()
+
+    def per_rank_variables(self):
+        """{name: tf.Variable} of state that differs between ranks (a top-k exchange's
+        residuals), for checkpoints; the model must be built."""
+        if not isinstance(self._embedding_exchange, distributed.TopKExchange):
+            return {}
+        self._embedding_exchange.build(self.trainable_variables)
+        return self._embedding_exchange.per_rank_variables()
+
+    def summary_scalars(self):
+        """{name: value} for TensorBoard: bytes this rank sent and received in the last step's
+        gradient exchange (nothing before a step has exchanged anything)."""
+        return self._exchange_traffic.summary_scalars()
 
     def compile_from_config(self, config):
         """Keras's, which skips loading the compile state of any model that overrides `compile`;
@@ -75,15 +92,28 @@ class TrainStep:
             loss = self.optimizer.scale_loss(loss)
         variables = self.trainable_variables
         gradients = tape.gradient(loss, variables)
-        if distributed.is_active():
+        exchange = self._embedding_exchange
+        if isinstance(exchange, distributed.TopKExchange):
+            gradients, sent, received = exchange.exchange(
+                gradients, variables, self.optimizer.iterations, loss_scale=self._loss_scale())
+            self._exchange_traffic.record(sent, received)
+        elif distributed.is_active():
             # By default embedding gradients travel as IndexedSlices even to optimizers that
             # densify them: the allgather's bytes grow with the batch's ids, a dense allreduce's
             # with the table's size. Densifying after the exchange gives the same dense gradient.
-            gradients = distributed.exchange_gradients(gradients, self._embedding_exchange)
+            one_way = distributed.exchange_bytes(gradients, distributed.size(), exchange) / 2
+            self._exchange_traffic.record(one_way, one_way)
+            gradients = distributed.exchange_gradients(gradients, exchange)
         if not getattr(self.optimizer, "accepts_indexed_slices", False):
             gradients = [densify(g) for g in gradients]
         self.optimizer.apply(gradients, variables)
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def _loss_scale(self):
+        """The factor the gradients carry: the loss scaler's scale, or None."""
+        if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+            return self.optimizer.dynamic_scale
+        return None
 
     def _track_loss(self, loss, batch_size):
         """Adds the batch's loss to the running mean; with a loss scaler, a non-finite loss is

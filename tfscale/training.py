@@ -8,7 +8,8 @@ resuming); the model must be compiled before `train` is called.
 Under Horovod (tfscale.distributed) every rank runs `train`: each reads its own shard of the
 training split at batch_size / P, all run the same number of steps per epoch, all start from
 rank 0's (possibly restored) variables, and the test AUC is computed on the union of the ranks'
-test shards. Only rank 0 prints, writes TensorBoard logs and checkpoints."""
+test shards. Only rank 0 prints, writes TensorBoard logs and checkpoints (every rank hands it
+its per-rank state, such as the top-k exchanges' residuals)."""
 
 import dataclasses
 import os
@@ -71,13 +72,16 @@ def train(model, source, config, print_fn=print):
     local_batch_size = distributed.local_batch_size(config.batch_size)
     shard = distributed.data_shard()
     build_model_and_optimizer(model, source.schema)
-    store = CheckpointStore(config.checkpoint_dir, model=model, optimizer=model.optimizer) \
+    store = CheckpointStore(config.checkpoint_dir, model=model, optimizer=model.optimizer,
+                            per_rank_variables=getattr(model, "per_rank_variables", dict)()) \
         if config.checkpoint_dir else None
     # Rank 0 alone reads the checkpoint directory; the others get its position and its
-    # (restored or freshly initialised) variables.
-    start_epoch, skip_batches = distributed.broadcast_from_chief(
+    # (restored or freshly initialised) variables, and their own slice of the per-rank state.
+    start_epoch, skip_batches, restored = distributed.broadcast_from_chief(
         lambda: _starting_position(store, config, print_fn), name="tfscale_start_position")
     distributed.broadcast_model_and_optimizer(model)
+    if restored:
+        store.distribute_restored_per_rank_state()
 
     writers = _summary_writers(config.logdir) if chief else {}
     steps_per_epoch = source.train_steps_per_epoch(local_batch_size, shard["num_shards"])
@@ -95,7 +99,7 @@ def train(model, source, config, print_fn=print):
             config.batch_size, config.log_every_steps, writers.get("train"), steps_per_epoch,
             print_fn))
     checkpointer = None
-    if store is not None and chief:
+    if store is not None:  # on every rank: each contributes its per-rank state to a save
         checkpointer = tfs_callbacks.PeriodicCheckpoint(
             store, config.checkpoint_every_steps or np.iinfo(np.int64).max)
         run_callbacks.append(checkpointer)
@@ -144,8 +148,9 @@ def train(model, source, config, print_fn=print):
 
 
 def _starting_position(store, config, print_fn):
-    """(epoch, batches to skip in it) to start from: the last checkpoint's position with
-    --resume, else (0, 0). Refuses to overwrite an existing run without --resume."""
+    """(epoch, batches to skip in it, whether a checkpoint was restored) to start from: the last
+    checkpoint's position with --resume, else (0, 0, False). Refuses to overwrite an existing
+    run without --resume."""
     progress = None if store is None else store.latest_progress()
     if progress is not None and not config.resume:
         raise UserError(
@@ -153,16 +158,16 @@ def _starting_position(store, config, print_fn):
             f"{progress['global_step']}); pass --resume to continue that run, or choose an empty "
             "--checkpoint_dir")
     if not config.resume:
-        return 0, 0
+        return 0, 0, False
     if store is None:
         raise UserError("--resume needs --checkpoint_dir")
     if progress is None:
         print_fn(f"--resume: no checkpoint in {config.checkpoint_dir} yet; starting from scratch")
-        return 0, 0
+        return 0, 0, False
     store.restore_latest()
     print_fn(f"resumed from global step {progress['global_step']}: epoch {progress['epoch'] + 1}, "
              f"batch {progress['batches_done']}")
-    return progress["epoch"], progress["batches_done"]
+    return progress["epoch"], progress["batches_done"], True
 
 
 def _silent(line):

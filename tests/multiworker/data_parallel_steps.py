@@ -1,6 +1,6 @@
 """Run under horovodrun with an output directory: each rank trains a small DeepFM for STEPS steps
 on its slice of every global batch, for each of RUNS (Adam and CowClip with the allgather
-embedding exchange, Adam with the dense one), and writes its final model and optimizer variables
+embedding exchange, Adam with the dense and the gTop-k ones), and writes its final model and optimizer variables
 (in `model_state` order) to OUT_DIR/<optimizer>-<exchange>-rank<r>.npz. Imported by
 tests/test_distributed.py, whose process (no Horovod) trains the one-process reference on the
 whole global batches, and by the other multi-process scripts."""
@@ -22,7 +22,7 @@ from tfscale.training import build_model_and_optimizer  # noqa: E402
 GLOBAL_BATCH = 256
 STEPS = 20
 OPTIMIZERS = ("adam", "cowclip")
-RUNS = (("adam", "allgather"), ("cowclip", "allgather"), ("adam", "dense"))
+RUNS = (("adam", "allgather"), ("cowclip", "allgather"), ("adam", "dense"), ("adam", "gtopk"))
 
 
 def source():

@@ -11,8 +11,9 @@ import sys
 
 COMPRESSIONS = ("none", "fp16")
 # allgather: embedding gradients travel as IndexedSlices (values and int64 indices of every
-# occurrence); dense: as whole-table tensors in the allreduce (Horovod's sparse_as_dense).
-EMBEDDING_EXCHANGES = ("allgather", "dense")
+# occurrence); dense: as whole-table tensors in the allreduce (Horovod's sparse_as_dense); topk and
+# gtopk: each table's top rows with error feedback (tfscale.distributed.sparse_exchange).
+EMBEDDING_EXCHANGES = ("allgather", "topk", "gtopk", "dense")
 
 # How a dead rank ends the job (measured with horovodrun --gloo, 2 ranks): a rank that exits
 # (SIGKILL, os._exit, even with status 0) closes its sockets, the others' next collective fails at
@@ -34,13 +35,14 @@ def launched_by_horovodrun():
 
 def init(gradient_compression="none", embedding_exchange="allgather"):
     """Starts Horovod (`hvd.init()`); `gradient_compression` ("none" or "fp16") is applied to the
-    dense gradient allreduce of every train step, `embedding_exchange` (EMBEDDING_EXCHANGES) is
-    the default of the models compiled afterwards. Call it before building and compiling the
-    model."""
+    dense gradient allreduce of every train step, `embedding_exchange` (one of
+    EMBEDDING_EXCHANGES or a TopKExchange) is the default of the models compiled afterwards.
+    Call it before building and compiling the model."""
     if gradient_compression not in COMPRESSIONS:
         raise ValueError(f"gradient_compression must be one of {COMPRESSIONS}, got "
                          f"{gradient_compression!r}")
-    check_embedding_exchange(embedding_exchange)
+    if isinstance(embedding_exchange, str):
+        check_embedding_exchange(embedding_exchange)
     os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", GLOO_TIMEOUT_SECONDS)
     import horovod.tensorflow as hvd
 

@@ -1,5 +1,7 @@
-"""Bytes a rank sends and receives per step in the gradient exchange, under each embedding
-exchange (tfscale.distributed.gradients), from the gradients' shapes.
+"""Bytes a rank sends and receives per step in the gradient exchange, under the "allgather" and
+"dense" embedding exchanges (tfscale.distributed.gradients), from the gradients' shapes (static
+or not: it works inside the train step). The top-k exchanges count their own buffers
+(tfscale.distributed.topk).
 
 Model (Gloo's ring algorithms, payload only: Horovod's negotiation, the allgather's size
 exchange and TCP/IP headers are left out):
@@ -13,31 +15,56 @@ exchange and TCP/IP headers are left out):
 All ranks share one link when they run on one machine: that link carries P times a rank's sent
 bytes per step."""
 
-import numpy as np
 import tensorflow as tf
 
-from tfscale.distributed.runtime import check_embedding_exchange
+PLAIN_EXCHANGES = ("allgather", "dense")
 
 
 def exchange_bytes(gradients, num_ranks, embedding_exchange):
-    """Bytes one rank sends plus receives per step to exchange `gradients` (tensors,
-    IndexedSlices or None, as from `tape.gradient`) over `num_ranks` ranks; each direction is
-    half of it."""
-    check_embedding_exchange(embedding_exchange)
-    one_way = 0.0
+    """Bytes one rank sends plus receives per step (a float64 scalar tensor) to exchange
+    `gradients` (tensors, IndexedSlices or None, as from `tape.gradient`) over `num_ranks` ranks
+    with `embedding_exchange` ("allgather" or "dense"); each direction is half of it."""
+    if embedding_exchange not in PLAIN_EXCHANGES:
+        raise ValueError(f"exchange_bytes models the {PLAIN_EXCHANGES} exchanges, got "
+                         f"{embedding_exchange!r}")
+    one_way = tf.constant(0.0, tf.float64)
     for gradient in gradients:
         if gradient is None:
             continue
         if isinstance(gradient, tf.IndexedSlices) and embedding_exchange == "allgather":
-            chunk = _nbytes(gradient.values.shape, gradient.values.dtype) + \
-                _nbytes(gradient.indices.shape, gradient.indices.dtype)
+            chunk = _nbytes(tf.size(gradient.values, tf.int64), gradient.values.dtype) + \
+                _nbytes(tf.size(gradient.indices, tf.int64), gradient.indices.dtype)
             one_way += (num_ranks - 1) * chunk
         else:
-            shape = tf.get_static_value(gradient.dense_shape) \
-                if isinstance(gradient, tf.IndexedSlices) else gradient.shape
-            one_way += 2 * (num_ranks - 1) / num_ranks * _nbytes(shape, gradient.dtype)
+            elements = tf.reduce_prod(tf.cast(gradient.dense_shape, tf.int64)) \
+                if isinstance(gradient, tf.IndexedSlices) else tf.size(gradient, tf.int64)
+            one_way += 2 * (num_ranks - 1) / num_ranks * _nbytes(elements, gradient.dtype)
     return 2 * one_way
 
 
-def _nbytes(shape, dtype):
-    return int(np.prod(shape, dtype=np.int64)) * tf.as_dtype(dtype).size
+def _nbytes(elements, dtype):
+    return tf.cast(elements, tf.float64) * tf.as_dtype(dtype).size
+
+
+class TrafficCounter:
+    """The bytes this rank sent and received in the last train step's gradient exchange, held in
+    variables the step assigns, read for TensorBoard."""
+
+    def __init__(self):
+        self._sent = None
+        self._received = None
+
+    def record(self, sent, received):
+        if self._sent is None:
+            with tf.init_scope():
+                self._sent = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+                self._received = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+        self._sent.assign(tf.cast(sent, tf.float64))
+        self._received.assign(tf.cast(received, tf.float64))
+
+    def summary_scalars(self):
+        """{"exchange/bytes_sent": ..., "exchange/bytes_received": ...}, or {} before any step."""
+        if self._sent is None:
+            return {}
+        return {"exchange/bytes_sent": float(self._sent.numpy()),
+                "exchange/bytes_received": float(self._received.numpy())}

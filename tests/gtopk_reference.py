@@ -1,0 +1,47 @@
+"""An independent NumPy statement of gtopk.md's butterfly gTopKAllReduce and of error-feedback
+top-k, for checking tfscale.distributed.topk and sparse_exchange: plain Python lists of
+(index, value, contributing ranks), no TensorFlow."""
+
+import numpy as np
+
+
+def _ranked(entries, k):
+    """The k entries of largest norm, ties to the smaller index."""
+    return sorted(entries, key=lambda e: (-float(np.linalg.norm(e[1])), e[0]))[:k]
+
+
+def _merge(first, second, k):
+    summed = {}
+    for index, value, ranks in first + second:
+        if index in summed:
+            old_value, old_ranks = summed[index]
+            summed[index] = (old_value + value, old_ranks | ranks)
+        else:
+            summed[index] = (np.array(value, np.float64), set(ranks))
+    return _ranked([(i, v, r) for i, (v, r) in summed.items()], k)
+
+
+def gtopk(candidates, k):
+    """candidates: per rank (indices, values [n] or [n, d]). Returns (indices, summed values,
+    per-rank masks: which of that rank's candidates are part of the final sums)."""
+    num_ranks = len(candidates)
+    lists = [_ranked([(int(i), np.array(v, np.float64), {rank}) for i, v in zip(*c)], k)
+             for rank, c in enumerate(candidates)]
+    power = 1
+    while power * 2 <= num_ranks:
+        power *= 2
+    for extra in range(power, num_ranks):  # fold the ranks beyond the power of two
+        lists[extra - power] = _merge(lists[extra - power], lists[extra], k)
+    distance = 1
+    while distance < power:
+        lists = [_merge(lists[min(g, g ^ distance)], lists[max(g, g ^ distance)], k)
+                 for g in range(power)]
+        distance *= 2
+    final = lists[0]
+    for other in lists[1:power]:
+        assert [e[0] for e in other] == [e[0] for e in final]
+    indices = np.array([e[0] for e in final], np.int64)
+    values = np.array([e[1] for e in final]) if final else np.zeros((0,))
+    masks = [np.array([any(e[0] == int(i) and rank in e[2] for e in final) for i in c[0]], bool)
+             for rank, c in enumerate(candidates)]
+    return indices, values, masks

@@ -1,0 +1,84 @@
+"""Run under horovodrun (any number of ranks): STEPS steps of tfscale.distributed.TopKExchange
+("topk" and "gtopk", an embedding table by rows and a dense kernel element-wise) on random
+per-rank gradients, checking after every step that every rank applies the same gradient and that
+error feedback conserves the gradients (summed over ranks: P * applied + change in residuals =
+gradients), and that an inf on one rank leaves every residual unchanged and the applied gradient
+NaN on every rank. Exits non-zero on the first failure."""
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from tfscale import distributed  # noqa: E402
+
+STEPS = 6
+INF_STEP = 4
+ROWS, WIDTH = 40, 4
+
+
+def gradients(rank, step):
+    rng = np.random.default_rng(1000 * step + rank)
+    ids = rng.integers(0, ROWS, size=12)  # duplicates: one row per occurrence
+    rows = rng.normal(size=(12, WIDTH)).astype(np.float32)
+    kernel = rng.normal(size=(5, 3)).astype(np.float32)
+    if step == INF_STEP and rank == 1:
+        kernel[0, 0] = np.inf
+    return [tf.IndexedSlices(tf.constant(rows), tf.constant(ids, tf.int64),
+                             tf.constant([ROWS, WIDTH], tf.int64)), tf.constant(kernel)]
+
+
+def dense(gradient):
+    return tf.convert_to_tensor(gradient)
+
+
+def run(method, hvd):
+    table = keras.Variable(np.zeros((ROWS, WIDTH), np.float32), name="embeddings")
+    kernel = keras.Variable(np.zeros((5, 3), np.float32), name="kernel")
+    variables = [table, kernel]
+    exchange = distributed.TopKExchange(method, density=0.1, dense_gradients=True)
+    exchange.build(variables)
+    residuals = [exchange.residuals[v.path] for v in variables]
+    step_function = tf.function(lambda g, step: exchange.exchange(g, variables, step))
+    for step in range(STEPS):
+        grads = gradients(hvd.rank(), step)
+        before = [r.numpy() for r in residuals]
+        applied, sent, _ = step_function(grads, tf.constant(step, tf.int64))
+        applied = [dense(a).numpy() for a in applied]
+        after = [r.numpy() for r in residuals]
+        label = f"{method} rank {hvd.rank()} step {step}"
+        for i, value in enumerate(applied):
+            everyone = hvd.allgather(tf.constant(value[None]), name=f"{method}_{step}_{i}").numpy()
+            for other in everyone:
+                np.testing.assert_array_equal(other, value, err_msg=label)
+        if step == INF_STEP:
+            assert all(np.isnan(a).any() for a in applied), label  # a loss scaler skips
+            for b, a in zip(before, after):
+                np.testing.assert_array_equal(a, b, err_msg=label)
+            continue
+        assert float(sent) > 0, label
+        for i, (g, a, b, r) in enumerate(zip(grads, applied, before, after)):
+            summed_gradient = hvd.allreduce(dense(g), op=hvd.Sum, name=f"g_{method}_{step}_{i}")
+            summed_change = hvd.allreduce(tf.constant(r - b), op=hvd.Sum,
+                                          name=f"r_{method}_{step}_{i}")
+            np.testing.assert_allclose(hvd.size() * a + summed_change.numpy(),
+                                       summed_gradient.numpy(), rtol=1e-5, atol=1e-5,
+                                       err_msg=label)
+        kept = np.count_nonzero(np.abs(applied[0]).sum(axis=1))
+        if method == "gtopk":
+            assert kept <= int(np.ceil(0.1 * ROWS)), label
+
+
+def main():
+    distributed.init()
+    hvd = distributed.runtime.horovod()
+    for method in distributed.TOPK_EXCHANGES:
+        run(method, hvd)
+    print(f"rank {hvd.rank()} of {hvd.size()}: exchange steps conserve the gradients", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""The top-k embedding gradient exchanges (tfscale.distributed.topk, sparse_exchange): the gTop-k
+butterfly and the allgather top-k against a NumPy statement of gtopk.md under horovodrun with 2,
+3 (folded) and 4 ranks, error feedback conserving the gradients with every rank applying the same
+gradient; and, in one process, the loss-scale invariance, the refusals and the single-rank
+collective."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import models
+from tests import gtopk_reference
+from tests.horovod_launch import horovodrun
+from tfscale import distributed
+from tfscale.data.synthetic import SyntheticCTR
+from tfscale.errors import UserError
+from tfscale.optimizers import CowClip, FusedAdam
+
+
+@pytest.mark.parametrize("num_ranks", [2, 3, 4])
+def test_collectives_and_error_feedback_under_horovodrun(num_ranks):
+    result = horovodrun(num_ranks, ["tests/multiworker/topk_all.py"], timeout=400)
+    assert result.returncode == 0, result.stdout
+    for rank in range(num_ranks):
+        assert f"rank {rank} of {num_ranks}: 36 cases match the NumPy butterfly" in result.stdout
+        assert f"rank {rank} of {num_ranks}: exchange steps conserve the gradients" in \
+            result.stdout
+
+
+def test_one_rank_gtopk_is_its_own_top_k():
+    rng = np.random.default_rng(0)
+    indices = rng.choice(1000, size=30, replace=False).astype(np.int64)
+    values = rng.integers(-3, 4, size=(30, 2)).astype(np.float32)
+    got = distributed.gtopk_allreduce(indices, values, 8, name="one_rank")
+    want_indices, want_values, (want_mask,) = gtopk_reference.gtopk([(indices, values)], 8)
+    np.testing.assert_array_equal(got.indices.numpy(), want_indices)
+    np.testing.assert_array_equal(got.values.numpy(), want_values)
+    np.testing.assert_array_equal(got.mask.numpy(), want_mask)
+    assert int(got.mask.numpy().sum()) == 8 and float(got.bytes_sent) == 0.0
+
+
+def _table_and_gradient(seed):
+    rng = np.random.default_rng(seed)
+    table = keras.Variable(np.zeros((50, 4), np.float32), name="embeddings")
+    ids = rng.integers(0, 50, size=20)
+    gradient = tf.IndexedSlices(tf.constant(rng.normal(size=(20, 4)).astype(np.float32)),
+                                tf.constant(ids, tf.int64), tf.constant([50, 4], tf.int64))
+    return table, gradient
+
+
+def test_a_loss_scaled_gradient_selects_and_applies_the_same_rows():
+    table, gradient = _table_and_gradient(0)
+    plain = distributed.TopKExchange("gtopk", density=0.1)
+    scaled = distributed.TopKExchange("gtopk", density=0.1)
+    scale = 1024.0
+    scaled_gradient = tf.IndexedSlices(gradient.values * scale, gradient.indices,
+                                       gradient.dense_shape)
+    for step in range(3):  # the residuals carry over between steps
+        applied, _, _ = plain.exchange([gradient], [table], step)
+        applied_scaled, _, _ = scaled.exchange([scaled_gradient], [table], step,
+                                               loss_scale=tf.constant(scale))
+        np.testing.assert_array_equal(tf.convert_to_tensor(applied_scaled[0]).numpy(),
+                                      scale * tf.convert_to_tensor(applied[0]).numpy())
+        np.testing.assert_array_equal(plain.residuals[table.path].numpy(),
+                                      scaled.residuals[table.path].numpy())
+    assert len(applied[0].indices) == 5  # ceil(0.1 * 50) rows
+
+
+def test_density_warmup_keeps_more_rows_first():
+    table, gradient = _table_and_gradient(1)
+    exchange = distributed.TopKExchange("gtopk", density=0.04, warmup_density=0.2,
+                                        warmup_steps=1)
+    first, _, _ = exchange.exchange([gradient], [table], tf.constant(0))
+    second, _, _ = exchange.exchange([gradient], [table], tf.constant(1))
+    assert (len(first[0].indices), len(second[0].indices)) == (10, 2)
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (dict(method="sparse"), "method must be one of"),
+    (dict(density=0.0), "density must be in"),
+    (dict(density=0.01, warmup_density=2.0, warmup_steps=5), "warmup_density must be in"),
+])
+def test_bad_settings_are_refused(arguments, message):
+    with pytest.raises(ValueError, match=message):
+        distributed.TopKExchange(**arguments)
+
+
+def test_gtopk_is_refused_with_cowclip():
+    source = SyntheticCTR(seed=0, train_rows=256, test_rows=256, vocabulary_scale=0.002)
+    model = models.build_model("deepfm", source.schema, hidden_units=[8])
+    optimizer = CowClip(FusedAdam(name="embedding"), FusedAdam(name="dense"))
+    with pytest.raises(UserError, match=r"--embedding_comm=gtopk cannot be used with "
+                                        r"--optimizer=cowclip"):
+        model.compile(optimizer=optimizer, loss="binary_crossentropy", embedding_exchange="gtopk")
