@@ -6,11 +6,12 @@ import numpy as np
 
 
 def _ranked(entries, k):
-    """The k entries of largest norm, ties to the smaller index."""
-    return sorted(entries, key=lambda e: (-float(np.linalg.norm(e[1])), e[0]))[:k]
+    """The k entries of largest norm, ties to the one listed first (a stable sort)."""
+    return sorted(entries, key=lambda e: -float(np.linalg.norm(e[1])))[:k]
 
 
 def _merge(first, second, k):
+    """Sums per index, listed in order of first appearance in `first`, then `second`."""
     summed = {}
     for index, value, ranks in first + second:
         if index in summed:

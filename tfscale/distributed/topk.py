@@ -12,8 +12,8 @@ value buffer, never converted to floats), so tables beyond 2^24 rows keep exact 
 collective per round carries indices and values together.
 
 Merging two lists (both partners do it identically, the lower rank's list first): values of equal
-indices are added, entries are ordered by magnitude (|value| or the row's L2 norm), ties by the
-smaller index, and the first k kept; fewer than k real entries are padded with EMPTY_INDEX, which
+indices are added, entries are ordered by magnitude (|value| or the row's L2 norm), ties to the
+entry listed first (the lower rank's list, then list order), and the first k kept; fewer than k real entries are padded with EMPTY_INDEX, which
 never takes part in a sum. A P that is not a power of two is folded: rank P2 + i (P2 the largest
 power of two below P) first hands its list to rank i, the P2 ranks run the butterfly, and rank i
 hands the result back."""
@@ -57,13 +57,16 @@ def gtopk_allreduce(indices, values, k, name):
     if num_ranks > 1:
         power = 1 << (num_ranks.bit_length() - 1)  # the largest power of two <= P
         extra = num_ranks - power
-        # Fold: rank power + i sends its list to rank i, whose merge tracks it as the guest.
+        # Fold (when P is no power of two): rank power + i sends its list to rank i, whose
+        # merge tracks it as the guest.
         partner = rank - power if rank >= power else (rank + power if rank < extra else None)
         sending = rank >= power
         receiving = partner is not None and not sending
-        incoming, sent_now, received_now = _swap(
-            hvd, entries, partner if sending else None, partner if receiving else None, f"{name}_fold")
-        sent, received = sent + sent_now, received + received_now
+        if extra:
+            incoming, sent_now, received_now = _swap(
+                hvd, entries, partner if sending else None, partner if receiving else None,
+                f"{name}_fold")
+            sent, received = sent + sent_now, received + received_now
         if receiving:
             entries = _merge(entries, _as_guest(incoming), k)
         for round_index in range(power.bit_length() - 1):
@@ -75,18 +78,19 @@ def gtopk_allreduce(indices, values, k, name):
                 theirs = _without_flags(incoming)
                 entries = _merge(entries, theirs, k) if rank < butterfly_partner \
                     else _merge(theirs, entries, k)
-        # Unfold: rank i returns the result, with which of the guest's entries survived.
-        incoming, sent_now, received_now = _swap(
-            hvd, _with_guest_as_own(entries) if receiving else entries,
-            partner if receiving else None, partner if sending else None, f"{name}_unfold",
-            carry_flag=True)
-        sent, received = sent + sent_now, received + received_now
+        if extra:
+            # Unfold: rank i returns the result, with which of the guest's entries survived.
+            incoming, sent_now, received_now = _swap(
+                hvd, _with_guest_as_own(entries) if receiving else entries,
+                partner if receiving else None, partner if sending else None, f"{name}_unfold",
+                carry_flag=True)
+            sent, received = sent + sent_now, received + received_now
         if sending:
             entries = incoming
     final_indices, final_rows, flags = entries
     real = tf.not_equal(final_indices, EMPTY_INDEX)
     survivors = tf.boolean_mask(final_indices, tf.logical_and(real, flags[:, 0] > 0))
-    mask = tf.reduce_any(tf.equal(indices[:, None], survivors[None, :]), axis=1)
+    mask = _is_in(indices, survivors)
     final_rows = tf.boolean_mask(final_rows, real)
     return SparseSum(tf.boolean_mask(final_indices, real),
                      final_rows[:, 0] if flat else final_rows, mask, sent, received)
@@ -124,16 +128,14 @@ def _as_rows(indices, values):
 
 
 def _top_k(indices, rows, flags, k):
-    """The k entries of largest row norm (ties: smaller index first), padded to k with
+    """The k entries of largest row norm (ties: the one listed first), padded to k with
     EMPTY_INDEX entries of zero value and no flags."""
     norms = tf.norm(tf.cast(rows, tf.float64 if rows.dtype == tf.float64 else tf.float32),
                     axis=1)
     norms = tf.where(tf.equal(indices, EMPTY_INDEX), tf.cast(-1.0, norms.dtype), norms)
-    by_index = tf.argsort(indices, stable=True)
-    order = tf.gather(by_index, tf.argsort(tf.gather(norms, by_index), direction="DESCENDING",
-                                           stable=True))
-    order = order[:k]
-    missing = tf.maximum(k - tf.size(order), 0)
+    # top_k puts the lower position first among equal values.
+    order = tf.math.top_k(norms, k=tf.minimum(k, tf.size(norms)), sorted=True).indices
+    missing = k - tf.size(order)
     return (tf.pad(tf.gather(indices, order), [[0, missing]], constant_values=EMPTY_INDEX),
             tf.pad(tf.gather(rows, order), [[0, missing], [0, 0]]),
             tf.pad(tf.gather(flags, order), [[0, missing], [0, 0]]))
@@ -150,6 +152,14 @@ def _merge(first, second, k):
                                          count)
     # The EMPTY_INDEX segment sums paddings only: zero value, no flags, and ranked last.
     return _top_k(unique, rows, flags, k)
+
+
+def _is_in(values, members):
+    """Per element of `values`, whether it is among `members` (hashing, O(n + k) memory)."""
+    unique, segment = tf.unique(tf.concat([members, values], axis=0), out_idx=tf.int32)
+    member = tf.concat([tf.ones_like(members, tf.int32), tf.zeros_like(values, tf.int32)], axis=0)
+    present = tf.math.unsorted_segment_max(member, segment, tf.size(unique))
+    return tf.gather(present, segment[tf.size(members):]) > 0
 
 
 def _without_flags(entries):
