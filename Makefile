@@ -15,7 +15,7 @@ train: $(STAMP)
 	$(PY) -m launch.train $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=15 tests
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.throughput

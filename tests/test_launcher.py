@@ -86,11 +86,12 @@ def _has_loss_scale_state(values):
                                for name, value in values.items()}) and len(scales) == 1
 
 
+# CowClip (the default optimizer) is resumed under float16 loss scaling: its state and the
+# scaler's in one run.
 @pytest.mark.parametrize("flags, has_its_state", [
-    (["--optimizer=cowclip"], _has_cowclip_state),
     (["--optimizer=came"], _has_came_state),
     (["--precision=mixed_float16", "--loss_scale_growth_steps=10"], _has_loss_scale_state),
-], ids=["cowclip", "came", "cowclip-float16"])
+], ids=["came", "cowclip-float16"])
 def test_stopped_and_resumed_run_equals_uninterrupted_run(tmp_path, flags, has_its_state):
     common = [*SMALL_RUN, "--train_rows=12800", "--epochs=2", "--checkpoint_every_steps=15",
               "--logdir=none", *flags]
