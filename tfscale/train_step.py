@@ -101,7 +101,9 @@ class TrainStep:
             # By default embedding gradients travel as IndexedSlices even to optimizers that
             # densify them: the allgather's bytes grow with the batch's ids, a dense allreduce's
             # with the table's size. Densifying after the exchange gives the same dense gradient.
-            one_way = distributed.exchange_bytes(gradients, distributed.size(), exchange) / 2
+            one_way = distributed.exchange_bytes(
+                gradients, distributed.size(), exchange,
+                distributed.gradient_compression_name()) / 2
             self._exchange_traffic.record(one_way, one_way)
             gradients = distributed.exchange_gradients(gradients, exchange)
         if not getattr(self.optimizer, "accepts_indexed_slices", False):

@@ -17,7 +17,8 @@ from tfscale.distributed.broadcast import broadcast_from_chief, broadcast_model_
 from tfscale.distributed.gather import allgather_array
 from tfscale.distributed.gradients import exchange_gradients
 from tfscale.distributed.runtime import (COMPRESSIONS, EMBEDDING_EXCHANGES,
-                                         check_embedding_exchange, embedding_exchange, init,
+                                         check_embedding_exchange, embedding_exchange,
+                                         gradient_compression_name, init,
                                          is_active, is_chief, launched_by_horovodrun, rank, size)
 from tfscale.distributed.sharding import data_shard, local_batch_size
 from tfscale.distributed.sparse_exchange import (TOPK_EXCHANGES, TopKExchange,
@@ -28,6 +29,7 @@ from tfscale.distributed.traffic import TrafficCounter, exchange_bytes
 __all__ = ["COMPRESSIONS", "EMBEDDING_EXCHANGES", "SparseSum", "TOPK_EXCHANGES", "TopKExchange",
            "TrafficCounter", "allgather_array", "broadcast_from_chief",
            "broadcast_model_and_optimizer", "check_embedding_exchange", "data_shard",
-           "embedding_exchange", "exchange_bytes", "exchange_gradients", "gtopk_allreduce",
+           "embedding_exchange", "exchange_bytes", "exchange_gradients",
+           "gradient_compression_name", "gtopk_allreduce",
            "init", "is_active", "is_chief", "launched_by_horovodrun", "local_batch_size", "rank",
            "resolve_embedding_exchange", "size", "topk_allgather"]

@@ -95,6 +95,11 @@ def gradient_compression():
         else hvd.Compression.none
 
 
+def gradient_compression_name():
+    """"none" or "fp16", as chosen at `init`."""
+    return _settings["gradient_compression"]
+
+
 def embedding_exchange():
     """The embedding gradient exchange chosen at `init` ("allgather" before it)."""
     return _settings["embedding_exchange"]

@@ -107,7 +107,8 @@ class TopKExchange:
         others = [None if i in chosen else g for i, g in enumerate(gradients)]
         sent = received = tf.constant(0.0, tf.float64)
         if runtime.is_active():
-            one_way = traffic.exchange_bytes(others, num_ranks, "allgather") / 2
+            one_way = traffic.exchange_bytes(others, num_ranks, "allgather",
+                                             runtime.gradient_compression_name()) / 2
             sent, received = sent + one_way, received + one_way
             others = exchange_gradients(others, "allgather")
         if not chosen:

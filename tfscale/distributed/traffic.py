@@ -20,10 +20,12 @@ import tensorflow as tf
 PLAIN_EXCHANGES = ("allgather", "dense")
 
 
-def exchange_bytes(gradients, num_ranks, embedding_exchange):
+def exchange_bytes(gradients, num_ranks, embedding_exchange, compression="none"):
     """Bytes one rank sends plus receives per step (a float64 scalar tensor) to exchange
     `gradients` (tensors, IndexedSlices or None, as from `tape.gradient`) over `num_ranks` ranks
-    with `embedding_exchange` ("allgather" or "dense"); each direction is half of it."""
+    with `embedding_exchange` ("allgather" or "dense"); each direction is half of it. With
+    `compression="fp16"` allreduced tensors travel as float16 (Horovod does not compress the
+    allgathered IndexedSlices)."""
     if embedding_exchange not in PLAIN_EXCHANGES:
         raise ValueError(f"exchange_bytes models the {PLAIN_EXCHANGES} exchanges, got "
                          f"{embedding_exchange!r}")
@@ -38,7 +40,8 @@ def exchange_bytes(gradients, num_ranks, embedding_exchange):
         else:
             elements = tf.reduce_prod(tf.cast(gradient.dense_shape, tf.int64)) \
                 if isinstance(gradient, tf.IndexedSlices) else tf.size(gradient, tf.int64)
-            one_way += 2 * (num_ranks - 1) / num_ranks * _nbytes(elements, gradient.dtype)
+            dtype = tf.float16 if compression == "fp16" else gradient.dtype
+            one_way += 2 * (num_ranks - 1) / num_ranks * _nbytes(elements, dtype)
     return 2 * one_way
 
 
