@@ -47,6 +47,8 @@ flags.DEFINE_string("plot", "benchmarks/results/cowclip_auc.png", "The PNG plot.
 flags.DEFINE_float("l2", None, "Ablation: this L2 for every run instead of the rule's.")
 flags.DEFINE_float("embedding_learning_rate", None,
                    "Ablation: this embedding learning rate for every run instead of the rule's.")
+flags.DEFINE_bool("with_ablations", False, "With --report_only: also every ablation run of the "
+                  "planned runs (other --l2 or --embedding_learning_rate).")
 flags.DEFINE_bool("report_only", False, "Print the table and draw the plot of the runs already in "
                   "--results, training nothing.")
 
@@ -106,8 +108,11 @@ def train_once(source, model_name, batch, rule, rare_rows):
                                           factory.warmup_steps_for(settings, steps_per_epoch),
                                           "scalable" if rule == "cowclip_scalable" else "faithful"),
                   keras.losses.BinaryCrossentropy())
+    # Only the per-epoch test lines are printed: an unfinished long run still shows its epochs.
     result = train(model, source, TrainingConfig(batch_size=batch, epochs=FLAGS.epochs,
-                                                 log_every_steps=10 ** 9), print_fn=lambda _: None)
+                                                 log_every_steps=10 ** 9),
+                   print_fn=lambda line: print(f"{model_name} batch {batch} {rule}: {line}",
+                                               flush=True) if "test AUC" in line else None)
     labels, predictions = predict_with_labels(model, source.test_batches(65536))
     final = result.final
     return {
@@ -193,6 +198,9 @@ def main(argv):
             print(f"{model_name} batch {batch} {rule}: AUC {done[key]['auc']:.4f} "
                   f"({time.perf_counter() - started:.0f} s)", flush=True)
         records.append((model_name, batch, rule + ablation_label(), done[key]))
+        if FLAGS.report_only and FLAGS.with_ablations:
+            records += [(model_name, batch, f"{rule} ({other[len(key) + 1:]})", record)
+                        for other, record in done.items() if other.startswith(key + "|")]
     print_table(records, source.teacher_auc())
     plot(records, FLAGS.plot)
     print(f"plot: {FLAGS.plot}")
