@@ -158,8 +158,12 @@ def plot(records, path):
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(6, 4))
-    if FLAGS.epochs > 1:  # one line per run: AUC after each epoch
+    if FLAGS.epochs > 1:  # one line per run (rules that coincide at the base batch: one line)
+        drawn = set()
         for model, batch, rule, r in records:
+            if r["key"] in drawn:
+                continue
+            drawn.add(r["key"])
             epochs = range(1, len(r["auc_by_epoch"]) + 1)
             axis.plot(epochs, r["auc_by_epoch"], marker="o", label=f"{model} {batch:,} {rule}")
         axis.set_xlabel("epoch")
