@@ -93,7 +93,8 @@ class CheckpointStore:
         progress = self.latest_progress()
         if progress is None:
             return None
-        prefix = os.path.join(self._latest_dir(), _STATE_PREFIX)
+        checkpoint_dir = self._latest_dir()
+        prefix = os.path.join(checkpoint_dir, _STATE_PREFIX)
         try:
             self._checkpoint.read(prefix).assert_existing_objects_matched()
         except (tf.errors.OpError, AssertionError, ValueError) as error:
@@ -101,7 +102,7 @@ class CheckpointStore:
                 f"checkpoint {prefix} does not match this model and optimizer ({_first_line(error)}); "
                 "resume with the same --model, data schema and --optimizer flags it was written with"
             ) from error
-        self._restored_per_rank = self._read_per_rank(self._latest_dir())
+        self._restored_per_rank = self._read_per_rank(checkpoint_dir)
         return progress
 
     def distribute_restored_per_rank_state(self):

@@ -22,6 +22,12 @@ DEEP_TABLE_PATTERN = rf"(.*/)?{DEEP_TABLE_NAME}/embeddings"
 WIDE_TABLE_PATTERN = rf"(.*/)?{WIDE_TABLE_NAME}/embeddings"
 
 
+def is_embedding_table(variable):
+    """Whether `variable` is named like an embedding table: "embeddings", the name of
+    keras.layers.Embedding's table and of both FieldEmbedding tables."""
+    return variable.path.split("/")[-1] == "embeddings"
+
+
 def is_deep_table(variable):
     """Whether `variable` is a deep (per-row clipped) embedding table of a FieldEmbedding."""
     return re.fullmatch(DEEP_TABLE_PATTERN, variable.path) is not None

@@ -21,7 +21,7 @@ def exchange_gradients(gradients, embedding_exchange="allgather"):
     """`gradients` (a list aligned with the variables, None for unconnected ones) averaged over
     all ranks; IndexedSlices stay IndexedSlices with the "allgather" exchange and become dense
     tensors with "dense". Call only when `runtime.is_active()`."""
-    if embedding_exchange not in ("allgather", "dense"):
+    if embedding_exchange not in runtime.PLAIN_EXCHANGES:
         raise ValueError(f"exchange_gradients does the allgather and dense exchanges, got "
                          f"{embedding_exchange!r} (the top-k ones are TopKExchange's)")
     hvd = runtime.horovod()

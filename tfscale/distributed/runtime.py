@@ -14,6 +14,9 @@ COMPRESSIONS = ("none", "fp16")
 # occurrence); dense: as whole-table tensors in the allreduce (Horovod's sparse_as_dense); topk and
 # gtopk: each table's top rows with error feedback (tfscale.distributed.sparse_exchange).
 EMBEDDING_EXCHANGES = ("allgather", "topk", "gtopk", "dense")
+# The two that tfscale.distributed.gradients does (and traffic models); topk and gtopk are
+# TopKExchange's.
+PLAIN_EXCHANGES = ("allgather", "dense")
 
 # How a dead rank ends the job (measured with horovodrun --gloo, 2 ranks): a rank that exits
 # (SIGKILL, os._exit, even with status 0) closes its sockets, the others' next collective fails at

@@ -22,12 +22,12 @@ gathers from every rank (tfscale.checkpoints)."""
 
 import tensorflow as tf
 
+from tfscale import embeddings
 from tfscale.distributed import runtime, topk, traffic
 from tfscale.distributed.gradients import exchange_gradients
 
 TOPK_EXCHANGES = ("topk", "gtopk")
 DEFAULT_DENSITY = 0.001
-TABLE_VARIABLE_NAME = "embeddings"  # keras.layers.Embedding's and tfscale's tables are named so
 
 
 class TopKExchange:
@@ -70,7 +70,7 @@ class TopKExchange:
 
     @staticmethod
     def is_table(variable):
-        return variable.path.split("/")[-1] == TABLE_VARIABLE_NAME and len(variable.shape) == 2
+        return embeddings.is_embedding_table(variable) and len(variable.shape) == 2
 
     def build(self, variables):
         """Creates the zero residuals of the selected variables among `variables` (once)."""
@@ -123,14 +123,14 @@ class TopKExchange:
             finite = hvd.allreduce(tf.cast(finite, tf.float32), op=hvd.Min,
                                    name="tfscale_topk_finite") > 0.5
         density = self.density_at(step)
+        # NaN gradients make the loss scaler skip the step on every rank.
+        step_factor = tf.where(finite, scale, tf.constant(float("nan"), tf.float32))
         result = list(others)
         for i in chosen:
             variable = variables[i]
             applied, residual, sent_now, received_now = self._sparsify(
                 accumulators[i], variable, density, num_ranks)
             sent, received = sent + sent_now, received + received_now
-            # NaN gradients make the loss scaler skip the step on every rank.
-            step_factor = tf.where(finite, scale, tf.constant(float("nan"), tf.float32))
             if isinstance(applied, tf.IndexedSlices):
                 applied = tf.IndexedSlices(tf.cast(applied.values * step_factor, variable.dtype),
                                            applied.indices, applied.dense_shape)

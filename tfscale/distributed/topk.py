@@ -23,6 +23,7 @@ import collections
 import tensorflow as tf
 
 from tfscale.distributed import runtime
+from tfscale.distributed.traffic import tensor_bytes
 
 EMPTY_INDEX = -1
 
@@ -105,9 +106,9 @@ def topk_allgather(indices, values, name):
     sent = received = tf.constant(0.0, tf.float64)
     if hvd is not None:
         everyone = hvd.allgather(packed, name=name)
-        own_bytes = _nbytes(packed)
+        own_bytes = tensor_bytes(packed)
         # Ring allgather: each rank forwards P-1 chunks and receives the P-1 others'.
-        received = _nbytes(everyone) - own_bytes
+        received = tensor_bytes(everyone) - own_bytes
         sent = own_bytes * (hvd.size() - 1)
         packed = everyone
     all_indices, all_rows = _unpack(packed, rows.dtype)
@@ -193,8 +194,8 @@ def _swap(hvd, entries, send_to, receive_from, name, carry_flag=False):
     count = tf.shape(packed)[0]
     splits = tf.one_hot(send_to if send_to is not None else 0, hvd.size(), dtype=tf.int32) * count
     output, _ = hvd.alltoall(packed, splits=splits, name=name)
-    sent = _nbytes(packed)
-    received = _nbytes(output)
+    sent = tensor_bytes(packed)
+    received = tensor_bytes(output)
     if receive_from is None:
         return None, sent, received
     incoming_flags = tf.zeros([tf.shape(output)[0], 2], tf.int32)
@@ -222,7 +223,3 @@ def _unpack(packed, dtype):
     bits = packed[:, :columns]
     indices = tf.bitcast(bits if columns > 1 else bits[:, 0], tf.int64)
     return indices, packed[:, columns:]
-
-
-def _nbytes(tensor):
-    return tf.cast(tf.size(tensor, out_type=tf.int64) * tensor.dtype.size, tf.float64)

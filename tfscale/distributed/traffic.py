@@ -17,7 +17,7 @@ bytes per step."""
 
 import tensorflow as tf
 
-PLAIN_EXCHANGES = ("allgather", "dense")
+from tfscale.distributed.runtime import PLAIN_EXCHANGES
 
 
 def exchange_bytes(gradients, num_ranks, embedding_exchange, compression="none"):
@@ -34,8 +34,7 @@ def exchange_bytes(gradients, num_ranks, embedding_exchange, compression="none")
         if gradient is None:
             continue
         if isinstance(gradient, tf.IndexedSlices) and embedding_exchange == "allgather":
-            chunk = _nbytes(tf.size(gradient.values, tf.int64), gradient.values.dtype) + \
-                _nbytes(tf.size(gradient.indices, tf.int64), gradient.indices.dtype)
+            chunk = tensor_bytes(gradient.values) + tensor_bytes(gradient.indices)
             one_way += (num_ranks - 1) * chunk
         else:
             elements = tf.reduce_prod(tf.cast(gradient.dense_shape, tf.int64)) \
@@ -43,6 +42,11 @@ def exchange_bytes(gradients, num_ranks, embedding_exchange, compression="none")
             dtype = tf.float16 if compression == "fp16" else gradient.dtype
             one_way += 2 * (num_ranks - 1) / num_ranks * _nbytes(elements, dtype)
     return 2 * one_way
+
+
+def tensor_bytes(tensor):
+    """The bytes of `tensor`'s values (a float64 scalar tensor; the shape may be dynamic)."""
+    return _nbytes(tf.size(tensor, tf.int64), tensor.dtype)
 
 
 def _nbytes(elements, dtype):

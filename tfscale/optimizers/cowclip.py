@@ -22,6 +22,7 @@ import re
 import keras
 import tensorflow as tf
 
+from tfscale import embeddings
 from tfscale.optimizers.fused_adam import FusedAdam
 from tfscale.optimizers.row_sparse_adam import RowSparseAdam
 from tfscale.train_step import densify
@@ -105,7 +106,7 @@ class CowClip(keras.optimizers.MultiOptimizer):
     def is_embedding_table(self, variable):
         if self.embedding_tables is not None:
             return any(re.fullmatch(p, variable.path) for p in self.embedding_tables)
-        return variable.path.split("/")[-1] == "embeddings"
+        return embeddings.is_embedding_table(variable)
 
     def is_clipped_table(self, variable):
         """Embedding tables wider than 1 are clipped; 1-wide linear tables are not."""
