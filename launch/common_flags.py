@@ -87,7 +87,8 @@ def build_model(schema, settings, dtype_policy="float32"):
     return models.build_model(
         FLAGS.model, schema, embedding_dim=FLAGS.embedding_dim, hidden_units=_dnn_units(),
         embeddings_initializer=keras.initializers.RandomNormal(stddev=settings.embedding_init_stddev),
-        dtype=dtype_policy, **model_regularization(settings, FLAGS.optimizer),
+        dtype=dtype_policy, deduplicate_ids=FLAGS.dedup_ids,
+        **model_regularization(settings, FLAGS.optimizer),
         **_model_specific_config())
 
 

@@ -13,8 +13,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TF's C++ start-up cha
 
 from absl import app, flags, logging  # noqa: E402
 
-from launch import (common_flags, distributed_flags, optimization_flags,  # noqa: E402
-                    precision_flags)
+from launch import (common_flags, distributed_flags, hybrid_flags,  # noqa: E402
+                    optimization_flags, precision_flags)
 from launch.user_errors import run_reporting_user_errors  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -57,13 +57,15 @@ def run():
     exchange = distributed_flags.embedding_exchange(steps_per_epoch)
     # Under Horovod the model's compile turns XLA off (tfscale.train_step.TrainStep.compile).
     model.compile(optimizer=optimizer, loss=keras.losses.BinaryCrossentropy(),
-                  metrics=[keras.metrics.AUC(name="auc")], embedding_exchange=exchange)
+                  metrics=[keras.metrics.AUC(name="auc")], embedding_exchange=exchange,
+                  embedding_staleness=FLAGS.embedding_staleness)
     if distributed.is_chief():
         print(f"model {FLAGS.model} ({model.count_params():,} parameters) on "
               f"{source.describe()}; batch {FLAGS.batch_size}, {FLAGS.epochs} epochs, optimizer "
               f"{FLAGS.optimizer}, {optimization_flags.describe(settings)}; "
               f"{precision_flags.describe()}; {distributed_flags.describe(exchange)}; TensorFlow "
               f"{tf.__version__}", flush=True)
+        print(hybrid_flags.describe(model), flush=True)
     config = TrainingConfig(
         batch_size=FLAGS.batch_size, epochs=FLAGS.epochs, log_every_steps=FLAGS.log_every_steps,
         logdir=logdir, checkpoint_dir=checkpoint_dir,

@@ -147,6 +147,8 @@ class CTRModel(TrainStepModel):
             l2_embedding = l2_wide = 0 and only l2_linear.)
         use_wide: include the linear part (wide table + Dense(1) on the dense features).
         check_ids: assert in the graph that every id lies in its field's rows.
+        deduplicate_ids: look up each unique id of a batch once (tfscale.dedup); the same outputs
+            and summed gradients, with one gradient row per unique id instead of per occurrence.
         name: default `default_name` (the registry key), made unique in the process.
     """
 
@@ -166,6 +168,7 @@ class CTRModel(TrainStepModel):
         l2_linear=0.0,
         use_wide=True,
         check_ids=True,
+        deduplicate_ids=True,
         **kwargs,
     ):
         if kwargs.get("name") is None:
@@ -183,6 +186,7 @@ class CTRModel(TrainStepModel):
         self.l2_linear = float(l2_linear)
         self.use_wide = bool(use_wide)
         self.check_ids = bool(check_ids)
+        self.deduplicate_ids = bool(deduplicate_ids)
 
         self.field_embedding = FieldEmbedding(
             self.schema.vocabulary_sizes,
@@ -192,6 +196,7 @@ class CTRModel(TrainStepModel):
             embeddings_regularizer=l2_or_none(self.l2_embedding),
             wide_regularizer=l2_or_none(self.l2_wide),
             check_ids=self.check_ids,
+            deduplicate=self.deduplicate_ids,
             dtype=self.dtype_policy,
             name="field_embedding",
         )
@@ -286,6 +291,7 @@ class CTRModel(TrainStepModel):
                 "l2_linear": self.l2_linear,
                 "use_wide": self.use_wide,
                 "check_ids": self.check_ids,
+                "deduplicate_ids": self.deduplicate_ids,
             }
         )
         return config

@@ -7,9 +7,10 @@ atomically afterwards, so a crash at any moment leaves the previous checkpoint i
 `latest` always names a complete one.
 
 State that differs between Horovod ranks (`per_rank_variables`, e.g. the top-k exchanges'
-residuals) is gathered from every rank into `per_rank.npz` ([P, ...] per variable) when saving
-and handed back to each rank after a restore; with it, every rank calls `save` and
-`distribute_restored_per_rank_state`, and only rank 0 writes.
+residuals, the stale embedding updates' queues) is gathered from every rank into `per_rank.npz`
+(one array `<name>@rank<r>` per variable and rank) when saving and handed back to each rank after
+a restore; with it, every rank calls `save` and `distribute_restored_per_rank_state`, and only
+rank 0 writes.
 """
 
 import json
@@ -28,6 +29,7 @@ _PROGRESS_FILE = "progress.json"
 _PER_RANK_FILE = "per_rank.npz"
 _STATE_PREFIX = "state"
 _STEP_DIR = "step-{:010d}"
+_PER_RANK_KEY = "{}@rank{}"
 
 
 class CheckpointStore:
@@ -58,7 +60,10 @@ class CheckpointStore:
         try:
             self._checkpoint.write(os.path.join(staging_dir, _STATE_PREFIX))
             if per_rank_arrays is not None:
-                np.savez(os.path.join(staging_dir, _PER_RANK_FILE), **per_rank_arrays)
+                np.savez(os.path.join(staging_dir, _PER_RANK_FILE),
+                         **{_PER_RANK_KEY.format(name, rank): array
+                            for name, arrays in per_rank_arrays.items()
+                            for rank, array in enumerate(arrays)})
             _write_file_durably(
                 os.path.join(staging_dir, _PROGRESS_FILE),
                 json.dumps(dict(progress, global_step=int(global_step)), indent=1, sort_keys=True),
@@ -116,8 +121,11 @@ class CheckpointStore:
         if not self._per_rank_variables and not os.path.exists(path):
             return None
         try:
+            arrays = {}
             with np.load(path) as stored:
-                arrays = {name: stored[name] for name in stored.files}
+                for key in sorted(stored.files, key=_rank_order):
+                    name = key.rsplit("@rank", 1)[0]
+                    arrays.setdefault(name, []).append(stored[key])
         except (OSError, ValueError) as error:
             raise UserError(f"checkpoint {path} cannot be read ({error}): it was written without "
                             "the per-rank state this run needs (e.g. another --embedding_comm); "
@@ -126,10 +134,10 @@ class CheckpointStore:
             raise UserError(f"checkpoint {path} holds {sorted(arrays)}, this run needs "
                             f"{sorted(self._per_rank_variables)}: resume with the flags it was "
                             "written with")
-        for name, array in arrays.items():
-            if array.shape[0] != runtime.size():
-                raise UserError(f"checkpoint {path} holds {name} of {array.shape[0]} ranks; this "
-                                f"job has {runtime.size()}: resume with as many ranks")
+        for name, per_rank_arrays in arrays.items():
+            if len(per_rank_arrays) != runtime.size():
+                raise UserError(f"checkpoint {path} holds {name} of {len(per_rank_arrays)} ranks; "
+                                f"this job has {runtime.size()}: resume with as many ranks")
         return arrays
 
     def _latest_dir(self):
@@ -171,6 +179,14 @@ def _replace_file_atomically(path, text):
         if os.path.exists(staging_path):
             os.remove(staging_path)
         raise
+
+
+def _rank_order(key):
+    """Sort key of a per_rank.npz entry "<name>@rank<r>": by name, then by rank as a number."""
+    name, _, rank = key.rpartition("@rank")
+    if not name or not rank.isdigit():
+        raise ValueError(f"entry {key!r} is not <name>@rank<r>")
+    return name, int(rank)
 
 
 def _first_line(error):

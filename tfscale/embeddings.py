@@ -1,7 +1,8 @@
 """The categorical-feature embedding layer shared by all CTR models: one concatenated table per
 embedding kind (a deep [total_vocabulary, dim] table, optionally a 1-wide linear "wide" table),
-per-field row offsets, an in-graph range check of the ids, and the names by which optimizers tell
-the two kinds of table apart.
+per-field row offsets, an in-graph range check of the ids, tables and lookups in host memory
+(tfscale.placement), de-duplicated lookups (tfscale.dedup), and the names by which optimizers
+tell the two kinds of table apart.
 
 Variable paths (what `keras.optimizers.OptimizerMap` and CowClip match on, with `re.fullmatch`):
   deep table: ".../deep_embedding/embeddings"  -> DEEP_TABLE_PATTERN  (clipped by CowClip)
@@ -14,6 +15,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfscale import dedup, placement
 from tfscale.errors import DATA_ERROR_MARKER
 
 DEEP_TABLE_NAME = "deep_embedding"
@@ -58,6 +60,11 @@ class FieldEmbedding(keras.layers.Layer):
         check_ids: assert in the graph that field f's ids lie in [0, vocabulary_sizes[f]); an id
             out of range would otherwise silently read the next field's rows. The assertion is a
             no-op inside XLA-compiled functions.
+        deduplicate: look each table up once per unique row of the batch and gather back
+            (tfscale.dedup); the gradients then hold one row per unique id. False: one gathered
+            row per occurrence (the same outputs and summed gradients).
+
+    The tables live in host memory (tfscale.placement.embedding_device), where their lookups run.
 
     Call: int ids [B, n_fields] -> embeddings [B, n_fields, embedding_dim], and with `use_wide`
     the tuple (embeddings, linear term [B, 1]).
@@ -73,6 +80,7 @@ class FieldEmbedding(keras.layers.Layer):
         embeddings_regularizer=None,
         wide_regularizer=None,
         check_ids=True,
+        deduplicate=True,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -82,6 +90,7 @@ class FieldEmbedding(keras.layers.Layer):
         self.embedding_dim = int(embedding_dim)
         self.use_wide = bool(use_wide)
         self.check_ids = bool(check_ids)
+        self.deduplicate = bool(deduplicate)
         if embeddings_initializer is None:
             embeddings_initializer = keras.initializers.RandomNormal(stddev=0.01)
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
@@ -122,23 +131,30 @@ class FieldEmbedding(keras.layers.Layer):
         return self._offsets.copy()
 
     def build(self, input_shape=None):
-        self.deep_table.build((None, self.num_fields))
-        if self.wide_table is not None:
-            self.wide_table.build((None, self.num_fields))
+        with tf.device(placement.embedding_device()):
+            self.deep_table.build((None, self.num_fields))
+            if self.wide_table is not None:
+                self.wide_table.build((None, self.num_fields))
 
     def call(self, ids):
-        ids = tf.cast(ids, tf.int64)
-        if self.check_ids:
-            # The lookups wait for the check, so a bad id reports this message, not the gather's.
-            check = self._assert_ids_in_range(ids)
-            with tf.control_dependencies([check] if check is not None else []):
-                ids = tf.identity(ids)
-        rows = ids + self._offsets
-        embeddings = tf.cast(self.deep_table(rows), self.compute_dtype)
-        if self.wide_table is None:
-            return embeddings
-        linear = tf.reduce_sum(self.wide_table(rows), axis=1)  # [B, n_fields, 1] -> [B, 1]
-        return embeddings, tf.cast(linear, self.compute_dtype)
+        with tf.device(placement.embedding_device()):
+            ids = tf.cast(ids, tf.int64)
+            if self.check_ids:
+                # The lookups wait for the check, so a bad id reports this message, not the
+                # gather's.
+                check = self._assert_ids_in_range(ids)
+                with tf.control_dependencies([check] if check is not None else []):
+                    ids = tf.identity(ids)
+            rows = ids + self._offsets
+            embeddings = tf.cast(self._lookup(self.deep_table, rows), self.compute_dtype)
+            if self.wide_table is None:
+                return embeddings
+            # [B, n_fields, 1] -> [B, 1]
+            linear = tf.reduce_sum(self._lookup(self.wide_table, rows), axis=1)
+            return embeddings, tf.cast(linear, self.compute_dtype)
+
+    def _lookup(self, table_layer, rows):
+        return dedup.lookup(table_layer, rows) if self.deduplicate else table_layer(rows)
 
     def _assert_ids_in_range(self, ids):
         column_ok = tf.reduce_all((ids >= 0) & (ids < self._sizes), axis=0)
@@ -177,6 +193,7 @@ class FieldEmbedding(keras.layers.Layer):
                 "embeddings_regularizer": keras.regularizers.serialize(self.embeddings_regularizer),
                 "wide_regularizer": keras.regularizers.serialize(self.wide_regularizer),
                 "check_ids": self.check_ids,
+                "deduplicate": self.deduplicate,
             }
         )
         return config

@@ -5,9 +5,9 @@ What Keras's class does and we keep: multiply the loss by the scale, check the g
 step and halve the scale on inf/NaN, double it after `dynamic_growth_steps` finite steps in a row,
 and hand the unscaled gradients to the wrapped optimizer (so CowClip and CAME see unscaled float32
 gradients). What we add, and why:
-- IndexedSlices stay IndexedSlices: Keras divides every gradient with `ops.divide`, which turns an
-  embedding gradient into a dense table-sized tensor (and CowClip needs the slices for its
-  per-id counts);
+- IndexedSlices stay IndexedSlices, CountedSlices keep their counts: Keras divides every
+  gradient with `ops.divide`, which turns an embedding gradient into a dense table-sized tensor
+  (and CowClip needs the slices for its per-id counts);
 - a static scale (Keras 3 dropped `dynamic=False`): a fixed scale, the step still skipped on a
   non-finite gradient (never trained through);
 - the count of skipped steps and of skipped steps in a row, as variables (checkpointed with the
@@ -20,6 +20,8 @@ the same skip/scale decision."""
 import keras
 import tensorflow as tf
 from keras import ops
+
+from tfscale import dedup
 
 DEFAULT_INITIAL_SCALE = 2.0 ** 15
 DEFAULT_GROWTH_STEPS = 2000
@@ -117,6 +119,5 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 def _scaled(gradient, factor):
     """`gradient * factor`, keeping IndexedSlices sparse."""
     if isinstance(gradient, tf.IndexedSlices):
-        return tf.IndexedSlices(gradient.values * ops.cast(factor, gradient.values.dtype),
-                                gradient.indices, gradient.dense_shape)
+        return dedup.with_values(gradient, gradient.values * ops.cast(factor, gradient.values.dtype))
     return gradient * ops.cast(factor, gradient.dtype)

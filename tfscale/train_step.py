@@ -20,8 +20,10 @@ from keras.src.models.model import functional_init_arguments
 from keras.src.saving import serialization_lib
 from keras.src.trainers.data_adapters import data_adapter_utils
 
-from tfscale import distributed
+from tfscale import dedup, distributed
+from tfscale.embedding_metrics import EmbeddingStepMetrics, timed
 from tfscale.errors import UserError
+from tfscale.staleness import StaleEmbeddingUpdates
 
 
 def densify(gradient):
@@ -35,19 +37,31 @@ class TrainStep:
     """Mixin holding tfscale's `train_step`; combine it with keras.Model (see the two classes
     below, one for subclassed and one for functional models)."""
 
-    def compile(self, *args, jit_compile="auto", embedding_exchange=None, **kwargs):
+    def compile(self, *args, jit_compile="auto", embedding_exchange=None, embedding_staleness=0,
+                **kwargs):
         """keras.Model.compile; under Horovod without XLA, which has no kernels for Horovod's
         ops (Keras's "auto" turns XLA on when there is a GPU). `embedding_exchange` is how this
         model's train step sends embedding gradients: "allgather", "dense", "topk", "gtopk" (at
         the default density) or a tfscale.distributed.TopKExchange; default: the one chosen at
-        tfscale.distributed.init. The top-k exchanges sparsify even in a single process."""
+        tfscale.distributed.init. The top-k exchanges sparsify even in a single process.
+        `embedding_staleness` T >= 1 applies each step's embedding gradients T steps later,
+        exchanged while those steps compute (tfscale.staleness); 0: synchronous."""
         exchange = distributed.resolve_embedding_exchange(
             embedding_exchange or distributed.embedding_exchange())
-        if distributed.is_active() or isinstance(exchange, distributed.TopKExchange):
+        staleness = int(embedding_staleness)
+        if staleness < 0:
+            raise UserError(f"--embedding_staleness={staleness}: give 0 (synchronous) or a "
+                            "positive number of steps")
+        if staleness and isinstance(exchange, distributed.TopKExchange):
+            raise UserError(f"--embedding_staleness={staleness} cannot be used with "
+                            f"--embedding_comm={exchange.method} (its error feedback is not "
+                            "built for delayed rows); use --embedding_comm=allgather or dense")
+        if distributed.is_active() or isinstance(exchange, distributed.TopKExchange) \
+                or staleness:
             if jit_compile is True:
-                raise ValueError("jit_compile=True cannot be used with Horovod or a top-k "
-                                 "exchange: their collectives and dynamic shapes have no XLA "
-                                 "kernels")
+                raise ValueError("jit_compile=True cannot be used with Horovod, a top-k "
+                                 "exchange or stale embedding updates: their collectives and "
+                                 "dynamic shapes have no XLA kernels")
             jit_compile = False
         super().compile(*args, jit_compile=jit_compile, **kwargs)
         if exchange != "allgather" and getattr(self.optimizer, "accepts_indexed_slices", False):
@@ -60,19 +74,31 @@ class TrainStep:
                             "--embedding_comm=allgather")
         self._embedding_exchange = exchange
         self._exchange_traffic = distributed.TrafficCounter()
+        self._embedding_metrics = EmbeddingStepMetrics()
+        self._stale_updates = None
+        if staleness:
+            self._stale_updates = StaleEmbeddingUpdates(
+                staleness, with_counts=getattr(self.optimizer, "accepts_indexed_slices", False))
 
     def per_rank_variables(self):
         """{name: tf.Variable} of state that differs between ranks (a top-k exchange's
-        residuals), for checkpoints; the model must be built."""
-        if not isinstance(self._embedding_exchange, distributed.TopKExchange):
-            return {}
-        self._embedding_exchange.build(self.trainable_variables)
-        return self._embedding_exchange.per_rank_variables()
+        residuals, the stale embedding updates' queues), for checkpoints; the model must be
+        built."""
+        named = {}
+        if isinstance(self._embedding_exchange, distributed.TopKExchange):
+            self._embedding_exchange.build(self.trainable_variables)
+            named.update(self._embedding_exchange.per_rank_variables())
+        if self._stale_updates is not None:
+            self._stale_updates.build(self.trainable_variables)
+            named.update(self._stale_updates.per_rank_variables())
+        return named
 
     def summary_scalars(self):
         """{name: value} for TensorBoard: bytes this rank sent and received in the last step's
-        gradient exchange (nothing before a step has exchanged anything)."""
-        return self._exchange_traffic.summary_scalars()
+        gradient exchange, the embedding exchange's time, the unique-id rate and the staleness
+        of the applied embedding gradients (each once a step has recorded it)."""
+        return {**self._exchange_traffic.summary_scalars(),
+                **self._embedding_metrics.summary_scalars()}
 
     def compile_from_config(self, config):
         """Keras's, which skips loading the compile state of any model that overrides `compile`;
@@ -83,39 +109,98 @@ class TrainStep:
 
     def train_step(self, data):
         x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
-        with tf.GradientTape() as tape:
+        stale = self._stale_updates
+        if stale is not None:
+            if not self.built:
+                raise ValueError("build the model before training it with embedding_staleness "
+                                 "(the queues need its embedding tables before the first step)")
+            # Issued before the forward pass, which does not depend on it: the exchange of the
+            # queued gradients overlaps this step's computation.
+            scale = self._loss_scale()
+            step = tf.identity(self.optimizer.iterations)
+            queued, origin = stale.pop(self.trainable_variables, scale)
+            pending = self._exchange_embeddings(queued)
+            self._embedding_metrics.record(
+                "embedding/staleness", tf.where(origin >= 0, tf.cast(step, tf.int64) - origin, 0))
+        with dedup.recording() as lookups, tf.GradientTape() as tape:
             y_pred = self(x, training=True)
             loss = self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
                                      training=True)
             batch_size = tf.shape(next(t for t in tree.flatten(x) if t is not None))[0]
             self._track_loss(loss, batch_size)
             loss = self.optimizer.scale_loss(loss)
-        variables = self.trainable_variables
+        variables = self.trainable_variables  # complete now, also for a model built by the call
         gradients = tape.gradient(loss, variables)
+        if getattr(self.optimizer, "accepts_indexed_slices", False):
+            gradients = dedup.attach_counts(gradients, variables, lookups)
+        self._embedding_metrics.record_unique_rate(lookups)
+        if stale is None:
+            gradients = self._exchange(gradients, variables)
+        else:
+            fresh = gradients
+            if distributed.is_active():
+                self._record_traffic([q if q is not None else g for g, q in zip(fresh, queued)])
+                gradients = distributed.exchange_gradients(
+                    [None if q is not None else g for g, q in zip(fresh, queued)],
+                    self._embedding_exchange)
+            gradients = [p if p is not None else g for g, p in zip(gradients, pending)]
+        if not getattr(self.optimizer, "accepts_indexed_slices", False):
+            gradients = [densify(g) for g in gradients]
+        if stale is not None:
+            applied = self.optimizer.check_finite(gradients) if scale is not None else True
+            self.optimizer.apply(gradients, variables)
+            stale.push(fresh, variables, applied, scale, step)
+        else:
+            self.optimizer.apply(gradients, variables)
+        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def _exchange(self, gradients, variables):
+        """The synchronous step's exchange of all gradients (nothing in a single process, except
+        that a top-k exchange sparsifies in any case)."""
         exchange = self._embedding_exchange
         if isinstance(exchange, distributed.TopKExchange):
             gradients, sent, received = exchange.exchange(
                 gradients, variables, self.optimizer.iterations, loss_scale=self._loss_scale())
             self._exchange_traffic.record(sent, received)
-        elif distributed.is_active():
-            # By default embedding gradients travel as IndexedSlices even to optimizers that
-            # densify them: the allgather's bytes grow with the batch's ids, a dense allreduce's
-            # with the table's size. Densifying after the exchange gives the same dense gradient.
-            one_way = distributed.exchange_bytes(
-                gradients, distributed.size(), exchange,
-                distributed.gradient_compression_name()) / 2
-            self._exchange_traffic.record(one_way, one_way)
-            gradients = distributed.exchange_gradients(gradients, exchange)
-        if not getattr(self.optimizer, "accepts_indexed_slices", False):
-            gradients = [densify(g) for g in gradients]
-        self.optimizer.apply(gradients, variables)
-        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+            return gradients
+        if not distributed.is_active():
+            return gradients
+        # By default embedding gradients travel as IndexedSlices even to optimizers that densify
+        # them: the allgather's bytes grow with the batch's ids, a dense allreduce's with the
+        # table's size. Densifying after the exchange gives the same dense gradient.
+        self._record_traffic(gradients)
+        inputs = [g.values if isinstance(g, tf.IndexedSlices) else g
+                  for g in gradients if g is not None]
+        gradients, seconds = timed(inputs, lambda: distributed.exchange_gradients(
+            gradients, exchange))
+        self._embedding_metrics.record("exchange/seconds", seconds)
+        return gradients
+
+    def _exchange_embeddings(self, queued):
+        """The queued embedding gradients averaged over the ranks (stale embedding updates)."""
+        if not distributed.is_active():
+            return queued
+        inputs = [g.values for g in queued if g is not None]
+        pending, seconds = timed(inputs, lambda: distributed.exchange_gradients(
+            queued, self._embedding_exchange, name_suffix="_stale_embeddings"))
+        self._embedding_metrics.record("exchange/embedding_seconds", seconds)
+        return pending
+
+    def _record_traffic(self, gradients):
+        """Records the modelled bytes this rank sends and receives to exchange `gradients`."""
+        one_way = distributed.exchange_bytes(
+            gradients, distributed.size(), self._embedding_exchange,
+            distributed.gradient_compression_name()) / 2
+        self._exchange_traffic.record(one_way, one_way)
 
     def _loss_scale(self):
-        """The factor the gradients carry: the loss scaler's scale, or None."""
-        if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
-            return self.optimizer.dynamic_scale
-        return None
+        """The factor this step's gradients carry: the loss scaler's scale (read before the
+        optimizer changes it; the optimizer is built first if need be), or None."""
+        if not isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+            return None
+        if not self.optimizer.built:
+            self.optimizer.build(self.trainable_variables)
+        return tf.identity(self.optimizer.dynamic_scale)
 
     def _track_loss(self, loss, batch_size):
         """Adds the batch's loss to the running mean; with a loss scaler, a non-finite loss is

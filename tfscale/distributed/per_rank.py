@@ -1,40 +1,49 @@
-"""State that differs between ranks (the top-k exchanges' error-feedback residuals) moved
-between the ranks and rank 0, which alone writes and reads checkpoints: gathered into arrays with
-a leading rank axis to save, handed back slice by slice after a restore."""
+"""State that differs between ranks (the top-k exchanges' error-feedback residuals, the stale
+embedding updates' queues) moved between the ranks and rank 0, which alone writes and reads
+checkpoints: gathered into one array per rank to save, handed back to each rank after a restore.
+The ranks' arrays may differ in their first dimension (a queue holds as many rows as its steps'
+unique ids)."""
 
+import numpy as np
 import tensorflow as tf
 
 from tfscale.distributed import runtime
 
 
 def gather_to_chief(variables):
-    """{name: array [P, ...]} of every rank's value of each of `variables` ({name:
-    tf.Variable}) on rank 0, None on the other ranks. Every rank must call it."""
+    """{name: [array of rank 0, ..., array of rank P-1]} of each of `variables` ({name:
+    tf.Variable}, at least 1-D) on rank 0, None on the other ranks. Every rank must call it."""
     hvd = runtime.horovod()
     if hvd is None:
-        return {name: variable.numpy()[None] for name, variable in variables.items()}
-    gathered = {name: hvd.allgather(tf.convert_to_tensor(variable)[None],
-                                    name=f"tfscale_per_rank_gather_{i}")
-                for i, (name, variable) in enumerate(sorted(variables.items()))}
+        return {name: [variable.numpy()] for name, variable in variables.items()}
+    gathered = {}
+    for i, (name, variable) in enumerate(sorted(variables.items())):
+        value = tf.convert_to_tensor(variable)
+        rows = hvd.allgather(tf.shape(value, out_type=tf.int64)[:1],
+                             name=f"tfscale_per_rank_rows_{i}")
+        gathered[name] = (hvd.allgather(value, name=f"tfscale_per_rank_gather_{i}"), rows)
     if hvd.rank() != 0:
         return None
-    return {name: value.numpy() for name, value in gathered.items()}
+    return {name: np.split(value.numpy(), np.cumsum(rows.numpy())[:-1])
+            for name, (value, rows) in gathered.items()}
 
 
 def scatter_from_chief(variables, arrays):
-    """Assigns to each of `variables` ({name: tf.Variable}) this rank's slice of rank 0's
-    `arrays` ({name: array [P, ...]}, as `gather_to_chief` made them; ignored on other ranks).
-    Every rank must call it."""
+    """Assigns to each of `variables` ({name: tf.Variable}) this rank's array of rank 0's
+    `arrays` ({name: [array per rank]}, as `gather_to_chief` made them; ignored on other
+    ranks). Every rank must call it."""
     hvd = runtime.horovod()
     if hvd is None:
         for name, variable in variables.items():
             variable.assign(arrays[name][0])
         return
     for i, (name, variable) in enumerate(sorted(variables.items())):
+        trailing = variable.shape.as_list()[1:]
         if hvd.rank() == 0:
-            value = tf.constant(arrays[name], variable.dtype)
-        else:
-            value = tf.zeros([hvd.size()] + variable.shape.as_list(), variable.dtype)
-        everyone = hvd.broadcast(value, root_rank=0, name=f"tfscale_per_rank_scatter_{i}")
-        variable.assign(everyone[hvd.rank()])
-
+            value = tf.constant(np.concatenate(arrays[name]), variable.dtype)
+            splits = tf.constant([len(a) for a in arrays[name]], tf.int32)
+        else:  # only rank 0 sends
+            value = tf.zeros([0] + trailing, variable.dtype)
+            splits = tf.zeros([hvd.size()], tf.int32)
+        mine, _ = hvd.alltoall(value, splits=splits, name=f"tfscale_per_rank_scatter_{i}")
+        variable.assign(mine)

@@ -7,8 +7,9 @@ Model (Gloo's ring algorithms, payload only: Horovod's negotiation, the allgathe
 exchange and TCP/IP headers are left out):
 - a dense tensor of n bytes is ring-allreduced (reduce-scatter, then allgather): each rank sends
   2(P-1)/P * n bytes and receives as many;
-- an IndexedSlices of c bytes per rank (values plus indices, every rank assumed to hold as many
-  rows as this one, true for embedding gradients at equal local batches: one row per occurrence)
+- an IndexedSlices of c bytes per rank (values plus indices, plus counts for a CountedSlices;
+  every rank assumed to hold as many rows as this one: true for plain lookups' gradients at
+  equal local batches, one row per occurrence; close for de-duplicated ones, one per unique id)
   is ring-allgathered: each rank sends P-1 chunks (its own, then the ones it forwards) and
   receives P-1, so (P-1) * c bytes each way;
 - with the "dense" exchange an IndexedSlices counts as its dense tensor (dense_shape's bytes).
@@ -17,6 +18,7 @@ bytes per step."""
 
 import tensorflow as tf
 
+from tfscale import dedup
 from tfscale.distributed.runtime import PLAIN_EXCHANGES
 
 
@@ -35,6 +37,8 @@ def exchange_bytes(gradients, num_ranks, embedding_exchange, compression="none")
             continue
         if isinstance(gradient, tf.IndexedSlices) and embedding_exchange == "allgather":
             chunk = tensor_bytes(gradient.values) + tensor_bytes(gradient.indices)
+            if isinstance(gradient, dedup.CountedSlices):
+                chunk += tensor_bytes(gradient.counts)
             one_way += (num_ranks - 1) * chunk
         else:
             elements = tf.reduce_prod(tf.cast(gradient.dense_shape, tf.int64)) \

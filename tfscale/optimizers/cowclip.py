@@ -22,7 +22,7 @@ import re
 import keras
 import tensorflow as tf
 
-from tfscale import embeddings
+from tfscale import dedup, embeddings
 from tfscale.optimizers.fused_adam import FusedAdam
 from tfscale.optimizers.row_sparse_adam import RowSparseAdam
 from tfscale.train_step import densify
@@ -32,11 +32,12 @@ MODES = ("faithful", "scalable")
 
 def aggregate_rows(gradient):
     """(unique row ids int64, the gradient summed per id, occurrence counts float32) of an
-    IndexedSlices gradient whose indices repeat once per occurrence of an id in the batch."""
+    IndexedSlices gradient whose rows stand for one occurrence each, or of a CountedSlices
+    (tfscale.dedup) whose rows carry their counts; an id may repeat (e.g. once per rank)."""
     ids, position = tf.unique(tf.cast(gradient.indices, tf.int64))
     num_ids = tf.shape(ids)[0]
     rows = tf.math.unsorted_segment_sum(gradient.values, position, num_ids)
-    counts = tf.math.unsorted_segment_sum(tf.ones_like(position, tf.float32), position, num_ids)
+    counts = tf.math.unsorted_segment_sum(dedup.occurrence_counts(gradient), position, num_ids)
     return ids, rows, counts
 
 
@@ -68,8 +69,9 @@ class CowClip(keras.optimizers.MultiOptimizer):
             tfscale.embeddings.FieldEmbedding's tables).
 
     Its gradients for embedding tables must arrive as IndexedSlices (one row per occurrence,
-    as tf.gather's gradient does), which is how the per-id counts are known; under Horovod they
-    must be the global batch's.
+    as tf.gather's gradient does) or as CountedSlices (one row per unique id with its count, from
+    de-duplicated lookups), which is how the per-id counts are known; under Horovod they must be
+    the global batch's.
     """
 
     accepts_indexed_slices = True  # tfscale.train_step passes embedding gradients unchanged
@@ -146,8 +148,7 @@ class CowClip(keras.optimizers.MultiOptimizer):
                 f"CowClip needs the gradient of embedding table {table.path} as IndexedSlices (row "
                 "ids and their counts) but got a dense tensor: give the table no regularizer (pass "
                 "l2= to CowClip instead) and look it up with a gather (keras.layers.Embedding)")
-        gradient = tf.IndexedSlices(tf.cast(gradient.values, table.dtype), gradient.indices,
-                                    gradient.dense_shape)
+        gradient = dedup.with_values(gradient, tf.cast(gradient.values, table.dtype))
         ids, rows, counts = aggregate_rows(gradient)
         weights = tf.convert_to_tensor(table)
         weight_rows = tf.gather(weights, ids)

@@ -1,0 +1,212 @@
+"""Hybrid training in one process (persia.md): host placement of the tables, de-duplicated
+lookups (same forward values and summed gradients as plain ones, counts kept for CowClip), and
+bounded-staleness embedding updates (staleness 0 is the synchronous step; with T >= 1 the tables
+lag exactly T steps, the dense part not at all; a skipped step keeps the queue)."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from keras import ops
+
+from models import DeepFM
+from tfscale import dedup, placement
+from tfscale.data.schema import FeatureSchema
+from tfscale.embeddings import FieldEmbedding
+from tfscale.errors import UserError
+from tfscale.loss_scaling import LossScaleOptimizer
+from tfscale.optimizers import CowClip
+from tfscale.optimizers.cowclip import aggregate_rows
+from tfscale.train_step import TrainStepModel
+
+SCHEMA = FeatureSchema(("d0", "d1"), ("c0", "c1", "c2"), (3, 6, 40))
+
+
+def batches(count, size, seed=0, schema=SCHEMA):
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        # Zipf-like ids: many repeats within a batch, as in real CTR data.
+        ids = np.minimum(rng.zipf(1.3, size=(size, schema.num_categorical)) - 1,
+                         np.array(schema.vocabulary_sizes) - 1)
+        features = {"dense": rng.random((size, schema.num_dense), dtype=np.float32),
+                    "categorical": ids.astype(np.int64)}
+        yield features, rng.integers(0, 2, size=(size, 1)).astype(np.float32)
+
+
+def test_tables_and_their_optimizer_state_live_in_host_memory():
+    model = DeepFM(SCHEMA, hidden_units=(8,))
+    model.build()
+    model.compile(keras.optimizers.Adam(1e-3), "binary_crossentropy")
+    model.optimizer.build(model.trainable_variables)
+    table = model.field_embedding.deep_table.embeddings
+    assert table.value.device.endswith("CPU:0"), table.value.device
+    slots = [v for v in model.optimizer.variables if "deep_embedding" in v.path]
+    assert slots and all(v.value.device.endswith("CPU:0") for v in slots), slots
+    assert placement.describe(model).startswith(
+        "placement: embedding tables on CPU:0, dense model on CPU:0 (no accelerator found)")
+
+
+def _lookup_and_gradient(deduplicate, ids, weights):
+    layer = FieldEmbedding((5, 9), embedding_dim=4, use_wide=True, deduplicate=deduplicate)
+    layer.build()
+    layer.deep_table.embeddings.assign(weights)
+    with dedup.recording() as record, tf.GradientTape() as tape:
+        embeddings, linear = layer(ids)
+        loss = tf.reduce_sum(embeddings * tf.range(1.0, 5.0)) + tf.reduce_sum(linear ** 2)
+    tables = [layer.deep_table.embeddings, layer.wide_table.embeddings]
+    return embeddings, linear, tape.gradient(loss, tables), record, tables
+
+
+def test_deduplicated_lookup_gives_the_plain_values_and_summed_gradients_with_counts():
+    ids = tf.constant([[1, 2], [1, 2], [4, 2], [1, 0]], tf.int64)
+    weights = np.random.default_rng(0).standard_normal((14, 4)).astype("float32")
+    plain = _lookup_and_gradient(False, ids, weights)
+    deduplicated = _lookup_and_gradient(True, ids, weights)
+    np.testing.assert_array_equal(plain[0], deduplicated[0])
+    np.testing.assert_array_equal(plain[1], deduplicated[1])
+    for plain_gradient, dedup_gradient in zip(plain[2], deduplicated[2]):
+        assert len(plain_gradient.indices) == 8  # one row per occurrence
+        assert len(dedup_gradient.indices) == 4  # one per unique row: 1, 4 and 5+2, 5+0
+        np.testing.assert_allclose(tf.convert_to_tensor(plain_gradient),
+                                   tf.convert_to_tensor(dedup_gradient), rtol=1e-6)
+    assert not plain[3].tables
+    counted = dedup.attach_counts(deduplicated[2], deduplicated[4], deduplicated[3])
+    assert all(isinstance(g, dedup.CountedSlices) for g in counted)
+    ids_plain, rows_plain, counts_plain = aggregate_rows(plain[2][0])
+    ids_dedup, rows_dedup, counts_dedup = aggregate_rows(counted[0])
+    order_plain, order_dedup = np.argsort(ids_plain), np.argsort(ids_dedup)
+    np.testing.assert_array_equal(np.asarray(ids_plain)[order_plain],
+                                  np.asarray(ids_dedup)[order_dedup])
+    np.testing.assert_array_equal(np.asarray(counts_plain)[order_plain], [3, 1, 1, 3])
+    np.testing.assert_array_equal(np.asarray(counts_dedup)[order_dedup], [3, 1, 1, 3])
+    np.testing.assert_allclose(np.asarray(rows_plain)[order_plain],
+                               np.asarray(rows_dedup)[order_dedup], rtol=1e-6)
+
+
+def test_a_table_looked_up_twice_in_one_step_is_refused():
+    layer = keras.layers.Embedding(10, 3)
+    layer.build((None,))
+    with dedup.recording():
+        dedup.lookup(layer, tf.constant([1, 2]))
+        with pytest.raises(ValueError, match="looked up more than once in one step"):
+            dedup.lookup(layer, tf.constant([3]))
+
+
+def _trained(optimizer_factory, deduplicate=True, staleness=0, steps=6, size=64, seed=0):
+    keras.utils.set_random_seed(seed)
+    model = DeepFM(SCHEMA, hidden_units=(8, 8), deduplicate_ids=deduplicate)
+    model.build()
+    model.compile(optimizer_factory(), "binary_crossentropy", embedding_staleness=staleness)
+    for features, labels in batches(steps, size, seed=seed):
+        model.train_on_batch(features, labels)
+    return model
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "cowclip"])
+def test_deduplicated_and_plain_lookups_train_alike(optimizer):
+    def factory():
+        if optimizer == "adam":
+            return keras.optimizers.Adam(1e-2)
+        # A small r clips many rows, so wrong counts would change the update.
+        return CowClip(embedding_optimizer=keras.optimizers.Adam(1e-2), l2=1e-4, r=0.05)
+
+    deduplicated = _trained(factory, deduplicate=True)
+    plain = _trained(factory, deduplicate=False)
+    for a, b in zip(deduplicated.get_weights(), plain.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    if optimizer == "cowclip":  # the counts reached the clip, which clipped rows
+        clip, plain_clip = (sorted(m.optimizer.summary_scalars().values())
+                            for m in (deduplicated, plain))
+        assert clip == pytest.approx(plain_clip, rel=1e-5)
+        assert 0 < clip[0] < 1, clip  # the clipped fraction
+
+
+def test_staleness_zero_is_the_synchronous_step():
+    synchronous = _trained(lambda: keras.optimizers.Adam(1e-2))
+    zero = _trained(lambda: keras.optimizers.Adam(1e-2), staleness=0)
+    assert zero._stale_updates is None
+    for a, b in zip(synchronous.get_weights(), zero.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+class LinearProbe(TrainStepModel):
+    """y = sum of the ids' embedding rows + x . w, trained to lower mean(y): every gradient is a
+    constant of the batch (1/B per occurrence, mean(x) for w), whatever the weights, so a table
+    that lags T steps equals the synchronous table T steps earlier, exactly."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.embedding = FieldEmbedding(SCHEMA.vocabulary_sizes, embedding_dim=1)
+        self.linear = keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")
+
+    def build(self, input_shape=None):
+        self.embedding.build()
+        self.linear.build((None, SCHEMA.num_dense))
+
+    def call(self, features):
+        rows = ops.sum(self.embedding(features["categorical"]), axis=(1, 2))
+        return rows[:, None] + self.linear(features["dense"])
+
+
+def _probe_tables(staleness, steps, scaled=False):
+    """The table and kernel after each step, trained with SGD at `staleness`."""
+    keras.utils.set_random_seed(0)
+    model = LinearProbe()
+    model.build()
+    optimizer = keras.optimizers.SGD(0.5)
+    if scaled:
+        optimizer = LossScaleOptimizer(optimizer, initial_scale=2.0 ** 10)
+    model.compile(optimizer, loss=lambda y, p: ops.mean(p), embedding_staleness=staleness)
+    tables, kernels = [model.embedding.deep_table.embeddings.numpy()], [model.linear.kernel.numpy()]
+    for features, labels in batches(steps, 32):
+        model.train_on_batch(features, labels)
+        tables.append(model.embedding.deep_table.embeddings.numpy())
+        kernels.append(model.linear.kernel.numpy())
+    return model, tables, kernels
+
+
+@pytest.mark.parametrize("staleness", [1, 2])
+def test_stale_tables_lag_exactly_t_steps_and_dense_weights_none(staleness):
+    _, synchronous, sync_kernels = _probe_tables(0, 6)
+    model, stale, stale_kernels = _probe_tables(staleness, 6)
+    for step in range(7):
+        np.testing.assert_allclose(stale[step], synchronous[max(step - staleness, 0)],
+                                   rtol=1e-6, err_msg=f"step {step}")
+        np.testing.assert_array_equal(stale_kernels[step], sync_kernels[step])
+    assert not np.allclose(stale[6], synchronous[6])  # the lag is real
+    assert model.summary_scalars()["embedding/staleness"] == staleness
+    assert 0 < model.summary_scalars()["embedding/unique_id_rate"] < 1
+
+
+def test_a_skipped_step_keeps_the_queue_and_delays_it():
+    model, _, _ = _probe_tables(1, 3, scaled=True)
+    queue = {name: v.numpy() for name, v in model.per_rank_variables().items()}
+    table = model.embedding.deep_table.embeddings.numpy()
+    features, labels = next(batches(1, 32, seed=7))
+    features["dense"][0, 0] = np.inf  # a non-finite gradient: the scaler skips the step
+    model.train_on_batch(features, labels)
+    assert int(model.optimizer.skipped_steps.numpy()) == 1
+    for name, variable in model.per_rank_variables().items():
+        np.testing.assert_array_equal(variable.numpy(), queue[name], err_msg=name)
+    np.testing.assert_array_equal(model.embedding.deep_table.embeddings.numpy(), table)
+    features, labels = next(batches(1, 32, seed=8))  # the next step applies the kept gradient
+    model.train_on_batch(features, labels)
+    assert not np.array_equal(model.embedding.deep_table.embeddings.numpy(), table)
+
+
+def test_loss_scaled_stale_updates_equal_unscaled_ones():
+    _, unscaled, _ = _probe_tables(1, 4)
+    _, scaled, _ = _probe_tables(1, 4, scaled=True)
+    for a, b in zip(unscaled, scaled):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_staleness_refuses_topk_exchanges_and_negative_values():
+    model = DeepFM(SCHEMA, hidden_units=(8,))
+    model.build()
+    with pytest.raises(UserError, match="--embedding_staleness=1 cannot be used with "
+                                        "--embedding_comm=gtopk"):
+        model.compile("adam", "binary_crossentropy", embedding_exchange="gtopk",
+                      embedding_staleness=1)
+    with pytest.raises(UserError, match="--embedding_staleness=-1"):
+        model.compile("adam", "binary_crossentropy", embedding_staleness=-1)

@@ -1,0 +1,116 @@
+"""ID de-duplication (persia.md's "compact batch"): an embedding lookup of a batch's unique ids
+gathered back by index, the per-step record of those lookups, and `CountedSlices`, the embedding
+gradient that keeps each unique id's number of occurrences for CowClip.
+
+A plain lookup's gradient has one row per occurrence of an id; a de-duplicated lookup's has one
+row per unique id, already summed, so the exchange and the optimizer handle fewer rows. CowClip
+clips each id by its occurrence count, which the summed rows no longer show: the train step
+records each step's lookups (`recording`) and turns the tables' gradients into CountedSlices
+(`attach_counts`), which the exchange carries over the ranks (counts allgathered beside the rows)
+and CowClip sums per id. Why not Keras's or keras-rs's lookups: neither de-duplicates nor
+reports counts."""
+
+import contextlib
+import threading
+
+import tensorflow as tf
+
+
+class CountedSlices(tf.IndexedSlices):
+    """IndexedSlices whose row i stands for `counts[i]` occurrences of id `indices[i]` (float32
+    [n]); every TensorFlow and Keras function treats it as the IndexedSlices it is."""
+
+    def __init__(self, values, indices, dense_shape, counts):
+        super().__init__(values, indices, dense_shape)
+        self.counts = counts
+
+
+def with_values(gradient, values):
+    """`gradient` (IndexedSlices or CountedSlices) with `values` instead of its own."""
+    if isinstance(gradient, CountedSlices):
+        return CountedSlices(values, gradient.indices, gradient.dense_shape, gradient.counts)
+    return tf.IndexedSlices(values, gradient.indices, gradient.dense_shape)
+
+
+def occurrence_counts(gradient):
+    """Float32 [n]: how many occurrences each row of an IndexedSlices gradient stands for (its
+    counts for a CountedSlices, 1 per row otherwise)."""
+    if isinstance(gradient, CountedSlices):
+        return tf.cast(gradient.counts, tf.float32)
+    return tf.ones_like(gradient.indices, tf.float32)
+
+
+_local = threading.local()
+
+
+class LookupRecord:
+    """The de-duplicated lookups of one step: table path -> (unique rows, counts), and the number
+    of ids looked up (for the unique-id rate)."""
+
+    def __init__(self):
+        self.tables = {}
+        self.ids_looked_up = tf.constant(0, tf.int64)
+
+    def add(self, table, unique_rows, counts):
+        if table.path in self.tables:
+            raise ValueError(f"embedding table {table.path} is looked up more than once in one "
+                             "step: its gradient rows could not be matched to their counts; look "
+                             "all of a step's ids up in one call")
+        self.tables[table.path] = (unique_rows, tf.cast(counts, tf.float32))
+        self.ids_looked_up += tf.cast(tf.reduce_sum(counts), tf.int64)
+
+    def unique_ids(self):
+        """The unique (table, row) pairs looked up (int64 scalar)."""
+        total = tf.constant(0, tf.int64)
+        for unique_rows, _ in self.tables.values():
+            total += tf.size(unique_rows, tf.int64)
+        return total
+
+
+@contextlib.contextmanager
+def recording():
+    """Records the de-duplicated lookups made inside the block into the LookupRecord it yields."""
+    record = LookupRecord()
+    previous = getattr(_local, "record", None)
+    _local.record = record
+    try:
+        yield record
+    finally:
+        _local.record = previous
+
+
+def lookup(table_layer, rows):
+    """`table_layer(rows)` (a keras.layers.Embedding) computed on the unique rows only: one gather
+    of the unique rows, gathered back to `rows`' shape. Recorded for the step when inside
+    `recording()`."""
+    flat = tf.reshape(rows, [-1])
+    unique_rows, position, counts = tf.unique_with_counts(flat, out_idx=tf.int64)
+    vectors = table_layer(unique_rows)
+    record = getattr(_local, "record", None)
+    if record is not None:
+        record.add(table_layer.embeddings, unique_rows, counts)
+    shape = tf.concat([tf.shape(rows, out_type=tf.int64), tf.shape(vectors, out_type=tf.int64)[1:]],
+                      axis=0)
+    return tf.reshape(tf.gather(vectors, position), shape)
+
+
+def attach_counts(gradients, variables, record):
+    """`gradients` with each recorded table's IndexedSlices turned into CountedSlices (the rows
+    of a de-duplicated lookup's gradient are its unique rows in order, so the counts line up;
+    checked in the graph)."""
+    result = []
+    for gradient, variable in zip(gradients, variables):
+        entry = record.tables.get(variable.path)
+        if entry is None or not isinstance(gradient, tf.IndexedSlices):
+            result.append(gradient)
+            continue
+        unique_rows, counts = entry
+        check = tf.debugging.assert_equal(
+            tf.cast(gradient.indices, tf.int64), unique_rows,
+            message=f"the gradient rows of {variable.path} are not its de-duplicated lookup's "
+                    "(is the table also looked up elsewhere?)")
+        with tf.control_dependencies([check]):
+            counts = tf.identity(counts)
+        result.append(CountedSlices(gradient.values, gradient.indices, gradient.dense_shape,
+                                    counts))
+    return result
