@@ -43,29 +43,35 @@ def two_rank_states(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("data_parallel")
     result = horovodrun(2, ["tests/multiworker/data_parallel_steps.py", str(out_dir)])
     assert result.returncode == 0, result.stdout
-    return {(name, exchange, rank): load_state(out_dir / f"{name}-{exchange}-rank{rank}.npz")
-            for name, exchange in data_parallel_steps.RUNS for rank in (0, 1)}
+    return {(name, exchange, staleness, rank):
+            load_state(out_dir / f"{name}-{exchange}-stale{staleness}-rank{rank}.npz")
+            for name, exchange, staleness in data_parallel_steps.RUNS for rank in (0, 1)}
 
 
+@pytest.mark.parametrize("staleness", [0, 1])
 @pytest.mark.parametrize("optimizer", data_parallel_steps.OPTIMIZERS)
-def test_two_ranks_at_half_batch_match_one_process_at_full_batch(two_rank_states, optimizer):
-    expected = data_parallel_steps.train(optimizer, rank=0, num_ranks=1)
-    actual = two_rank_states[(optimizer, "allgather", 0)]
+def test_two_ranks_at_half_batch_match_one_process_at_full_batch(two_rank_states, optimizer,
+                                                                 staleness):
+    """With de-duplicated lookups (the default): each rank's unique rows and, for CowClip, their
+    counts, summed over the ranks, are the global batch's."""
+    expected = data_parallel_steps.train(optimizer, rank=0, num_ranks=1,
+                                         embedding_staleness=staleness)
+    actual = two_rank_states[(optimizer, "allgather", staleness, 0)]
     assert len(actual) == len(expected)
     for i, (want, got) in enumerate(zip(expected, actual)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"variable {i}")
 
 
-@pytest.mark.parametrize("optimizer, exchange", data_parallel_steps.RUNS)
-def test_ranks_end_bitwise_identical(two_rank_states, optimizer, exchange):
-    for i, (rank0, rank1) in enumerate(zip(two_rank_states[(optimizer, exchange, 0)],
-                                           two_rank_states[(optimizer, exchange, 1)])):
+@pytest.mark.parametrize("optimizer, exchange, staleness", data_parallel_steps.RUNS)
+def test_ranks_end_bitwise_identical(two_rank_states, optimizer, exchange, staleness):
+    for i, (rank0, rank1) in enumerate(zip(two_rank_states[(optimizer, exchange, staleness, 0)],
+                                           two_rank_states[(optimizer, exchange, staleness, 1)])):
         np.testing.assert_array_equal(rank0, rank1, err_msg=f"variable {i}")
 
 
 def test_dense_embedding_exchange_trains_to_the_allgathers_weights(two_rank_states):
-    allgather = two_rank_states[("adam", "allgather", 0)]
-    dense = two_rank_states[("adam", "dense", 0)]
+    allgather = two_rank_states[("adam", "allgather", 0, 0)]
+    dense = two_rank_states[("adam", "dense", 0, 0)]
     assert len(dense) == len(allgather)
     for i, (want, got) in enumerate(zip(allgather, dense)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"variable {i}")

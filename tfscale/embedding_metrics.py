@@ -2,6 +2,8 @@
 rate of the batch's de-duplicated lookups, the staleness of the embedding gradients it applied,
 and the wall time of the exchange that carried them."""
 
+import time
+
 import tensorflow as tf
 
 
@@ -31,13 +33,17 @@ class EmbeddingStepMetrics:
 
 def timed(inputs, run):
     """(run(), seconds from when `inputs` (tensors) are ready until run()'s outputs are) in the
-    graph: tf.timestamp ops bracketing the computation; the time includes whatever runs
-    alongside it."""
+    graph; the time includes whatever runs alongside it. The clock is read by a py_function:
+    tf.timestamp refuses to run under op determinism (the launcher's --deterministic)."""
     with tf.control_dependencies(inputs):
-        start = tf.timestamp()
+        start = _clock()
     with tf.control_dependencies([start]):
         outputs = run()
     flat = [t for t in tf.nest.flatten(outputs, expand_composites=True) if t is not None]
     with tf.control_dependencies(flat):
-        end = tf.timestamp()
+        end = _clock()
     return outputs, end - start
+
+
+def _clock():
+    return tf.py_function(time.perf_counter, [], tf.float64)

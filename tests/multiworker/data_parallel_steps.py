@@ -1,7 +1,8 @@
 """Run under horovodrun with an output directory: each rank trains a small DeepFM for STEPS steps
 on its slice of every global batch, for each of RUNS (Adam and CowClip with the allgather
-embedding exchange, Adam with the dense and the gTop-k ones), and writes its final model and optimizer variables
-(in `model_state` order) to OUT_DIR/<optimizer>-<exchange>-rank<r>.npz. Imported by
+embedding exchange, synchronous and with embedding updates one step stale; Adam with the dense
+and the gTop-k ones), and writes its final model and optimizer variables (in `model_state` order)
+to OUT_DIR/<optimizer>-<exchange>-stale<T>-rank<r>.npz. Imported by
 tests/test_distributed.py, whose process (no Horovod) trains the one-process reference on the
 whole global batches, and by the other multi-process scripts."""
 
@@ -22,7 +23,9 @@ from tfscale.training import build_model_and_optimizer  # noqa: E402
 GLOBAL_BATCH = 256
 STEPS = 20
 OPTIMIZERS = ("adam", "cowclip")
-RUNS = (("adam", "allgather"), ("cowclip", "allgather"), ("adam", "dense"), ("adam", "gtopk"))
+# (optimizer, embedding exchange, embedding staleness)
+RUNS = (("adam", "allgather", 0), ("cowclip", "allgather", 0), ("adam", "dense", 0),
+        ("adam", "gtopk", 0), ("adam", "allgather", 1), ("cowclip", "allgather", 1))
 
 
 def source():
@@ -37,13 +40,13 @@ def make_optimizer(name):
                    FusedAdam(learning_rate=1e-3, name="dense"), l2=1e-4)
 
 
-def compiled_model(schema, optimizer, embedding_exchange="allgather"):
+def compiled_model(schema, optimizer, embedding_exchange="allgather", embedding_staleness=0):
     """A small DeepFM, seeded identically on every rank, compiled and built (and, under Horovod,
     set to rank 0's variables)."""
     keras.utils.set_random_seed(0)
     model = models.build_model("deepfm", schema, hidden_units=[32, 32])
     model.compile(optimizer=optimizer, loss=keras.losses.BinaryCrossentropy(),
-                  embedding_exchange=embedding_exchange)
+                  embedding_exchange=embedding_exchange, embedding_staleness=embedding_staleness)
     build_model_and_optimizer(model, schema)
     distributed.broadcast_model_and_optimizer(model)
     return model
@@ -67,10 +70,11 @@ def model_state(model):
     return [v.numpy() for v in list(model.variables) + list(model.optimizer.variables)]
 
 
-def train(optimizer_name, rank, num_ranks, embedding_exchange="allgather"):
+def train(optimizer_name, rank, num_ranks, embedding_exchange="allgather", embedding_staleness=0):
     """Final variables after STEPS steps of rank `rank` of `num_ranks` (1: the reference)."""
     data = source()
-    model = compiled_model(data.schema, make_optimizer(optimizer_name), embedding_exchange)
+    model = compiled_model(data.schema, make_optimizer(optimizer_name), embedding_exchange,
+                           embedding_staleness)
     batches = rank_slice(data.train_batches(GLOBAL_BATCH), rank, num_ranks)
     model.fit(batches, epochs=1, verbose=0, shuffle=False)
     assert int(model.optimizer.iterations) == STEPS
@@ -79,10 +83,10 @@ def train(optimizer_name, rank, num_ranks, embedding_exchange="allgather"):
 
 def main(out_dir):
     distributed.init()
-    for name, exchange in RUNS:
-        state = train(name, distributed.rank(), distributed.size(), exchange)
-        np.savez(os.path.join(out_dir, f"{name}-{exchange}-rank{distributed.rank()}.npz"),
-                 *state)
+    for name, exchange, staleness in RUNS:
+        state = train(name, distributed.rank(), distributed.size(), exchange, staleness)
+        np.savez(os.path.join(out_dir, f"{name}-{exchange}-stale{staleness}-rank"
+                                       f"{distributed.rank()}.npz"), *state)
     print(f"rank {distributed.rank()} of {distributed.size()} done", flush=True)
 
 
