@@ -1,5 +1,6 @@
 """Launching test scripts under `horovodrun -np N --gloo` on loopback, for the multi-process
-tests."""
+tests, or as one plain process (a reference computed away from pytest's process, whose earlier
+tests may have changed its threading, e.g. by importing torch)."""
 
 import os
 import subprocess
@@ -17,3 +18,12 @@ def horovodrun(num_ranks, args, timeout=240):
     env = dict(os.environ, PYTHONPATH=REPO_ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     return subprocess.run(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=timeout)
+
+
+def python(args, timeout=240):
+    """Runs `python ARGS` as one process (no Horovod) and returns the CompletedProcess (stdout
+    and stderr merged into stdout)."""
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.run([sys.executable] + list(args), cwd=REPO_ROOT, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=timeout)

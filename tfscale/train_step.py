@@ -21,7 +21,7 @@ from keras.src.saving import serialization_lib
 from keras.src.trainers.data_adapters import data_adapter_utils
 
 from tfscale import dedup, distributed
-from tfscale.embedding_metrics import EmbeddingStepMetrics, timed
+from tfscale.embedding_metrics import EmbeddingStepMetrics
 from tfscale.errors import UserError
 from tfscale.staleness import StaleEmbeddingUpdates
 
@@ -171,8 +171,8 @@ class TrainStep:
         self._record_traffic(gradients)
         inputs = [g.values if isinstance(g, tf.IndexedSlices) else g
                   for g in gradients if g is not None]
-        gradients, seconds = timed(inputs, lambda: distributed.exchange_gradients(
-            gradients, exchange))
+        gradients, seconds = self._embedding_metrics.timed(
+            inputs, lambda: distributed.exchange_gradients(gradients, exchange))
         self._embedding_metrics.record("exchange/seconds", seconds)
         return gradients
 
@@ -181,8 +181,9 @@ class TrainStep:
         if not distributed.is_active():
             return queued
         inputs = [g.values for g in queued if g is not None]
-        pending, seconds = timed(inputs, lambda: distributed.exchange_gradients(
-            queued, self._embedding_exchange, name_suffix="_stale_embeddings"))
+        pending, seconds = self._embedding_metrics.timed(
+            inputs, lambda: distributed.exchange_gradients(
+                queued, self._embedding_exchange, name_suffix="_stale_embeddings"))
         self._embedding_metrics.record("exchange/embedding_seconds", seconds)
         return pending
 

@@ -2,9 +2,10 @@
 on its slice of every global batch, for each of RUNS (Adam and CowClip with the allgather
 embedding exchange, synchronous and with embedding updates one step stale; Adam with the dense
 and the gTop-k ones), and writes its final model and optimizer variables (in `model_state` order)
-to OUT_DIR/<optimizer>-<exchange>-stale<T>-rank<r>.npz. Imported by
-tests/test_distributed.py, whose process (no Horovod) trains the one-process reference on the
-whole global batches, and by the other multi-process scripts."""
+to OUT_DIR/<optimizer>-<exchange>-stale<T>-rank<r>.npz. Run without horovodrun, it trains the
+one-process reference of each allgather run on the whole global batches instead and writes
+OUT_DIR/<optimizer>-allgather-stale<T>-reference.npz. Used by tests/test_distributed.py;
+imported by the other multi-process scripts."""
 
 import os
 import sys
@@ -82,11 +83,15 @@ def train(optimizer_name, rank, num_ranks, embedding_exchange="allgather", embed
 
 
 def main(out_dir):
-    distributed.init()
-    for name, exchange, staleness in RUNS:
+    if distributed.launched_by_horovodrun():
+        distributed.init()
+        runs, label = RUNS, f"rank{distributed.rank()}"
+    else:
+        runs, label = [run for run in RUNS if run[1] == "allgather"], "reference"
+    for name, exchange, staleness in runs:
         state = train(name, distributed.rank(), distributed.size(), exchange, staleness)
-        np.savez(os.path.join(out_dir, f"{name}-{exchange}-stale{staleness}-rank"
-                                       f"{distributed.rank()}.npz"), *state)
+        np.savez(os.path.join(out_dir, f"{name}-{exchange}-stale{staleness}-{label}.npz"),
+                 *state)
     print(f"rank {distributed.rank()} of {distributed.size()} done", flush=True)
 
 

@@ -1,0 +1,119 @@
+"""Step time, exchange time and bytes per step of DeepFM with plain and de-duplicated embedding
+lookups, and with synchronous and one-step-stale embedding updates (persia.md):
+
+    horovodrun -np P -H localhost:P --gloo python -m benchmarks.hybrid_steps --batch_size=B
+
+(`BENCHMARK=benchmarks.hybrid_steps benchmarks/run_under_1gbit.sh P --batch_size=B` runs it on a
+loopback shaped to 1 Gbit.) Each rank builds one DeepFM (embedding 10, DNN 400-400-400) with
+FusedAdam and the allgather exchange per variant, from the same seed, and trains each on its
+fixed B/P slice of one global batch of the synthetic data. After the warm-up, every round runs
+one step of each variant in turn, so machine load hits all alike. Per step the train step itself
+records the bytes it exchanged (tfscale.distributed.exchange_bytes, Gloo ring model), the
+unique-id rate of the rank's batch and the wall time of the exchange (all gradients in one
+grouped collective when synchronous; the embedding gradients alone, overlapping the step's
+computation, when stale). Rank 0 prints one markdown row per variant; times are rank 0's
+medians."""
+
+import os
+import statistics
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+import models  # noqa: E402
+from benchmarks.timing import machine_description  # noqa: E402
+from tfscale import distributed  # noqa: E402
+from tfscale.data.synthetic import SyntheticCTR  # noqa: E402
+from tfscale.optimizers import FusedAdam  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("batch_size", 65536, "Global batch, split evenly over the ranks.")
+flags.DEFINE_integer("warmup_steps", 3, "Untimed steps per variant (the first one traces).")
+flags.DEFINE_integer("rounds", 5, "Timed rounds; each times one step of every variant.")
+
+# (de-duplicated lookups, embedding staleness); the first is the baseline.
+VARIANTS = ((False, 0), (True, 0), (True, 1))
+
+
+class VariantRun:
+    """One DeepFM trained with one variant on this rank's fixed batch, and its per-step
+    numbers."""
+
+    def __init__(self, deduplicate, staleness, schema, batch):
+        keras.utils.set_random_seed(0)
+        self.deduplicate, self.staleness = deduplicate, staleness
+        self.model = models.build_model("deepfm", schema, deduplicate_ids=deduplicate)
+        self.model.compile(optimizer=FusedAdam(learning_rate=1e-3),
+                           loss=keras.losses.BinaryCrossentropy(),
+                           embedding_exchange="allgather", embedding_staleness=staleness)
+        self.features, self.labels = batch
+        self.records = []
+
+    @property
+    def label(self):
+        lookups = "de-duplicated" if self.deduplicate else "plain"
+        return f"{lookups} | {self.staleness}"
+
+    def step(self, timed):
+        started = time.perf_counter()
+        self.model.train_on_batch(self.features, self.labels)
+        seconds = time.perf_counter() - started
+        if timed:
+            scalars = self.model.summary_scalars()
+            exchange = scalars.get("exchange/embedding_seconds", scalars.get("exchange/seconds"))
+            self.records.append((seconds, exchange, scalars["exchange/bytes_sent"]
+                                 + scalars["exchange/bytes_received"],
+                                 scalars.get("embedding/unique_id_rate")))
+
+    def median(self, column):
+        values = [record[column] for record in self.records]
+        return None if values[0] is None else statistics.median(values)
+
+
+def main(argv):
+    del argv
+    if not distributed.launched_by_horovodrun():
+        raise app.UsageError("run under horovodrun -np P (P >= 2), see the module docstring")
+    distributed.init()
+    if not distributed.is_active():
+        raise app.UsageError("needs at least 2 Horovod ranks")
+    local_batch = distributed.local_batch_size(FLAGS.batch_size)
+    source = SyntheticCTR(seed=0, train_rows=FLAGS.batch_size, test_rows=1024)
+    batch = next(iter(source.train_batches(local_batch, **distributed.data_shard())))
+    runs = [VariantRun(deduplicate, staleness, source.schema, batch)
+            for deduplicate, staleness in VARIANTS]
+    for run in runs:
+        for _ in range(FLAGS.warmup_steps):
+            run.step(timed=False)
+    for _ in range(FLAGS.rounds):
+        for run in runs:
+            run.step(timed=True)
+    if distributed.is_chief():
+        report(runs, source.schema, distributed.size(), local_batch)
+
+
+def report(runs, schema, ranks, local_batch):
+    """Rank 0's description line, table header and one row per variant."""
+    print(f"Machine: {machine_description()}.")
+    print(f"DeepFM (embedding 10, DNN 400-400-400, {schema.num_categorical} fields, "
+          f"{sum(schema.vocabulary_sizes):,} ids) with FusedAdam and the allgather exchange; "
+          f"global batch {FLAGS.batch_size:,} over {ranks} ranks ({local_batch:,} each); "
+          f"medians of rank 0 over {FLAGS.rounds} rounds alternating the variants after "
+          f"{FLAGS.warmup_steps} warm-up steps each; MB = 10^6 bytes.\n")
+    print("| P | global batch | lookups | staleness | unique-id rate | step (s) | / baseline | "
+          "exchange (s) | exchange / step | MB sent+received per rank per step | / baseline |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    base_step, base_bytes = runs[0].median(0), runs[0].median(2)
+    for run in runs:
+        step, exchange, nbytes, rate = (run.median(column) for column in range(4))
+        rate_text = "" if rate is None else f"{rate:.3f}"
+        print(f"| {ranks} | {FLAGS.batch_size:,} | {run.label} | {rate_text} | {step:.2f} | "
+              f"{step / base_step:.2f} | {exchange:.2f} | {exchange / step:.2f} | "
+              f"{nbytes / 1e6:,.1f} | {nbytes / base_bytes:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)
