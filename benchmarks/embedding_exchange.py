@@ -22,7 +22,7 @@ import tensorflow as tf  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 import models  # noqa: E402
-from benchmarks.timing import machine_description  # noqa: E402
+from benchmarks.timing import machine_description, start_horovod_ranks  # noqa: E402
 from tfscale import distributed  # noqa: E402
 from tfscale.data.synthetic import SyntheticCTR  # noqa: E402
 from tfscale.optimizers import FusedAdam  # noqa: E402
@@ -73,11 +73,7 @@ def batch_gradients(model, features, labels):
 
 def main(argv):
     del argv
-    if not distributed.launched_by_horovodrun():
-        raise app.UsageError("run under horovodrun -np P (P >= 2), see the module docstring")
-    distributed.init()
-    if not distributed.is_active():
-        raise app.UsageError("needs at least 2 Horovod ranks")
+    start_horovod_ranks()
     ranks = distributed.size()
     local_batch = distributed.local_batch_size(FLAGS.batch_size)
     source = SyntheticCTR(seed=0, train_rows=FLAGS.batch_size, test_rows=1024)

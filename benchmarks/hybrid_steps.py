@@ -24,7 +24,7 @@ import keras  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 import models  # noqa: E402
-from benchmarks.timing import machine_description  # noqa: E402
+from benchmarks.timing import machine_description, start_horovod_ranks  # noqa: E402
 from tfscale import distributed  # noqa: E402
 from tfscale.data.synthetic import SyntheticCTR  # noqa: E402
 from tfscale.optimizers import FusedAdam  # noqa: E402
@@ -35,7 +35,7 @@ flags.DEFINE_integer("warmup_steps", 3, "Untimed steps per variant (the first on
 flags.DEFINE_integer("rounds", 5, "Timed rounds; each times one step of every variant.")
 
 # (de-duplicated lookups, embedding staleness); the first is the baseline.
-VARIANTS = ((False, 0), (True, 0), (True, 1))
+VARIANTS = ((False, 0), (False, 1), (True, 0), (True, 1))
 
 
 class VariantRun:
@@ -75,11 +75,7 @@ class VariantRun:
 
 def main(argv):
     del argv
-    if not distributed.launched_by_horovodrun():
-        raise app.UsageError("run under horovodrun -np P (P >= 2), see the module docstring")
-    distributed.init()
-    if not distributed.is_active():
-        raise app.UsageError("needs at least 2 Horovod ranks")
+    start_horovod_ranks()
     local_batch = distributed.local_batch_size(FLAGS.batch_size)
     source = SyntheticCTR(seed=0, train_rows=FLAGS.batch_size, test_rows=1024)
     batch = next(iter(source.train_batches(local_batch, **distributed.data_shard())))

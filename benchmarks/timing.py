@@ -1,5 +1,5 @@
-"""Timing a model's training steps from inside `model.fit`, and the machine line every benchmark
-prints."""
+"""Timing a model's training steps from inside `model.fit`, the machine line every benchmark
+prints, and the start of the benchmarks that run under horovodrun."""
 
 import os
 import pathlib
@@ -51,3 +51,17 @@ def examples_per_second(model, fit_args, batch_size, warmup, steps):
     model.fit(**fit_args, callbacks=[timer], verbose=0, shuffle=False)
     timed = timer.times[warmup - 1:warmup + steps]
     return batch_size * (len(timed) - 1) / (timed[-1] - timed[0])
+
+
+def start_horovod_ranks():
+    """Starts Horovod in a benchmark launched by horovodrun with 2 or more ranks, or stops it
+    with a usage error."""
+    from absl import app
+
+    from tfscale import distributed
+
+    if not distributed.launched_by_horovodrun():
+        raise app.UsageError("run under horovodrun -np P (P >= 2), see the module docstring")
+    distributed.init()
+    if not distributed.is_active():
+        raise app.UsageError("needs at least 2 Horovod ranks")

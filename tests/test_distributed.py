@@ -13,11 +13,10 @@ import time
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from tests.horovod_launch import REPO_ROOT, horovodrun, python
 from tests.multiworker import data_parallel_steps, loss_scale_skip
-from tests.test_launcher import checkpoint_values
+from tests.test_launcher import checkpoint_values, train_scalars
 from tfscale.errors import UserError
 
 # 6400 rows / 2 shards / 128 per rank = 25 steps per epoch.
@@ -146,10 +145,7 @@ def test_launcher_under_horovodrun(launched_run):
     assert sorted(os.listdir(f"{run_dir}/ckpt")) == ["latest", "step-0000000020",
                                                      "step-0000000025"]
     # Bytes of the gradient exchange per step in TensorBoard (dense allreduce and gTop-k rounds).
-    events = glob.glob(f"{run_dir}/logs/train/events.out.tfevents.*")[0]
-    scalars = {value.tag: float(tf.make_ndarray(value.tensor))
-               for event in tf.compat.v1.train.summary_iterator(events)
-               for value in event.summary.value}
+    scalars = train_scalars(f"{run_dir}/logs")
     assert scalars["exchange/bytes_sent"] > 0 and scalars["exchange/bytes_received"] > 0, scalars
 
 

@@ -4,15 +4,12 @@ rate, staleness, embedding exchange time), and a stopped-and-resumed run ends bi
 an uninterrupted one, each rank's queue of pending gradients included. (2 ranks at B/2 against
 1 process at B with stale updates: tests/test_distributed.py.)"""
 
-import glob
-
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from tests.horovod_launch import horovodrun
 from tests.test_distributed import SMALL_RUN
-from tests.test_launcher import checkpoint_values
+from tests.test_launcher import checkpoint_values, train_scalars
 
 HYBRID_FLAGS = ["--optimizer=cowclip", "--embedding_staleness=1", "--logdir={run_dir}/logs"]
 
@@ -34,11 +31,7 @@ def test_launcher_reports_placement_and_embedding_scalars(whole_run):
     out, run_dir = whole_run
     assert ("placement: embedding tables on CPU:0, dense model on CPU:0 (no accelerator found); "
             "de-duplicated lookups, embedding updates 1 step(s) stale") in out, out
-    events = glob.glob(f"{run_dir}/logs/train/events.out.tfevents.*")[0]
-    scalars = {}
-    for event in tf.compat.v1.train.summary_iterator(events):
-        for value in event.summary.value:
-            scalars[value.tag] = float(tf.make_ndarray(value.tensor))
+    scalars = train_scalars(f"{run_dir}/logs")
     assert scalars["embedding/staleness"] == 1, scalars
     assert 0 < scalars["embedding/unique_id_rate"] < 1, scalars
     assert scalars["exchange/embedding_seconds"] > 0, scalars

@@ -41,6 +41,14 @@ def checkpoint_values(checkpoint_dir):
     return values
 
 
+def train_scalars(logdir):
+    """{tag: last value} of the TensorBoard scalars in `logdir`/train (one event file)."""
+    events, = glob.glob(f"{logdir}/train/events.out.tfevents.*")
+    return {value.tag: float(tf.make_ndarray(value.tensor))
+            for event in tf.compat.v1.train.summary_iterator(events)
+            for value in event.summary.value}
+
+
 def test_training_run_reports_auc_and_writes_logs_and_checkpoints(tmp_path):
     result = launch(*SMALL_RUN, "--epochs=2", f"--logdir={tmp_path}/logs",
                     f"--checkpoint_dir={tmp_path}/ckpt", "--checkpoint_every_steps=100")

@@ -4,7 +4,6 @@ entries, empty ranks, indices beyond 2^32, element-wise and row values) against 
 statement in tests/gtopk_reference.py; exits non-zero on the first mismatch."""
 
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402

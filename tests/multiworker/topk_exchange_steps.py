@@ -6,7 +6,6 @@ gradients), and that an inf on one rank leaves every residual unchanged and the 
 NaN on every rank. Exits non-zero on the first failure."""
 
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
