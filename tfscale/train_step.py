@@ -11,7 +11,10 @@ counts) get the slices unchanged. Loss scaling is the optimizer's (tfscale.loss_
 the optimizer). Under Horovod the gradients are exchanged between ranks here, before the optimizer
 (tfscale.distributed.gradients), by the embedding exchange fixed at `compile`; a single-process
 run takes exactly the path without it, except with a top-k exchange
-(tfscale.distributed.sparse_exchange), which sparsifies in any case."""
+(tfscale.distributed.sparse_exchange), which sparsifies in any case. With de-duplicated lookups
+the tables' gradients get their per-id counts here (tfscale.dedup); with `embedding_staleness`
+T >= 1 the tables get the gradients of T steps ago, exchanged while this step computes
+(tfscale.staleness)."""
 
 import keras
 import tensorflow as tf
@@ -64,7 +67,7 @@ class TrainStep:
                                  "dynamic shapes have no XLA kernels")
             jit_compile = False
         super().compile(*args, jit_compile=jit_compile, **kwargs)
-        if exchange != "allgather" and getattr(self.optimizer, "accepts_indexed_slices", False):
+        if exchange != "allgather" and self._wants_slices():
             # Densified or top-k rows cannot be turned back into slices with per-id counts: the
             # sum of an id's occurrences does not say how many there were.
             method = exchange if isinstance(exchange, str) else exchange.method
@@ -77,8 +80,8 @@ class TrainStep:
         self._embedding_metrics = EmbeddingStepMetrics()
         self._stale_updates = None
         if staleness:
-            self._stale_updates = StaleEmbeddingUpdates(
-                staleness, with_counts=getattr(self.optimizer, "accepts_indexed_slices", False))
+            self._stale_updates = StaleEmbeddingUpdates(staleness,
+                                                        with_counts=self._wants_slices())
 
     def per_rank_variables(self):
         """{name: tf.Variable} of state that differs between ranks (a top-k exchange's
@@ -111,17 +114,7 @@ class TrainStep:
         x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
         stale = self._stale_updates
         if stale is not None:
-            if not self.built:
-                raise ValueError("build the model before training it with embedding_staleness "
-                                 "(the queues need its embedding tables before the first step)")
-            # Issued before the forward pass, which does not depend on it: the exchange of the
-            # queued gradients overlaps this step's computation.
-            scale = self._loss_scale()
-            step = tf.identity(self.optimizer.iterations)
-            queued, origin = stale.pop(self.trainable_variables, scale)
-            pending = self._exchange_embeddings(queued)
-            self._embedding_metrics.record(
-                "embedding/staleness", tf.where(origin >= 0, tf.cast(step, tf.int64) - origin, 0))
+            scale, step, queued, pending = self._start_stale_embedding_update()
         with dedup.recording() as lookups, tf.GradientTape() as tape:
             y_pred = self(x, training=True)
             loss = self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
@@ -131,28 +124,51 @@ class TrainStep:
             loss = self.optimizer.scale_loss(loss)
         variables = self.trainable_variables  # complete now, also for a model built by the call
         gradients = tape.gradient(loss, variables)
-        if getattr(self.optimizer, "accepts_indexed_slices", False):
+        if self._wants_slices():
             gradients = dedup.attach_counts(gradients, variables, lookups)
         self._embedding_metrics.record_unique_rate(lookups)
         if stale is None:
-            gradients = self._exchange(gradients, variables)
+            self.optimizer.apply(self._for_optimizer(self._exchange(gradients, variables)),
+                                 variables)
         else:
-            fresh = gradients
-            if distributed.is_active():
-                self._record_traffic([q if q is not None else g for g, q in zip(fresh, queued)])
-                gradients = distributed.exchange_gradients(
-                    [None if q is not None else g for g, q in zip(fresh, queued)],
-                    self._embedding_exchange)
-            gradients = [p if p is not None else g for g, p in zip(gradients, pending)]
-        if not getattr(self.optimizer, "accepts_indexed_slices", False):
-            gradients = [densify(g) for g in gradients]
-        if stale is not None:
-            applied = self.optimizer.check_finite(gradients) if scale is not None else True
-            self.optimizer.apply(gradients, variables)
-            stale.push(fresh, variables, applied, scale, step)
-        else:
-            self.optimizer.apply(gradients, variables)
+            applying = self._for_optimizer(
+                self._with_stale_embeddings(gradients, queued, pending))
+            applied = self.optimizer.check_finite(applying) if scale is not None else True
+            self.optimizer.apply(applying, variables)
+            stale.push(gradients, variables, applied, scale, step)
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def _wants_slices(self):
+        """Whether the optimizer takes embedding gradients as (counted) slices: CowClip."""
+        return getattr(self.optimizer, "accepts_indexed_slices", False)
+
+    def _for_optimizer(self, gradients):
+        """`gradients` densified, unless the optimizer takes slices."""
+        return gradients if self._wants_slices() else [densify(g) for g in gradients]
+
+    def _start_stale_embedding_update(self):
+        """Pops the oldest queued embedding gradients and starts their exchange before the
+        forward pass, which does not depend on it: the exchange overlaps this step's
+        computation. Returns (loss scale, optimizer step, queued, exchanged)."""
+        if not self.built:
+            raise ValueError("build the model before training it with embedding_staleness "
+                             "(the queues need its embedding tables before the first step)")
+        scale = self._loss_scale()
+        step = tf.identity(self.optimizer.iterations)
+        queued, origin = self._stale_updates.pop(self.trainable_variables, scale)
+        self._embedding_metrics.record(
+            "embedding/staleness", tf.where(origin >= 0, tf.cast(step, tf.int64) - origin, 0))
+        return scale, step, queued, self._exchange_embeddings(queued)
+
+    def _with_stale_embeddings(self, fresh, queued, pending):
+        """This step's gradients with each queued table's replaced by its exchanged queued
+        one, the others averaged over the ranks."""
+        if distributed.is_active():
+            self._record_traffic([q if q is not None else g for g, q in zip(fresh, queued)])
+            fresh = distributed.exchange_gradients(
+                [None if q is not None else g for g, q in zip(fresh, queued)],
+                self._embedding_exchange)
+        return [p if p is not None else g for g, p in zip(fresh, pending)]
 
     def _exchange(self, gradients, variables):
         """The synchronous step's exchange of all gradients (nothing in a single process, except
