@@ -210,3 +210,13 @@ def test_staleness_refuses_topk_exchanges_and_negative_values():
                       embedding_staleness=1)
     with pytest.raises(UserError, match="--embedding_staleness=-1"):
         model.compile("adam", "binary_crossentropy", embedding_staleness=-1)
+
+
+def test_a_regularised_table_cannot_be_stale():
+    """An L2 regularizer makes a table's gradient dense: there are no rows to queue."""
+    model = DeepFM(SCHEMA, hidden_units=(8,), l2_embedding=1e-4)
+    model.build()
+    model.compile("adam", "binary_crossentropy", embedding_staleness=1)
+    features, labels = next(batches(1, 16))
+    with pytest.raises(UserError, match="give the embedding tables no regularizer"):
+        model.train_on_batch(features, labels)

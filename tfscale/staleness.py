@@ -19,6 +19,7 @@ unknown first dimension."""
 import tensorflow as tf
 
 from tfscale import dedup, embeddings, placement
+from tfscale.errors import UserError
 
 
 def is_queued_table(variable):
@@ -117,7 +118,7 @@ class StaleEmbeddingUpdates:
                 if queue is None:
                     continue
                 if not isinstance(gradient, tf.IndexedSlices):
-                    raise ValueError(
+                    raise UserError(
                         f"a stale embedding update needs the gradient of {variable.path} as rows "
                         "(IndexedSlices), got a dense tensor: give the embedding tables no "
                         "regularizer (e.g. --l2=0), or use --embedding_staleness=0")
