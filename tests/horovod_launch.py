@@ -1,6 +1,6 @@
 """Launching test scripts under `horovodrun -np N --gloo` on loopback, for the multi-process
-tests, or as one plain process (a reference computed away from pytest's process, whose earlier
-tests may have changed its threading, e.g. by importing torch)."""
+tests, or as one plain process (a reference computed away from pytest's process, where earlier
+tests have run)."""
 
 import os
 import subprocess

@@ -49,9 +49,8 @@ def two_rank_states(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def one_process_states(tmp_path_factory):
-    """The one-process references, trained in a fresh process: Adam's normalised steps turn
-    float noise in near-zero gradients into visible differences, and pytest's process may
-    compute other noise (torch, imported by an earlier test, changes its threading)."""
+    """The one-process references, trained in a fresh process like the ranks (not in pytest's,
+    where earlier tests have run)."""
     out_dir = tmp_path_factory.mktemp("one_process")
     result = python(["tests/multiworker/data_parallel_steps.py", str(out_dir)])
     assert result.returncode == 0, result.stdout

@@ -134,7 +134,12 @@ class TrainStep:
             applying = self._for_optimizer(
                 self._with_stale_embeddings(gradients, queued, pending))
             applied = self.optimizer.check_finite(applying) if scale is not None else True
-            self.optimizer.apply(applying, variables)
+            # The tables' update needs nothing from this step's forward pass, and tf.function
+            # orders it after the ops reading the tables but not after the ops using what they
+            # read: without this wait the forward pass sometimes saw the updated rows (runs
+            # differed from one another from some step on).
+            with tf.control_dependencies([loss]):
+                self.optimizer.apply(applying, variables)
             stale.push(gradients, variables, applied, scale, step)
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 

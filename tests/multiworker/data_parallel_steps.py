@@ -83,10 +83,6 @@ def train(optimizer_name, rank, num_ranks, embedding_exchange="allgather", embed
 
 
 def main(out_dir):
-    # Some CPU kernels (unsorted_segment_sum among them) sum in an order that depends on which
-    # threads are free; a stale step, whose embedding update runs beside its backward pass, shows
-    # it (the launcher runs with --deterministic by default too).
-    tf.config.experimental.enable_op_determinism()
     if distributed.launched_by_horovodrun():
         distributed.init()
         runs, label = RUNS, f"rank{distributed.rank()}"
