@@ -49,7 +49,6 @@ class LookupRecord:
 
     def __init__(self):
         self.tables = {}
-        self.ids_looked_up = tf.constant(0, tf.int64)
 
     def add(self, table, unique_rows, counts):
         if table.path in self.tables:
@@ -57,14 +56,14 @@ class LookupRecord:
                              "step: its gradient rows could not be matched to their counts; look "
                              "all of a step's ids up in one call")
         self.tables[table.path] = (unique_rows, tf.cast(counts, tf.float32))
-        self.ids_looked_up += tf.cast(tf.reduce_sum(counts), tf.int64)
 
     def unique_ids(self):
-        """The unique (table, row) pairs looked up (int64 scalar)."""
-        total = tf.constant(0, tf.int64)
-        for unique_rows, _ in self.tables.values():
-            total += tf.size(unique_rows, tf.int64)
-        return total
+        """The unique (table, row) pairs looked up (float32 scalar)."""
+        return tf.add_n([tf.cast(tf.size(rows), tf.float32) for rows, _ in self.tables.values()])
+
+    def ids_looked_up(self):
+        """The (table, row) pairs looked up, repeats included (float32 scalar)."""
+        return tf.add_n([tf.reduce_sum(counts) for _, counts in self.tables.values()])
 
 
 @contextlib.contextmanager

@@ -25,21 +25,19 @@ class EmbeddingStepMetrics:
         """Unique (table, id) pairs over ids looked up, in this rank's batch (1: no repeats)."""
         if lookups.tables:
             self.record("embedding/unique_id_rate",
-                        tf.cast(lookups.unique_ids(), tf.float64)
-                        / tf.cast(tf.maximum(lookups.ids_looked_up, 1), tf.float64))
+                        lookups.unique_ids() / tf.maximum(lookups.ids_looked_up(), 1.0))
 
     def summary_scalars(self):
         return {name: float(variable.numpy()) for name, variable in self._variables.items()}
 
     def timed(self, inputs, run):
-        """(run(), seconds from when `inputs` (tensors) are ready until run()'s outputs are), in
-        the graph; the time includes whatever runs alongside it."""
-        with tf.control_dependencies(inputs):
+        """(run(), seconds from when `inputs` (tensors, IndexedSlices or None) are ready until
+        run()'s outputs are), in the graph; the time includes whatever runs alongside it."""
+        with tf.control_dependencies(_tensors(inputs)):
             start = self._clock()
         with tf.control_dependencies([start]):
             outputs = run()
-        flat = [t for t in tf.nest.flatten(outputs, expand_composites=True) if t is not None]
-        with tf.control_dependencies(flat):
+        with tf.control_dependencies(_tensors(outputs)):
             end = self._clock()
         return outputs, end - start
 
@@ -56,3 +54,8 @@ class EmbeddingStepMetrics:
                 self._clock_anchor = tf.Variable(0.0, trainable=False)
         return tf.py_function(lambda anchor: time.perf_counter(), [self._clock_anchor.handle],
                               tf.float64)
+
+
+def _tensors(structure):
+    """The tensors of a structure of tensors, IndexedSlices and None."""
+    return [t for t in tf.nest.flatten(structure, expand_composites=True) if t is not None]

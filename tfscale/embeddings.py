@@ -30,6 +30,11 @@ def is_embedding_table(variable):
     return variable.path.split("/")[-1] == "embeddings"
 
 
+def is_row_table(variable):
+    """Whether `variable` is a 2-D embedding table, whose gradient comes in rows."""
+    return is_embedding_table(variable) and len(variable.shape) == 2
+
+
 def is_deep_table(variable):
     """Whether `variable` is a deep (per-row clipped) embedding table of a FieldEmbedding."""
     return re.fullmatch(DEEP_TABLE_PATTERN, variable.path) is not None

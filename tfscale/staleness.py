@@ -22,36 +22,35 @@ from tfscale import dedup, embeddings, placement
 from tfscale.errors import UserError
 
 
-def is_queued_table(variable):
-    """Whether `variable`'s gradient waits in the queue: every 2-D embedding table."""
-    return embeddings.is_embedding_table(variable) and len(variable.shape) == 2
-
-
 class _TableQueue:
     """One table's pending gradients: rows stacked in step order, `lengths[i]` rows per step."""
 
-    def __init__(self, table, staleness):
+    def __init__(self, table, staleness, with_counts):
         width = table.shape[-1]
         self.table = table
+        self.with_counts = with_counts
         self.values = tf.Variable(tf.zeros([0, width]), shape=tf.TensorShape([None, width]),
                                   trainable=False)
         self.indices = tf.Variable(tf.zeros([0], tf.int64), shape=tf.TensorShape([None]),
                                    trainable=False)
-        self.counts = tf.Variable(tf.zeros([0]), shape=tf.TensorShape([None]), trainable=False)
+        self.counts = tf.Variable(tf.zeros([0]), shape=tf.TensorShape([None]),
+                                  trainable=False) if with_counts else None
         self.lengths = tf.Variable(tf.zeros([staleness], tf.int64), trainable=False)
 
     def variables(self):
-        return {"values": self.values, "indices": self.indices, "counts": self.counts,
-                "lengths": self.lengths}
+        named = {"values": self.values, "indices": self.indices, "lengths": self.lengths}
+        if self.with_counts:
+            named["counts"] = self.counts
+        return named
 
-    def oldest(self, scale, with_counts):
+    def oldest(self, scale):
         """The oldest step's gradient (times `scale`), an IndexedSlices or CountedSlices."""
         rows = self.lengths[0]
         values = self.values[:rows]
         if scale is not None:
             values = values * scale
         shape = tf.shape(self.table, out_type=tf.int64)
-        if with_counts:
+        if self.with_counts:
             return dedup.CountedSlices(values, self.indices[:rows], shape, self.counts[:rows])
         return tf.IndexedSlices(values, self.indices[:rows], shape)
 
@@ -64,8 +63,9 @@ class _TableQueue:
         self.values.assign(tf.concat([self.values[rows:], values], axis=0))
         self.indices.assign(tf.concat([self.indices[rows:], tf.cast(gradient.indices, tf.int64)],
                                       axis=0))
-        self.counts.assign(tf.concat([self.counts[rows:], dedup.occurrence_counts(gradient)],
-                                     axis=0))
+        if self.with_counts:
+            self.counts.assign(tf.concat([self.counts[rows:], dedup.occurrence_counts(gradient)],
+                                         axis=0))
         self.lengths.assign(tf.concat([self.lengths[1:], tf.shape(values, tf.int64)[:1]], axis=0))
 
 
@@ -92,8 +92,9 @@ class StaleEmbeddingUpdates:
             return
         with tf.init_scope(), tf.device(placement.embedding_device()):
             for variable in variables:
-                if is_queued_table(variable):
-                    self._queues[variable.path] = _TableQueue(variable, self.staleness)
+                if embeddings.is_row_table(variable):
+                    self._queues[variable.path] = _TableQueue(variable, self.staleness,
+                                                             self.with_counts)
             self._origin_steps = tf.Variable(tf.fill([self.staleness], tf.constant(-1, tf.int64)),
                                              trainable=False)
 
@@ -103,7 +104,7 @@ class StaleEmbeddingUpdates:
         number of optimizer steps since it was computed (0 while the queue fills)."""
         self.build(variables)
         with tf.device(placement.embedding_device()):
-            oldest = [self._queues[v.path].oldest(scale, self.with_counts)
+            oldest = [self._queues[v.path].oldest(scale)
                       if v.path in self._queues else None for v in variables]
         return oldest, self._origin_steps[0]
 

@@ -190,10 +190,8 @@ class TrainStep:
         # them: the allgather's bytes grow with the batch's ids, a dense allreduce's with the
         # table's size. Densifying after the exchange gives the same dense gradient.
         self._record_traffic(gradients)
-        inputs = [g.values if isinstance(g, tf.IndexedSlices) else g
-                  for g in gradients if g is not None]
         gradients, seconds = self._embedding_metrics.timed(
-            inputs, lambda: distributed.exchange_gradients(gradients, exchange))
+            gradients, lambda: distributed.exchange_gradients(gradients, exchange))
         self._embedding_metrics.record("exchange/seconds", seconds)
         return gradients
 
@@ -201,9 +199,8 @@ class TrainStep:
         """The queued embedding gradients averaged over the ranks (stale embedding updates)."""
         if not distributed.is_active():
             return queued
-        inputs = [g.values for g in queued if g is not None]
         pending, seconds = self._embedding_metrics.timed(
-            inputs, lambda: distributed.exchange_gradients(
+            queued, lambda: distributed.exchange_gradients(
                 queued, self._embedding_exchange, name_suffix="_stale_embeddings"))
         self._embedding_metrics.record("exchange/embedding_seconds", seconds)
         return pending

@@ -66,11 +66,7 @@ class TopKExchange:
 
     def is_selected(self, variable):
         """Whether `variable`'s gradient is top-k sparsified (rows for embedding tables)."""
-        return self.is_table(variable) or self.dense_gradients
-
-    @staticmethod
-    def is_table(variable):
-        return embeddings.is_embedding_table(variable) and len(variable.shape) == 2
+        return embeddings.is_row_table(variable) or self.dense_gradients
 
     def build(self, variables):
         """Creates the zero residuals of the selected variables among `variables` (once)."""
@@ -143,7 +139,7 @@ class TopKExchange:
 
     def _sparsify(self, accumulator, variable, density, num_ranks):
         """(mean gradient to apply, new residual, bytes sent, bytes received) of one variable."""
-        rows_mode = self.is_table(variable)
+        rows_mode = embeddings.is_row_table(variable)
         rows = accumulator if rows_mode else tf.reshape(accumulator, [-1])
         count = rows.shape[0]
         k = tf.cast(tf.math.ceil(density * count), tf.int32)
