@@ -1,5 +1,6 @@
-"""Step time and bytes per step of the two embedding gradient exchanges (tfscale.distributed:
-allgather of IndexedSlices, or dense whole-table allreduce) for DeepFM at a 64K global batch:
+"""Step time and bytes per step of the two averaging embedding gradient exchanges
+(tfscale.exchanges: allgather of IndexedSlices, or dense whole-table allreduce) for DeepFM at a
+64K global batch:
 
     horovodrun -np P -H localhost:P --gloo python -m benchmarks.embedding_exchange [--flags]
 
@@ -8,7 +9,7 @@ builds one DeepFM (embedding 10, DNN 400-400-400) with FusedAdam per exchange, f
 seed, and trains both on its fixed B/P slice of one global batch of the synthetic data. After
 the warm-up, every round runs one step of each model, then the exchange alone (the grouped
 allreduce of the train step, on that batch's gradients) of each method, so machine load hits
-both alike. Bytes per rank are tfscale.distributed.exchange_bytes of the same gradients. Rank 0
+both alike. Bytes per rank are the exchanges' modelled bytes of the same gradients. Rank 0
 prints one markdown row per exchange; times are rank 0's medians."""
 
 import os
@@ -23,8 +24,9 @@ from absl import app, flags  # noqa: E402
 
 import models  # noqa: E402
 from benchmarks.timing import machine_description, start_horovod_ranks  # noqa: E402
-from tfscale import distributed  # noqa: E402
+from tfscale import distributed, exchanges  # noqa: E402
 from tfscale.data.synthetic import SyntheticCTR  # noqa: E402
+from tfscale.exchanges.averaging import AveragingExchange  # noqa: E402
 from tfscale.optimizers import FusedAdam  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -39,15 +41,15 @@ BASELINE = "allgather"
 class ExchangeRun:
     """One DeepFM whose train step uses one embedding exchange, on this rank's fixed batch."""
 
-    def __init__(self, exchange, schema, batch):
+    def __init__(self, name, schema, batch):
         keras.utils.set_random_seed(0)
-        self.exchange = exchange
+        self.exchange = exchanges.get(name)
         self.model = models.build_model("deepfm", schema)
         self.model.compile(optimizer=FusedAdam(learning_rate=1e-3),
-                           loss=keras.losses.BinaryCrossentropy(), embedding_exchange=exchange)
+                           loss=keras.losses.BinaryCrossentropy(), embedding_exchange=self.exchange)
         self.features, self.labels = batch
         self.exchange_alone = tf.function(
-            lambda gradients: distributed.exchange_gradients(gradients, exchange))
+            lambda gradients: self.exchange.average(gradients))
         self.step_seconds = []
         self.exchange_seconds = []
 
@@ -78,8 +80,9 @@ def main(argv):
     local_batch = distributed.local_batch_size(FLAGS.batch_size)
     source = SyntheticCTR(seed=0, train_rows=FLAGS.batch_size, test_rows=1024)
     batch = next(iter(source.train_batches(local_batch, **distributed.data_shard())))
-    runs = [ExchangeRun(exchange, source.schema, batch)
-            for exchange in distributed.EMBEDDING_EXCHANGES]
+    runs = [ExchangeRun(name, source.schema, batch)
+            for name, exchange_class in exchanges.EXCHANGES.items()
+            if issubclass(exchange_class, AveragingExchange)]
     gradients = batch_gradients(runs[0].model, *batch)
     for run in runs:
         for _ in range(FLAGS.warmup_steps):
@@ -109,14 +112,14 @@ def report(runs, gradients, schema, ranks, local_batch):
           "MB sent+received per rank per step | / allgather | MB over the shared link per "
           "step |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
-    base = next(run for run in runs if run.exchange == BASELINE)
+    base = next(run for run in runs if run.exchange.name == BASELINE)
     base_step = statistics.median(base.step_seconds)
     base_exchange = statistics.median(base.exchange_seconds)
-    base_bytes = float(distributed.exchange_bytes(gradients, ranks, BASELINE))
+    base_bytes = float(base.exchange.modelled_bytes(gradients, ranks))
     for run in runs:
         step = statistics.median(run.step_seconds)
         exchange = statistics.median(run.exchange_seconds)
-        nbytes = float(distributed.exchange_bytes(gradients, ranks, run.exchange))
+        nbytes = float(run.exchange.modelled_bytes(gradients, ranks))
         # Every rank sends half its sent+received bytes, all over the one loopback.
         print(f"| {ranks} | {run.exchange} | {step:.2f} | {step / base_step:.2f} | "
               f"{exchange:.2f} | {exchange / base_exchange:.2f} | {nbytes / 1e6:,.1f} | "

@@ -1,7 +1,7 @@
 """Time and bytes per exchange of the three ways to sum a gradient of m floats over P ranks: a
 dense ring allreduce of all m, TopKAllReduce (allgather of each rank's k = density * m
 (index, value) pairs) and gTopKAllReduce (the butterfly of tfscale.distributed.gtopk_allreduce),
-next to gtopk.md's cost model:
+next to docs/gtopk.md's cost model:
 
     BENCHMARK=benchmarks.gtopk_collective benchmarks/run_under_1gbit.sh P [--flags]
 
@@ -47,7 +47,7 @@ ENTRY_BYTES = 12
 
 
 def predicted_seconds(method, num_ranks, size, k, alpha, beta):
-    """gtopk.md's cost model."""
+    """docs/gtopk.md's cost model."""
     rounds = math.log2(num_ranks)
     if method == "dense":
         return 2 * (num_ranks - 1) * alpha + 2 * (num_ranks - 1) / num_ranks * 4 * size * beta

@@ -1,5 +1,5 @@
 """Step time, exchange time and bytes per step of DeepFM with plain and de-duplicated embedding
-lookups, and with synchronous and one-step-stale embedding updates (persia.md):
+lookups, and with synchronous and one-step-stale embedding updates (docs/persia.md):
 
     horovodrun -np P -H localhost:P --gloo python -m benchmarks.hybrid_steps --batch_size=B
 
@@ -8,7 +8,7 @@ loopback shaped to 1 Gbit.) Each rank builds one DeepFM (embedding 10, DNN 400-4
 FusedAdam and the allgather exchange per variant, from the same seed, and trains each on its
 fixed B/P slice of one global batch of the synthetic data. After the warm-up, every round runs
 one step of each variant in turn, so machine load hits all alike. Per step the train step itself
-records the bytes it exchanged (tfscale.distributed.exchange_bytes, Gloo ring model), the
+records the bytes it exchanged (the exchange's modelled bytes, Gloo ring model), the
 unique-id rate of the rank's batch and the wall time of the exchange (all gradients in one
 grouped collective when synchronous; the embedding gradients alone, overlapping the step's
 computation, when stale). Rank 0 prints one markdown row per variant; times are rank 0's

@@ -14,15 +14,17 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TF's C++ start-up cha
 from absl import app, flags  # noqa: E402
 
 from launch.user_errors import run_reporting_user_errors  # noqa: E402
+from tfscale.data import FILE_FORMATS  # noqa: E402
+from tfscale.data.text_lines import BAD_LINE_POLICIES  # noqa: E402
 
 FLAGS = flags.FLAGS
 
-flags.DEFINE_enum("format", None, ["criteo", "avazu"], "Input format: Criteo TSV or Avazu CSV.")
+flags.DEFINE_enum("format", None, list(FILE_FORMATS), "Input format: Criteo TSV or Avazu CSV.")
 flags.DEFINE_list("input", None, "Input files or globs, comma-separated (.gz read as gzip).")
 flags.DEFINE_integer("min_count", 1, "Keep values seen at least this many times; rarer ones are "
                      "looked up as the out-of-vocabulary row.", lower_bound=1)
 flags.DEFINE_string("output", None, "Where to write the vocabulary (JSON).")
-flags.DEFINE_enum("on_bad_line", "error", ["error", "skip"],
+flags.DEFINE_enum("on_bad_line", "error", list(BAD_LINE_POLICIES),
                   "A malformed line stops with an error naming file and line, or is skipped and "
                   "counted.")
 flags.mark_flags_as_required(["format", "input", "output"])
@@ -30,11 +32,7 @@ flags.mark_flags_as_required(["format", "input", "output"])
 
 def build():
     """Counts the inputs and writes the vocabulary; returns a one-line summary."""
-    from tfscale.data.avazu import AvazuCSV
-    from tfscale.data.criteo import CriteoTSV
-
-    source_class = {"criteo": CriteoTSV, "avazu": AvazuCSV}[FLAGS.format]
-    vocabulary = source_class.build_vocabulary(FLAGS.input, min_count=FLAGS.min_count,
+    vocabulary = FILE_FORMATS[FLAGS.format].build_vocabulary(FLAGS.input, min_count=FLAGS.min_count,
                                                on_bad_line=FLAGS.on_bad_line)
     vocabulary.save(FLAGS.output)
     sizes = ", ".join(f"{name} {len(entries)}" for name, entries in vocabulary.categorical.items())

@@ -1,15 +1,19 @@
-"""Flags shared by the training entry points (data, model, optimizer, seed) and the builders that
-turn them into a CTRSource, a model and an optimizer."""
+"""Flags shared by the training entry points (data, model, seed) and the builders that turn them
+into a CTRSource and a model. The choices come from the library's and the models' registries."""
 
 import os
 import time
 
 from absl import flags
 
+import models
+from tfscale.data import FILE_FORMATS
+from tfscale.data.text_lines import BAD_LINE_POLICIES, DENSE_TRANSFORMS
+
 FLAGS = flags.FLAGS
 
 # Data.
-flags.DEFINE_enum("data", "synthetic", ["synthetic", "criteo", "avazu"],
+flags.DEFINE_enum("data", "synthetic", ["synthetic", *FILE_FORMATS],
                   "Data set: the built-in synthetic Criteo-like stream, Criteo Kaggle TSV files or "
                   "Avazu CSV files (the last two need --train_path).")
 flags.DEFINE_integer("train_rows", 4_000_000, "Synthetic data: training rows.", lower_bound=1)
@@ -29,17 +33,17 @@ flags.DEFINE_enum("categorical_encoding", "hash", ["hash", "vocabulary"],
 flags.DEFINE_integer("hash_buckets", 1_000_000, "Hash buckets per categorical field.",
                      lower_bound=1)
 flags.DEFINE_string("vocabulary", None, "Vocabulary file for --categorical_encoding=vocabulary.")
-flags.DEFINE_enum("integer_transform", "log1p", ["log1p", "minmax"],
+flags.DEFINE_enum("integer_transform", "log1p", list(DENSE_TRANSFORMS),
                   "Criteo integer features: sign(x)*log(1+|x|), or min-max scaling with the "
                   "vocabulary's recorded range.")
-flags.DEFINE_enum("on_bad_line", "error", ["error", "skip"],
+flags.DEFINE_enum("on_bad_line", "error", list(BAD_LINE_POLICIES),
                   "A malformed line stops with an error naming file and line, or is skipped and "
                   "counted (the count is reported at the end).")
 flags.DEFINE_integer("shuffle_buffer", 0, "Criteo/Avazu: shuffle buffer in rows (0: file order).",
                      lower_bound=0)
 
 # Model.
-flags.DEFINE_enum("model", "deepfm", ["deepfm", "wide_deep", "dcn", "dcn_v2"], "The CTR model.")
+flags.DEFINE_enum("model", "deepfm", list(models.MODELS), "The CTR model.")
 flags.DEFINE_integer("embedding_dim", 10, "Embedding width.", lower_bound=1)
 flags.DEFINE_list("dnn_units", ["400", "400", "400"], "Units of the DNN tower's layers.")
 flags.DEFINE_integer("cross_layers", 3, "DCN / DCN-v2: cross layers.", lower_bound=1)
@@ -81,7 +85,6 @@ def build_model(schema, settings, dtype_policy="float32"):
     say, computing in `dtype_policy`."""
     import keras
 
-    import models
     from tfscale.optimizers.factory import model_regularization
 
     return models.build_model(
@@ -125,8 +128,6 @@ def build_source():
 
 
 def _build_file_source():
-    from tfscale.data.avazu import AvazuCSV
-    from tfscale.data.criteo import CriteoTSV
     from tfscale.errors import UserError
 
     if not FLAGS.train_path:
@@ -136,8 +137,7 @@ def _build_file_source():
                         "encoding needs --vocabulary (python -m launch.build_vocab writes one)")
     if FLAGS.integer_transform == "minmax" and not FLAGS.vocabulary:
         raise UserError("--integer_transform=minmax needs the ranges a --vocabulary records")
-    source_class = {"criteo": CriteoTSV, "avazu": AvazuCSV}[FLAGS.data]
-    return source_class(
+    return FILE_FORMATS[FLAGS.data](
         FLAGS.train_path, FLAGS.test_path or None, test_fraction=FLAGS.test_fraction,
         vocabulary=FLAGS.vocabulary, hash_buckets=FLAGS.hash_buckets,
         dense_transform=FLAGS.integer_transform, shuffle_buffer=FLAGS.shuffle_buffer,

@@ -3,14 +3,17 @@ the launcher runs as one of P data-parallel ranks sharing the global --batch_siz
 
 from absl import flags
 
+from tfscale import exchanges
+from tfscale.distributed import COMPRESSIONS
+
 FLAGS = flags.FLAGS
 
-flags.DEFINE_enum("gradient_compression", "none", ["none", "fp16"],
+flags.DEFINE_enum("gradient_compression", "none", list(COMPRESSIONS),
                   "Under horovodrun: send dense gradients as float16 in the allreduce (half the "
                   "bytes; values beyond float16's range become inf, which a loss scaler skips "
                   "and plain float32 training stops on). Embedding gradients are not compressed "
                   "unless --embedding_comm=dense.")
-flags.DEFINE_enum("embedding_comm", "allgather", ["allgather", "topk", "gtopk", "dense"],
+flags.DEFINE_enum("embedding_comm", exchanges.DEFAULT, list(exchanges.EXCHANGES),
                   "How embedding gradients travel between ranks. allgather: the rows of the "
                   "batch's ids (values and int64 indices, bytes grow with the batch); dense: "
                   "whole-table tensors in the allreduce (Horovod's sparse_as_dense, bytes grow "
@@ -48,14 +51,13 @@ def init_horovod():
 
 
 def embedding_exchange(steps_per_epoch):
-    """The model's embedding exchange: "allgather" or "dense", or a TopKExchange built from the
-    flags (`steps_per_epoch` turns the warm-up epochs into optimizer steps)."""
-    from tfscale import distributed
-
-    if FLAGS.embedding_comm not in distributed.TOPK_EXCHANGES:
-        return FLAGS.embedding_comm
-    return distributed.TopKExchange(
-        FLAGS.embedding_comm, density=FLAGS.density, warmup_density=FLAGS.density_warmup,
+    """The model's EmbeddingExchange of --embedding_comm; the top-k ones with the density flags
+    (`steps_per_epoch` turns the warm-up epochs into optimizer steps)."""
+    exchange_class = exchanges.EXCHANGES[FLAGS.embedding_comm]
+    if not issubclass(exchange_class, exchanges.TopKExchange):
+        return exchange_class()
+    return exchange_class(
+        density=FLAGS.density, warmup_density=FLAGS.density_warmup,
         warmup_steps=FLAGS.density_warmup_epochs * (steps_per_epoch or 0),
         dense_gradients=FLAGS.topk_dense_gradients)
 
@@ -65,8 +67,8 @@ def describe(exchange):
     from tfscale import distributed
 
     if not distributed.is_active():
-        return "1 process" + ("" if isinstance(exchange, str) else f", embedding exchange "
-                              f"{exchange}")
+        return "1 process" + (f", embedding exchange {exchange}"
+                              if exchange.acts_in_one_process else "")
     return (f"{distributed.size()} Horovod ranks at batch "
             f"{distributed.local_batch_size(FLAGS.batch_size)} each, gradient compression "
             f"{FLAGS.gradient_compression}, embedding exchange {exchange}")

@@ -1,4 +1,4 @@
-"""Hybrid-training flags (persia.md): de-duplicated embedding lookups and bounded-staleness
+"""Hybrid-training flags (docs/persia.md): de-duplicated embedding lookups and bounded-staleness
 embedding updates; the embedding tables' host placement is fixed (tfscale.placement) and reported
 by `describe`."""
 

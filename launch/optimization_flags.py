@@ -6,21 +6,25 @@ import dataclasses
 
 from absl import flags
 
+from tfscale.optimizers.cowclip import MODES as COWCLIP_MODES
+from tfscale.optimizers.factory import OPTIMIZERS
+from tfscale.optimizers.scaling import PRESETS, RULES
+
 FLAGS = flags.FLAGS
 
-flags.DEFINE_enum("optimizer", "cowclip", ["cowclip", "adam", "came", "adagrad", "sgd"],
+flags.DEFINE_enum("optimizer", "cowclip", list(OPTIMIZERS),
                   "cowclip: CowClip over Adam (tfscale.optimizers.CowClip); adam: Keras's Adam "
                   "computed by TF's fused kernel (tfscale.optimizers.FusedAdam); came: CAME "
                   "(tfscale.optimizers.CAME; embedding gradients densified).")
-flags.DEFINE_enum("scaling_rule", None, ["cowclip", "none", "sqrt", "linear"],
+flags.DEFINE_enum("scaling_rule", None, list(RULES),
                   "Large-batch rule giving the hyper-parameters for --batch_size (see "
                   "tfscale.optimizers.scaling). Default: cowclip with --optimizer=cowclip; for "
                   "other optimizers no rule, only the flags below (none/sqrt/linear scale both "
                   "learning rates by 1, sqrt(s) or s, s = batch/1024).")
-flags.DEFINE_enum("scaling_preset", None, ["criteo", "avazu"],
+flags.DEFINE_enum("scaling_preset", None, list(PRESETS),
                   "Base hyper-parameters of the rule (default: avazu for --data=avazu, else "
                   "criteo).")
-flags.DEFINE_enum("cowclip_mode", "faithful", ["faithful", "scalable"],
+flags.DEFINE_enum("cowclip_mode", "faithful", list(COWCLIP_MODES),
                   "faithful: the official dense update of every table row every step; scalable: "
                   "only the batch's rows (a different algorithm, see README).")
 flags.DEFINE_float("learning_rate", None, "Dense learning rate (default: the rule's, else 2e-4 "

@@ -3,9 +3,11 @@ scaling."""
 
 from absl import flags
 
+from tfscale.precision import PRECISIONS
+
 FLAGS = flags.FLAGS
 
-flags.DEFINE_enum("precision", "float32", ["float32", "mixed_float16", "mixed_bfloat16"],
+flags.DEFINE_enum("precision", "float32", list(PRECISIONS),
                   "Keras dtype policy of the model: float32 variables and, for mixed_*, float16 or "
                   "bfloat16 compute. Embedding tables, the final sigmoid, the loss and all "
                   "optimizer state stay float32.")

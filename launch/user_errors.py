@@ -1,7 +1,39 @@
 """The user-error boundary of every entry point: bad input (a UserError, or a data error raised
-inside the TF graph) becomes one paragraph on stderr and exit status 2 instead of a traceback."""
+inside the TF graph) becomes one paragraph on stderr and exit status 2 instead of a traceback,
+with the library's argument names (written `argument=value`) turned into the flags that set
+them."""
 
+import re
 import sys
+
+# Library argument -> the launcher flag that sets it.
+ARGUMENT_FLAGS = {
+    "batch_size": "batch_size",
+    "checkpoint_dir": "checkpoint_dir",
+    "dense_transform": "integer_transform",
+    "embedding_exchange": "embedding_comm",
+    "embedding_staleness": "embedding_staleness",
+    "gradient_compression": "gradient_compression",
+    "on_bad_line": "on_bad_line",
+    "resume": "resume",
+    "stop_after_steps": "stop_after_steps",
+}
+
+
+def in_flag_terms(message):
+    """`message` with every `argument=value` or `argument` of ARGUMENT_FLAGS written as its flag
+    (`--flag=value`, or `--flag` alone for a value of True)."""
+
+    def as_flag(match):
+        flag = ARGUMENT_FLAGS.get(match.group(1))
+        if flag is None:
+            return match.group(0)
+        value = match.group(2)
+        if value is None or value == "True":
+            return f"--{flag}"
+        return f"--{flag}={value.strip(chr(39) + chr(34))}"
+
+    return re.sub(r"`(\w+)(?:=([^`]*))?`", as_flag, message)
 
 
 def run_reporting_user_errors(run):
@@ -23,5 +55,5 @@ def run_reporting_user_errors(run):
 
 
 def _print_user_error(error):
-    print(f"error: {error}", file=sys.stderr, flush=True)
+    print(f"error: {in_flag_terms(str(error))}", file=sys.stderr, flush=True)
     return 2

@@ -1,4 +1,4 @@
-"""An independent NumPy statement of gtopk.md's butterfly gTopKAllReduce and of error-feedback
+"""An independent NumPy statement of docs/gtopk.md's butterfly gTopKAllReduce and of error-feedback
 top-k, for checking tfscale.distributed.topk and sparse_exchange: plain Python lists of
 (index, value, contributing ranks), no TensorFlow."""
 

@@ -1,4 +1,4 @@
-"""CAME's contract (came.md) beyond reference parity: the worked examples, factored state, float32
+"""CAME's contract (docs/came.md) beyond reference parity: the worked examples, factored state, float32
 state under mixed precision, weight-decay exclusion, IndexedSlices, serialization, resuming from
 a saved model, and the optimizer-memory accounting."""
 

@@ -1,4 +1,4 @@
-"""CowClip against an independent NumPy restatement of the official step (cowclip.md), in both
+"""CowClip against an independent NumPy restatement of the official step (docs/cowclip.md), in both
 modes, and as a Keras optimizer (routing, statistics, serialisation, training a model)."""
 
 import keras
@@ -14,7 +14,7 @@ VOCAB, DIM = 12, 4
 LR, BETA_1, BETA_2, EPSILON = 1e-2, 0.9, 0.999, 1e-7
 
 
-# ----- the NumPy restatement of cowclip.md
+# ----- the NumPy restatement of docs/cowclip.md
 
 def numpy_clip(gradient, weights, counts, r, zeta):
     floor = r * np.sqrt(weights.shape[1]) * zeta

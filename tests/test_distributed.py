@@ -90,8 +90,8 @@ def test_dense_embedding_exchange_trains_to_the_allgathers_weights(two_rank_stat
 
 def test_dense_embedding_exchange_is_refused_with_cowclip():
     data = data_parallel_steps.source()
-    with pytest.raises(UserError, match=r"--embedding_comm=dense cannot be used with "
-                                        r"--optimizer=cowclip"):
+    with pytest.raises(UserError, match=r"`embedding_exchange=dense` cannot be used with "
+                                        r"CowClip"):
         data_parallel_steps.compiled_model(data.schema, data_parallel_steps.make_optimizer(
             "cowclip"), embedding_exchange="dense")
 

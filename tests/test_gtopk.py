@@ -1,5 +1,5 @@
 """The top-k embedding gradient exchanges (tfscale.distributed.topk, sparse_exchange): the gTop-k
-butterfly and the allgather top-k against a NumPy statement of gtopk.md under horovodrun with 2,
+butterfly and the allgather top-k against a NumPy statement of docs/gtopk.md under horovodrun with 2,
 3 (folded) and 4 ranks, error feedback conserving the gradients with every rank applying the same
 gradient; and, in one process, the loss-scale invariance, the refusals and the single-rank
 collective."""
@@ -12,7 +12,7 @@ import tensorflow as tf
 import models
 from tests import gtopk_reference
 from tests.horovod_launch import horovodrun
-from tfscale import distributed
+from tfscale import distributed, exchanges
 from tfscale.data.synthetic import SyntheticCTR
 from tfscale.errors import UserError
 from tfscale.optimizers import CowClip, FusedAdam
@@ -51,15 +51,15 @@ def _table_and_gradient(seed):
 
 def test_a_loss_scaled_gradient_selects_and_applies_the_same_rows():
     table, gradient = _table_and_gradient(0)
-    plain = distributed.TopKExchange("gtopk", density=0.1)
-    scaled = distributed.TopKExchange("gtopk", density=0.1)
+    plain = exchanges.GTopKExchange(density=0.1)
+    scaled = exchanges.GTopKExchange(density=0.1)
     scale = 1024.0
     scaled_gradient = tf.IndexedSlices(gradient.values * scale, gradient.indices,
                                        gradient.dense_shape)
     for step in range(3):  # the residuals carry over between steps
-        applied, _, _ = plain.exchange([gradient], [table], step)
-        applied_scaled, _, _ = scaled.exchange([scaled_gradient], [table], step,
-                                               loss_scale=tf.constant(scale))
+        applied, _, _ = plain.sparsify([gradient], [table], step)
+        applied_scaled, _, _ = scaled.sparsify([scaled_gradient], [table], step,
+                                               scale=tf.constant(scale))
         np.testing.assert_array_equal(tf.convert_to_tensor(applied_scaled[0]).numpy(),
                                       scale * tf.convert_to_tensor(applied[0]).numpy())
         np.testing.assert_array_equal(plain.residuals[table.path].numpy(),
@@ -69,27 +69,32 @@ def test_a_loss_scaled_gradient_selects_and_applies_the_same_rows():
 
 def test_density_warmup_keeps_more_rows_first():
     table, gradient = _table_and_gradient(1)
-    exchange = distributed.TopKExchange("gtopk", density=0.04, warmup_density=0.2,
-                                        warmup_steps=1)
-    first, _, _ = exchange.exchange([gradient], [table], tf.constant(0))
-    second, _, _ = exchange.exchange([gradient], [table], tf.constant(1))
+    exchange = exchanges.GTopKExchange(density=0.04, warmup_density=0.2, warmup_steps=1)
+    first, _, _ = exchange.sparsify([gradient], [table], tf.constant(0))
+    second, _, _ = exchange.sparsify([gradient], [table], tf.constant(1))
     assert (len(first[0].indices), len(second[0].indices)) == (10, 2)
 
 
 @pytest.mark.parametrize("arguments, message", [
-    (dict(method="sparse"), "method must be one of"),
-    (dict(density=0.0), "density must be in"),
-    (dict(density=0.01, warmup_density=2.0, warmup_steps=5), "warmup_density must be in"),
+    (dict(density=0.0), r"`density=0.0`: give a fraction in \(0, 1\]"),
+    (dict(density=0.01, warmup_density=2.0, warmup_steps=5), "`warmup_density=2.0`: give"),
+    (dict(warmup_density=0.1, warmup_steps=-1), "`warmup_steps=-1`: give"),
 ])
 def test_bad_settings_are_refused(arguments, message):
     with pytest.raises(ValueError, match=message):
-        distributed.TopKExchange(**arguments)
+        exchanges.GTopKExchange(**arguments)
+
+
+def test_unknown_exchange_names_the_argument_and_the_choices():
+    with pytest.raises(ValueError, match="`embedding_exchange='sparse'`: give one of allgather, "
+                                         "dense, topk, gtopk"):
+        exchanges.get("sparse")
 
 
 def test_gtopk_is_refused_with_cowclip():
     source = SyntheticCTR(seed=0, train_rows=256, test_rows=256, vocabulary_scale=0.002)
     model = models.build_model("deepfm", source.schema, hidden_units=[8])
     optimizer = CowClip(FusedAdam(name="embedding"), FusedAdam(name="dense"))
-    with pytest.raises(UserError, match=r"--embedding_comm=gtopk cannot be used with "
-                                        r"--optimizer=cowclip"):
+    with pytest.raises(UserError, match=r"`embedding_exchange=gtopk` cannot be used with "
+                                        r"CowClip"):
         model.compile(optimizer=optimizer, loss="binary_crossentropy", embedding_exchange="gtopk")

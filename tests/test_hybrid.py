@@ -1,4 +1,4 @@
-"""Hybrid training in one process (persia.md): host placement of the tables, de-duplicated
+"""Hybrid training in one process (docs/persia.md): host placement of the tables, de-duplicated
 lookups (same forward values and summed gradients as plain ones, counts kept for CowClip), and
 bounded-staleness embedding updates (staleness 0 is the synchronous step; with T >= 1 the tables
 lag exactly T steps, the dense part not at all; a skipped step keeps the queue)."""
@@ -10,13 +10,14 @@ import tensorflow as tf
 from keras import ops
 
 from models import DeepFM
-from tfscale import dedup, placement
+from tfscale import dedup, exchanges, placement
 from tfscale.data.schema import FeatureSchema
 from tfscale.embeddings import FieldEmbedding
 from tfscale.errors import UserError
 from tfscale.loss_scaling import LossScaleOptimizer
 from tfscale.optimizers import CowClip
 from tfscale.optimizers.cowclip import aggregate_rows
+from tfscale.row_gradients import CountedSlices
 from tfscale.train_step import TrainStepModel
 
 SCHEMA = FeatureSchema(("d0", "d1"), ("c0", "c1", "c2"), (3, 6, 40))
@@ -71,7 +72,7 @@ def test_deduplicated_lookup_gives_the_plain_values_and_summed_gradients_with_co
                                    tf.convert_to_tensor(dedup_gradient), rtol=1e-6)
     assert not plain[3].tables
     counted = dedup.attach_counts(deduplicated[2], deduplicated[4], deduplicated[3])
-    assert all(isinstance(g, dedup.CountedSlices) for g in counted)
+    assert all(isinstance(g, CountedSlices) for g in counted)
     ids_plain, rows_plain, counts_plain = aggregate_rows(plain[2][0])
     ids_dedup, rows_dedup, counts_dedup = aggregate_rows(counted[0])
     order_plain, order_dedup = np.argsort(ids_plain), np.argsort(ids_dedup)
@@ -124,7 +125,7 @@ def test_deduplicated_and_plain_lookups_train_alike(optimizer):
 def test_staleness_zero_is_the_synchronous_step():
     synchronous = _trained(lambda: keras.optimizers.Adam(1e-2))
     zero = _trained(lambda: keras.optimizers.Adam(1e-2), staleness=0)
-    assert zero._stale_updates is None
+    assert not isinstance(zero.embedding_exchange, exchanges.StaleExchange)
     for a, b in zip(synchronous.get_weights(), zero.get_weights()):
         np.testing.assert_array_equal(a, b)
 
@@ -204,11 +205,11 @@ def test_loss_scaled_stale_updates_equal_unscaled_ones():
 def test_staleness_refuses_topk_exchanges_and_negative_values():
     model = DeepFM(SCHEMA, hidden_units=(8,))
     model.build()
-    with pytest.raises(UserError, match="--embedding_staleness=1 cannot be used with "
-                                        "--embedding_comm=gtopk"):
+    with pytest.raises(UserError, match="`embedding_staleness=1` cannot be used with "
+                                        "`embedding_exchange=gtopk`"):
         model.compile("adam", "binary_crossentropy", embedding_exchange="gtopk",
                       embedding_staleness=1)
-    with pytest.raises(UserError, match="--embedding_staleness=-1"):
+    with pytest.raises(UserError, match="`embedding_staleness=-1`: give 0"):
         model.compile("adam", "binary_crossentropy", embedding_staleness=-1)
 
 

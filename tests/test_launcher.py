@@ -135,7 +135,8 @@ def test_refuses_to_overwrite_a_run_without_resume(tmp_path):
     assert launch(*args).returncode == 0
     again = launch(*args)
     assert again.returncode == 2
-    assert "already holds a checkpoint" in again.stderr and "Traceback" not in again.stderr
+    assert f"--checkpoint_dir={tmp_path} already holds a checkpoint" in again.stderr
+    assert "give --resume to continue" in again.stderr and "Traceback" not in again.stderr
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -145,12 +146,24 @@ def test_refuses_to_overwrite_a_run_without_resume(tmp_path):
     (["--dnn_units=400,x"], "--dnn_units"),
     (["--resume"], "--resume needs --checkpoint_dir"),
     (["--loss_scale=big"], "--loss_scale=big"),
+    (["--optimizer=adam", "--embedding_comm=gtopk", "--embedding_staleness=1"],
+     "--embedding_staleness=1 cannot be used with --embedding_comm=gtopk"),
+    (["--embedding_comm=dense"], "--embedding_comm=dense cannot be used with CowClip"),
 ])
 def test_bad_flags_give_a_clear_error(flags, message):
     result = launch(*flags, "--logdir=none", "--checkpoint_dir=none")
     assert result.returncode != 0
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_library_arguments_are_told_as_flags():
+    from launch.user_errors import in_flag_terms
+
+    assert in_flag_terms("`embedding_exchange=\"gtopk\"` with `embedding_staleness=1`; "
+                         "give `resume=True` or a `checkpoint_dir`; `unknown_arg=3`") == (
+        "--embedding_comm=gtopk with --embedding_staleness=1; give --resume or a "
+        "--checkpoint_dir; `unknown_arg=3`")
 
 
 def _criteo_file(path, lines_to_replace=None):

@@ -12,13 +12,8 @@ from models.dcn import CrossNetwork
 from models.dcn_v2 import MixtureCross
 from models.deepfm import FactorizationMachine
 from tfscale.data.schema import FeatureSchema
-from tfscale.embeddings import (
-    DEEP_TABLE_PATTERN,
-    WIDE_TABLE_PATTERN,
-    FieldEmbedding,
-    is_deep_table,
-    is_wide_table,
-)
+from tfscale.embeddings import FieldEmbedding
+from tfscale.tables import DEEP_TABLE_PATTERN, WIDE_TABLE_PATTERN, is_deep_table, is_wide_table
 from tfscale.errors import UserError, user_error_from_tf
 
 SCHEMA = FeatureSchema(("d0", "d1", "d2"), ("c0", "c1", "c2", "c3"), (3, 5, 7, 11))

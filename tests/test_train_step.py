@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfscale.train_step import FunctionalTrainStepModel, TrainStepModel, densify
+from tfscale.row_gradients import densify
+from tfscale.train_step import FunctionalTrainStepModel, TrainStepModel
 
 
 def _dense_model(base):

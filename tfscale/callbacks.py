@@ -8,22 +8,22 @@ learning rate of each optimizer of a MultiOptimizer; ours keys every scalar by t
 global step instead.
 """
 
-import time
-
 import math
+import time
 
 import keras
 import tensorflow as tf
 
 from tfscale.errors import NonFiniteTraining
+from tfscale.loss_scaling import LossScaleOptimizer
+from tfscale.step_scalars import ReportsProgress, scalars_of
 
 
 def learning_rates(optimizer):
     """{name: current learning rate} for an optimizer, each optimizer inside a MultiOptimizer, or
     the optimizer inside a LossScaleOptimizer."""
-    inner = getattr(optimizer, "inner_optimizer", None)
-    if inner is not None:
-        return learning_rates(inner)
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return learning_rates(optimizer.inner_optimizer)
     if isinstance(optimizer, keras.optimizers.MultiOptimizer):
         rates = {}
         for sub_optimizer in optimizer.optimizers:
@@ -76,10 +76,9 @@ class TrainingMonitor(keras.callbacks.Callback):
                            step_time_seconds=step_time)
             scalars.update({f"learning_rate/{name}": rate
                             for name, rate in learning_rates(self.model.optimizer).items()})
-            # Optimizer-specific scalars, e.g. CowClip's clipped fraction per table.
-            scalars.update(getattr(self.model.optimizer, "summary_scalars", dict)())
-            # The model's, e.g. the gradient exchange's bytes per step.
-            scalars.update(getattr(self.model, "summary_scalars", dict)())
+            # The optimizer's (e.g. CowClip's clipped fraction per table, the loss scale) and
+            # the model's (e.g. the gradient exchange's bytes per step).
+            scalars.update(scalars_of(self.model.optimizer, self.model))
             with self.writer.as_default(step=step):
                 for name, value in scalars.items():
                     tf.summary.scalar(name, value)
@@ -91,9 +90,8 @@ class TrainingMonitor(keras.callbacks.Callback):
     def _print(self, step, batch, metrics, step_time):
         of_total = f"/{self.steps_per_epoch}" if self.steps_per_epoch else ""
         shown = ", ".join(f"{name} {value:.4f}" for name, value in metrics.items())
-        progress_text = getattr(self.model.optimizer, "progress_text", None)
-        if progress_text is not None:  # e.g. the loss scale and the skipped steps
-            shown += f", {progress_text()}"
+        if isinstance(self.model.optimizer, ReportsProgress):
+            shown += f", {self.model.optimizer.progress_text()}"
         self.print_fn(
             f"epoch {self._epoch + 1} batch {batch + 1}{of_total} step {step}: {shown}, "
             f"{self.global_batch_size / step_time:,.0f} examples/s, {step_time * 1000:.1f} ms/step")
@@ -147,7 +145,7 @@ class StopAfterSteps(keras.callbacks.Callback):
 
 class NonFiniteGuard(keras.callbacks.Callback):
     """Raises NonFiniteTraining (before any later callback, such as a checkpoint, runs) when
-    training stops being finite: with a loss scaler (an optimizer with `skipped_in_a_row`) after
+    training stops being finite: with a loss scaler (tfscale.optimizers.LossScaleOptimizer) after
     `max_skipped_in_a_row` skipped steps in a row; without one at the first non-finite loss,
     since the optimizer has already applied those gradients."""
 
@@ -160,8 +158,8 @@ class NonFiniteGuard(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         optimizer = self.model.optimizer
         step = int(optimizer.iterations)
-        in_a_row = getattr(optimizer, "skipped_in_a_row", None)
-        if in_a_row is not None:
+        if isinstance(optimizer, LossScaleOptimizer):
+            in_a_row = optimizer.skipped_in_a_row
             if int(in_a_row.numpy()) >= self.max_skipped_in_a_row:
                 raise NonFiniteTraining(
                     f"the last {int(in_a_row.numpy())} steps (after global step {step}) all had "
@@ -174,4 +172,4 @@ class NonFiniteGuard(keras.callbacks.Callback):
             raise NonFiniteTraining(
                 f"the training loss became {float(loss)} at global step {step} (no loss scaler "
                 "to skip such steps): check the input for NaN/inf, lower the learning rate, or "
-                "train with --loss_scale=dynamic")
+                "train with dynamic loss scaling")

@@ -88,8 +88,8 @@ class CheckpointStore:
             with open(path) as f:
                 return json.load(f)
         except (OSError, ValueError) as error:
-            raise UserError(f"checkpoint {path} cannot be read ({error}); remove it or point "
-                            "--checkpoint_dir elsewhere") from error
+            raise UserError(f"checkpoint {path} cannot be read ({error}); remove it or give "
+                            "another `checkpoint_dir`") from error
 
     def restore_latest(self):
         """Restores the tracked objects from the newest checkpoint and returns its progress dict,
@@ -105,7 +105,7 @@ class CheckpointStore:
         except (tf.errors.OpError, AssertionError, ValueError) as error:
             raise UserError(
                 f"checkpoint {prefix} does not match this model and optimizer ({_first_line(error)}); "
-                "resume with the same --model, data schema and --optimizer flags it was written with"
+                "resume with the model, data schema and optimizer it was written with"
             ) from error
         self._restored_per_rank = self._read_per_rank(checkpoint_dir)
         return progress
@@ -128,8 +128,8 @@ class CheckpointStore:
                     arrays.setdefault(name, []).append(stored[key])
         except (OSError, ValueError) as error:
             raise UserError(f"checkpoint {path} cannot be read ({error}): it was written without "
-                            "the per-rank state this run needs (e.g. another --embedding_comm); "
-                            "resume with the flags it was written with") from error
+                            "the per-rank state this run needs (e.g. another `embedding_exchange`); "
+                            "resume with the settings it was written with") from error
         if set(arrays) != set(self._per_rank_variables):
             raise UserError(f"checkpoint {path} holds {sorted(arrays)}, this run needs "
                             f"{sorted(self._per_rank_variables)}: resume with the flags it was "

@@ -1,43 +1,19 @@
-"""ID de-duplication (persia.md's "compact batch"): an embedding lookup of a batch's unique ids
-gathered back by index, the per-step record of those lookups, and `CountedSlices`, the embedding
-gradient that keeps each unique id's number of occurrences for CowClip.
+"""ID de-duplication (docs/persia.md's "compact batch"): an embedding lookup of a batch's unique
+ids gathered back by index, and the per-step record of those lookups.
 
 A plain lookup's gradient has one row per occurrence of an id; a de-duplicated lookup's has one
 row per unique id, already summed, so the exchange and the optimizer handle fewer rows. CowClip
 clips each id by its occurrence count, which the summed rows no longer show: the train step
 records each step's lookups (`recording`) and turns the tables' gradients into CountedSlices
-(`attach_counts`), which the exchange carries over the ranks (counts allgathered beside the rows)
-and CowClip sums per id. Why not Keras's or keras-rs's lookups: neither de-duplicates nor
-reports counts."""
+(`attach_counts`; tfscale.row_gradients), which the exchange carries over the ranks and CowClip
+sums per id. Why not Keras's or keras-rs's lookups: neither de-duplicates nor reports counts."""
 
 import contextlib
 import threading
 
 import tensorflow as tf
 
-
-class CountedSlices(tf.IndexedSlices):
-    """IndexedSlices whose row i stands for `counts[i]` occurrences of id `indices[i]` (float32
-    [n]); every TensorFlow and Keras function treats it as the IndexedSlices it is."""
-
-    def __init__(self, values, indices, dense_shape, counts):
-        super().__init__(values, indices, dense_shape)
-        self.counts = counts
-
-
-def with_values(gradient, values):
-    """`gradient` (IndexedSlices or CountedSlices) with `values` instead of its own."""
-    if isinstance(gradient, CountedSlices):
-        return CountedSlices(values, gradient.indices, gradient.dense_shape, gradient.counts)
-    return tf.IndexedSlices(values, gradient.indices, gradient.dense_shape)
-
-
-def occurrence_counts(gradient):
-    """Float32 [n]: how many occurrences each row of an IndexedSlices gradient stands for (its
-    counts for a CountedSlices, 1 per row otherwise)."""
-    if isinstance(gradient, CountedSlices):
-        return tf.cast(gradient.counts, tf.float32)
-    return tf.ones_like(gradient.indices, tf.float32)
+from tfscale.row_gradients import CountedSlices
 
 
 _local = threading.local()
@@ -64,6 +40,10 @@ class LookupRecord:
     def ids_looked_up(self):
         """The (table, row) pairs looked up, repeats included (float32 scalar)."""
         return tf.add_n([tf.reduce_sum(counts) for _, counts in self.tables.values()])
+
+    def unique_rate(self):
+        """Unique (table, row) pairs over those looked up (1: no repeats)."""
+        return self.unique_ids() / tf.maximum(self.ids_looked_up(), 1.0)
 
 
 @contextlib.contextmanager

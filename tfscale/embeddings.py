@@ -1,49 +1,16 @@
 """The categorical-feature embedding layer shared by all CTR models: one concatenated table per
 embedding kind (a deep [total_vocabulary, dim] table, optionally a 1-wide linear "wide" table),
 per-field row offsets, an in-graph range check of the ids, tables and lookups in host memory
-(tfscale.placement), de-duplicated lookups (tfscale.dedup), and the names by which optimizers
-tell the two kinds of table apart.
-
-Variable paths (what `keras.optimizers.OptimizerMap` and CowClip match on, with `re.fullmatch`):
-  deep table: ".../deep_embedding/embeddings"  -> DEEP_TABLE_PATTERN  (clipped by CowClip)
-  wide table: ".../wide_embedding/embeddings"  -> WIDE_TABLE_PATTERN  (never clipped)
-"""
-
-import re
+(tfscale.placement) and de-duplicated lookups (tfscale.dedup). The tables' names are
+tfscale.tables', by which optimizers tell the two kinds apart."""
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from tfscale import dedup, placement
+from tfscale.tables import DEEP_TABLE_NAME, WIDE_TABLE_NAME
 from tfscale.errors import DATA_ERROR_MARKER
-
-DEEP_TABLE_NAME = "deep_embedding"
-WIDE_TABLE_NAME = "wide_embedding"
-DEEP_TABLE_PATTERN = rf"(.*/)?{DEEP_TABLE_NAME}/embeddings"
-WIDE_TABLE_PATTERN = rf"(.*/)?{WIDE_TABLE_NAME}/embeddings"
-
-
-def is_embedding_table(variable):
-    """Whether `variable` is named like an embedding table: "embeddings", the name of
-    keras.layers.Embedding's table and of both FieldEmbedding tables."""
-    return variable.path.split("/")[-1] == "embeddings"
-
-
-def is_row_table(variable):
-    """Whether `variable` is a 2-D embedding table, whose gradient comes in rows."""
-    return is_embedding_table(variable) and len(variable.shape) == 2
-
-
-def is_deep_table(variable):
-    """Whether `variable` is a deep (per-row clipped) embedding table of a FieldEmbedding."""
-    return re.fullmatch(DEEP_TABLE_PATTERN, variable.path) is not None
-
-
-def is_wide_table(variable):
-    """Whether `variable` is a 1-wide linear table of a FieldEmbedding."""
-    return re.fullmatch(WIDE_TABLE_PATTERN, variable.path) is not None
-
 
 @keras.saving.register_keras_serializable(package="tfscale")
 class FieldEmbedding(keras.layers.Layer):

@@ -1,4 +1,4 @@
-"""Loss scaling for float16 training (mixed_precision.md): Keras's LossScaleOptimizer, extended
+"""Loss scaling for float16 training (docs/mixed_precision.md): Keras's LossScaleOptimizer, extended
 where tfscale needs more than it does.
 
 What Keras's class does and we keep: multiply the loss by the scale, check the gradients, skip the
@@ -11,8 +11,8 @@ gradients). What we add, and why:
 - a static scale (Keras 3 dropped `dynamic=False`): a fixed scale, the step still skipped on a
   non-finite gradient (never trained through);
 - the count of skipped steps and of skipped steps in a row, as variables (checkpointed with the
-  optimizer) and in TensorBoard with the scale and the good-step counter;
-- `accepts_indexed_slices` and `summary_scalars` of the wrapped optimizer passed through.
+  optimizer) and in TensorBoard with the scale, the good-step counter and the wrapped
+  optimizer's own scalars.
 
 Under data parallelism the gradients reaching `apply` are the reduced ones, so every rank takes
 the same skip/scale decision."""
@@ -21,7 +21,8 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from tfscale import dedup
+from tfscale.row_gradients import with_values
+from tfscale.step_scalars import scalars_of
 
 DEFAULT_INITIAL_SCALE = 2.0 ** 15
 DEFAULT_GROWTH_STEPS = 2000
@@ -41,10 +42,9 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     def __init__(self, inner_optimizer, initial_scale=DEFAULT_INITIAL_SCALE,
                  dynamic_growth_steps=DEFAULT_GROWTH_STEPS, dynamic=True, name=None, **kwargs):
         if initial_scale <= 0:
-            raise ValueError(f"initial_scale must be positive, got {initial_scale}")
+            raise ValueError(f"`initial_scale={initial_scale}`: give a positive scale")
         if dynamic_growth_steps < 1:
-            raise ValueError(f"dynamic_growth_steps must be at least 1, got "
-                             f"{dynamic_growth_steps}")
+            raise ValueError(f"`dynamic_growth_steps={dynamic_growth_steps}`: give at least 1")
         super().__init__(inner_optimizer, initial_scale=initial_scale,
                          dynamic_growth_steps=dynamic_growth_steps, name=name, **kwargs)
         self.dynamic = bool(dynamic)
@@ -56,10 +56,6 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self.skipped_in_a_row = self.add_variable(shape=(), dtype="int",
                                                   name="skipped_in_a_row", initializer="zeros",
                                                   aggregation="none")
-
-    @property
-    def accepts_indexed_slices(self):
-        return getattr(self.inner_optimizer, "accepts_indexed_slices", False)
 
     def check_finite(self, grads):
         values = [g.values if isinstance(g, tf.IndexedSlices) else g
@@ -96,7 +92,7 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     def summary_scalars(self):
         """{name: value} for TensorBoard: the scale, skipped steps (in all and in a row), finite
         steps since the scale last changed, and the wrapped optimizer's own scalars."""
-        scalars = dict(getattr(self.inner_optimizer, "summary_scalars", dict)())
+        scalars = scalars_of(self.inner_optimizer)
         scalars.update({
             "loss_scale/scale": float(self.dynamic_scale.numpy()),
             "loss_scale/skipped_steps": int(self.skipped_steps.numpy()),
@@ -119,5 +115,5 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 def _scaled(gradient, factor):
     """`gradient * factor`, keeping IndexedSlices sparse."""
     if isinstance(gradient, tf.IndexedSlices):
-        return dedup.with_values(gradient, gradient.values * ops.cast(factor, gradient.values.dtype))
+        return with_values(gradient, gradient.values * ops.cast(factor, gradient.values.dtype))
     return gradient * ops.cast(factor, gradient.dtype)

@@ -1,9 +1,11 @@
-"""Where the two halves of a recommender live (persia.md): embedding tables, their optimizer
+"""Where the two halves of a recommender live (docs/persia.md): embedding tables, their optimizer
 state and their lookups in host memory (the CPU device), everything else on the accelerator when
 there is one. This module is the one place that decides it; `describe` reports where a built
 model's variables actually are."""
 
 import tensorflow as tf
+
+from tfscale import tables
 
 HOST_DEVICE = "/CPU:0"
 
@@ -23,15 +25,13 @@ def dense_device():
 def describe(model):
     """One line naming the devices that hold `model`'s (built) embedding tables and its other
     variables."""
-    from tfscale import embeddings
-
-    tables, dense = set(), set()
+    table_devices, dense_devices = set(), set()
     for variable in model.variables:
         device = _short_device(variable.value.device)
-        (tables if embeddings.is_embedding_table(variable) else dense).add(device)
+        (table_devices if tables.is_embedding_table(variable) else dense_devices).add(device)
     accelerator = "" if dense_device() != HOST_DEVICE else " (no accelerator found)"
-    return (f"placement: embedding tables on {', '.join(sorted(tables)) or 'none'}, dense model "
-            f"on {', '.join(sorted(dense)) or 'none'}{accelerator}")
+    return (f"placement: embedding tables on {', '.join(sorted(table_devices)) or 'none'}, dense "
+            f"model on {', '.join(sorted(dense_devices)) or 'none'}{accelerator}")
 
 
 def _short_device(device):

@@ -1,4 +1,4 @@
-"""A run's precision (mixed_precision.md): the Keras dtype policy its model is built with and the
+"""A run's precision (docs/mixed_precision.md): the Keras dtype policy its model is built with and the
 loss scaling its optimizer gets.
 
 Models take the policy as their `dtype` (Keras 3 policies: float32 variables, float16 or

@@ -23,6 +23,7 @@ from tfscale import distributed
 from tfscale.checkpoints import CheckpointStore
 from tfscale.errors import UserError
 from tfscale.evaluation import evaluate_exact
+from tfscale.train_step import TrainStep
 
 
 @dataclasses.dataclass
@@ -72,8 +73,9 @@ def train(model, source, config, print_fn=print):
     local_batch_size = distributed.local_batch_size(config.batch_size)
     shard = distributed.data_shard()
     build_model_and_optimizer(model, source.schema)
+    per_rank_variables = model.per_rank_variables() if isinstance(model, TrainStep) else {}
     store = CheckpointStore(config.checkpoint_dir, model=model, optimizer=model.optimizer,
-                            per_rank_variables=getattr(model, "per_rank_variables", dict)()) \
+                            per_rank_variables=per_rank_variables) \
         if config.checkpoint_dir else None
     # Rank 0 alone reads the checkpoint directory; the others get its position and its
     # (restored or freshly initialised) variables, and their own slice of the per-rank state.
@@ -86,7 +88,7 @@ def train(model, source, config, print_fn=print):
     writers = _summary_writers(config.logdir) if chief else {}
     steps_per_epoch = source.train_steps_per_epoch(local_batch_size, shard["num_shards"])
     if steps_per_epoch == 0:
-        raise UserError(f"--batch_size={config.batch_size} is larger than the training split "
+        raise UserError(f"`batch_size={config.batch_size}` is larger than the training split "
                         f"({source.describe()}): not one full batch per epoch")
     if steps_per_epoch is None and distributed.is_active():
         raise UserError(f"{source.describe()} cannot tell its batches per epoch in advance, which "
@@ -131,7 +133,7 @@ def train(model, source, config, print_fn=print):
         steps = int(model.optimizer.iterations) - first_step
         if stopper is not None and stopper.stopped:
             print_fn(f"stopped after global step {int(model.optimizer.iterations)} "
-                     "(--stop_after_steps); resume with --resume")
+                     "(`stop_after_steps`); resume with `resume=True`")
             break
         result = _evaluate_epoch(model, source, config, epoch, steps, train_seconds, writers,
                                  print_fn, local_batch_size)
@@ -149,20 +151,20 @@ def train(model, source, config, print_fn=print):
 
 def _starting_position(store, config, print_fn):
     """(epoch, batches to skip in it, whether a checkpoint was restored) to start from: the last
-    checkpoint's position with --resume, else (0, 0, False). Refuses to overwrite an existing
-    run without --resume."""
+    checkpoint's position when resuming, else (0, 0, False). Refuses to overwrite an existing
+    run unless resuming."""
     progress = None if store is None else store.latest_progress()
     if progress is not None and not config.resume:
         raise UserError(
-            f"--checkpoint_dir={config.checkpoint_dir} already holds a checkpoint (global step "
-            f"{progress['global_step']}); pass --resume to continue that run, or choose an empty "
-            "--checkpoint_dir")
+            f"`checkpoint_dir={config.checkpoint_dir}` already holds a checkpoint (global step "
+            f"{progress['global_step']}); give `resume=True` to continue that run, or an empty "
+            "`checkpoint_dir`")
     if not config.resume:
         return 0, 0, False
     if store is None:
-        raise UserError("--resume needs --checkpoint_dir")
+        raise UserError("`resume=True` needs a `checkpoint_dir`")
     if progress is None:
-        print_fn(f"--resume: no checkpoint in {config.checkpoint_dir} yet; starting from scratch")
+        print_fn(f"resume: no checkpoint in {config.checkpoint_dir} yet; starting from scratch")
         return 0, 0, False
     store.restore_latest()
     print_fn(f"resumed from global step {progress['global_step']}: epoch {progress['epoch'] + 1}, "

@@ -1,4 +1,4 @@
-"""Run under horovodrun (any number of ranks): STEPS steps of tfscale.distributed.TopKExchange
+"""Run under horovodrun (any number of ranks): STEPS steps of the top-k exchanges (tfscale.exchanges.topk)
 ("topk" and "gtopk", an embedding table by rows and a dense kernel element-wise) on random
 per-rank gradients, checking after every step that every rank applies the same gradient and that
 error feedback conserves the gradients (summed over ranks: P * applied + change in residuals =
@@ -12,7 +12,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tfscale import distributed  # noqa: E402
+from tfscale import distributed, exchanges  # noqa: E402
 
 STEPS = 6
 INF_STEP = 4
@@ -38,10 +38,10 @@ def run(method, hvd):
     table = keras.Variable(np.zeros((ROWS, WIDTH), np.float32), name="embeddings")
     kernel = keras.Variable(np.zeros((5, 3), np.float32), name="kernel")
     variables = [table, kernel]
-    exchange = distributed.TopKExchange(method, density=0.1, dense_gradients=True)
-    exchange.build(variables)
+    exchange = exchanges.EXCHANGES[method](density=0.1, dense_gradients=True)
+    exchange.state.build(variables)
     residuals = [exchange.residuals[v.path] for v in variables]
-    step_function = tf.function(lambda g, step: exchange.exchange(g, variables, step))
+    step_function = tf.function(lambda g, step: exchange.sparsify(g, variables, step))
     for step in range(STEPS):
         grads = gradients(hvd.rank(), step)
         before = [r.numpy() for r in residuals]
@@ -74,7 +74,7 @@ def run(method, hvd):
 def main():
     distributed.init()
     hvd = distributed.runtime.horovod()
-    for method in distributed.TOPK_EXCHANGES:
+    for method in ("topk", "gtopk"):
         run(method, hvd)
     print(f"rank {hvd.rank()} of {hvd.size()}: exchange steps conserve the gradients", flush=True)
 

@@ -1,0 +1,9 @@
+"""CTR data sources behind one interface (`source.CTRSource`): the built-in synthetic Criteo-like
+stream (`synthetic.SyntheticCTR`) and the file formats, listed once in `FILE_FORMATS` (the
+launcher's `--data` and `launch.build_vocab --format` read it). A new format is a
+`text_lines.DelimitedTextSource` subclass with its `TextFormat`, plus one line here."""
+
+from tfscale.data.avazu import AvazuCSV
+from tfscale.data.criteo import CriteoTSV
+
+FILE_FORMATS = {"criteo": CriteoTSV, "avazu": AvazuCSV}

@@ -29,6 +29,8 @@ from tfscale.errors import DATA_ERROR_MARKER, UserError
 
 CHUNK_LINES = 4096  # lines parsed together by one vectorised map call
 DEFAULT_HASH_BUCKETS = 1 << 17  # per categorical field, when there is no vocabulary
+BAD_LINE_POLICIES = ("error", "skip")  # a malformed line stops the run, or is skipped and counted
+DENSE_TRANSFORMS = ("log1p", "minmax")  # of the integer features
 _INTEGER_PATTERN = r"[+-]?[0-9]+"
 _SHOWN_VALUE_CHARS = 40  # a bad value is quoted in an error message up to this length
 
@@ -506,8 +508,7 @@ class DelimitedTextSource(CTRSource):
                  hash_buckets=None, dense_transform="log1p", shuffle_buffer=0, seed=0,
                  on_bad_line="error", chunk_lines=CHUNK_LINES):
         fmt = self.FORMAT
-        if on_bad_line not in ("error", "skip"):
-            raise UserError(f"on_bad_line must be 'error' or 'skip', got {on_bad_line!r}")
+        _check_bad_line_policy(on_bad_line)
         self._train = FileSet(fmt, train_paths)
         if not self._train.has_labels:
             raise UserError(f"{self._train.paths[0]}: training files need the "
@@ -557,9 +558,9 @@ class DelimitedTextSource(CTRSource):
         if name == "minmax":
             if self._vocabulary is None:
                 raise UserError("dense_transform='minmax' needs a vocabulary (it records each "
-                                "integer field's min and max); build one with launch.build_vocab")
+                                "integer field's min and max)")
             return min_max_transform(*self._vocabulary.dense_bounds(self.FORMAT.dense_names))
-        raise UserError(f"dense_transform must be 'log1p' or 'minmax', got {name!r}")
+        raise UserError(f"`dense_transform={name!r}`: give one of {', '.join(DENSE_TRANSFORMS)}")
 
     # -- CTRSource
 
@@ -664,8 +665,7 @@ class DelimitedTextSource(CTRSource):
     def build_vocabulary(cls, paths, *, min_count=1, on_bad_line="error",
                          chunk_lines=4 * CHUNK_LINES):
         """Count categorical values and integer ranges in one streaming pass over `paths`."""
-        if on_bad_line not in ("error", "skip"):
-            raise UserError(f"on_bad_line must be 'error' or 'skip', got {on_bad_line!r}")
+        _check_bad_line_policy(on_bad_line)
         files = FileSet(cls.FORMAT, paths)
         parser = LineParser(cls.FORMAT, files, skip_bad_lines=on_bad_line == "skip")
         raw = parsed_chunks(files, parser, LineSelection(), np.arange(len(files.paths)),
@@ -673,3 +673,8 @@ class DelimitedTextSource(CTRSource):
         return vocabulary_lib.count_vocabulary(
             raw, format_name=cls.FORMAT.name, categorical_names=cls.FORMAT.categorical_names,
             dense_names=cls.FORMAT.dense_names, min_count=min_count)
+
+
+def _check_bad_line_policy(on_bad_line):
+    if on_bad_line not in BAD_LINE_POLICIES:
+        raise UserError(f"`on_bad_line={on_bad_line!r}`: give one of {', '.join(BAD_LINE_POLICIES)}")

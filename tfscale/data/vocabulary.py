@@ -56,7 +56,7 @@ class Vocabulary:
         where = self.path or "the vocabulary"
         if self.format_name != format_name:
             raise UserError(f"{where}: a vocabulary of {self.format_name} data, not "
-                            f"{format_name}; build one with --format={format_name}")
+                            f"{format_name}; build one from {format_name} files")
         missing = [n for n in categorical_names if n not in self.categorical]
         missing += [n for n in dense_names if n not in self.dense_ranges]
         if missing:

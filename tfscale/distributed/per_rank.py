@@ -1,13 +1,28 @@
 """State that differs between ranks (the top-k exchanges' error-feedback residuals, the stale
-embedding updates' queues) moved between the ranks and rank 0, which alone writes and reads
-checkpoints: gathered into one array per rank to save, handed back to each rank after a restore.
-The ranks' arrays may differ in their first dimension (a queue holds as many rows as its steps'
-unique ids)."""
+embedding updates' queues): `PerRankState`, the base every such state derives from, and its
+movement between the ranks and rank 0, which alone writes and reads checkpoints: gathered into
+one array per rank to save, handed back to each rank after a restore. The ranks' arrays may
+differ in their first dimension (a queue holds as many rows as its steps' unique ids)."""
+
+import abc
 
 import numpy as np
 import tensorflow as tf
 
 from tfscale.distributed import runtime
+
+
+class PerRankState(abc.ABC):
+    """Variables of one rank's own, which checkpoints keep per rank (tfscale.checkpoints)."""
+
+    @abc.abstractmethod
+    def build(self, variables):
+        """Creates the state for the model's trainable `variables` (once; later calls do
+        nothing)."""
+
+    @abc.abstractmethod
+    def per_rank_variables(self):
+        """{name: tf.Variable} of the built state; names are unique across a model's states."""
 
 
 def gather_to_chief(variables):

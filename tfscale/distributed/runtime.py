@@ -1,6 +1,6 @@
 """Horovod set-up: whether this process is one rank of a multi-process Horovod job, starting
-Horovod when `horovodrun` launched the process, this rank's index, the job's size, the
-compression of dense gradient allreduces and how embedding gradients are exchanged.
+Horovod when `horovodrun` launched the process, this rank's index, the job's size and the
+compression of dense gradient allreduces.
 
 Horovod is imported by `init` only. Until Horovod is initialised with more than one rank (and
 in every single-process run) `is_active()` is False and rank/size are 0/1, so single-process
@@ -10,13 +10,6 @@ import os
 import sys
 
 COMPRESSIONS = ("none", "fp16")
-# allgather: embedding gradients travel as IndexedSlices (values and int64 indices of every
-# occurrence); dense: as whole-table tensors in the allreduce (Horovod's sparse_as_dense); topk and
-# gtopk: each table's top rows with error feedback (tfscale.distributed.sparse_exchange).
-EMBEDDING_EXCHANGES = ("allgather", "topk", "gtopk", "dense")
-# The two that tfscale.distributed.gradients does (and traffic models); topk and gtopk are
-# TopKExchange's.
-PLAIN_EXCHANGES = ("allgather", "dense")
 
 # How a dead rank ends the job (measured with horovodrun --gloo, 2 ranks): a rank that exits
 # (SIGKILL, os._exit, even with status 0) closes its sockets, the others' next collective fails at
@@ -28,7 +21,7 @@ PLAIN_EXCHANGES = ("allgather", "dense")
 # a timeout: its Horovod background thread keeps answering.
 GLOO_TIMEOUT_SECONDS = "30"
 
-_settings = {"gradient_compression": "none", "embedding_exchange": "allgather"}
+_settings = {"gradient_compression": "none"}
 
 
 def launched_by_horovodrun():
@@ -36,29 +29,17 @@ def launched_by_horovodrun():
     return "HOROVOD_RANK" in os.environ and "HOROVOD_SIZE" in os.environ
 
 
-def init(gradient_compression="none", embedding_exchange="allgather"):
+def init(gradient_compression="none"):
     """Starts Horovod (`hvd.init()`); `gradient_compression` ("none" or "fp16") is applied to the
-    dense gradient allreduce of every train step, `embedding_exchange` (one of
-    EMBEDDING_EXCHANGES or a TopKExchange) is the default of the models compiled afterwards.
-    Call it before building and compiling the model."""
+    dense gradient allreduce of every train step. Call it before building the model."""
     if gradient_compression not in COMPRESSIONS:
-        raise ValueError(f"gradient_compression must be one of {COMPRESSIONS}, got "
-                         f"{gradient_compression!r}")
-    if isinstance(embedding_exchange, str):
-        check_embedding_exchange(embedding_exchange)
+        raise ValueError(f"`gradient_compression={gradient_compression!r}`: give one of "
+                         f"{', '.join(COMPRESSIONS)}")
     os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", GLOO_TIMEOUT_SECONDS)
     import horovod.tensorflow as hvd
 
     hvd.init()
     _settings["gradient_compression"] = gradient_compression
-    _settings["embedding_exchange"] = embedding_exchange
-
-
-def check_embedding_exchange(embedding_exchange):
-    """A ValueError unless `embedding_exchange` is one of EMBEDDING_EXCHANGES."""
-    if embedding_exchange not in EMBEDDING_EXCHANGES:
-        raise ValueError(f"embedding_exchange must be one of {EMBEDDING_EXCHANGES}, got "
-                         f"{embedding_exchange!r}")
 
 
 def horovod():
@@ -102,7 +83,3 @@ def gradient_compression_name():
     """"none" or "fp16", as chosen at `init`."""
     return _settings["gradient_compression"]
 
-
-def embedding_exchange():
-    """The embedding gradient exchange chosen at `init` ("allgather" before it)."""
-    return _settings["embedding_exchange"]

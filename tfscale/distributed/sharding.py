@@ -10,7 +10,7 @@ def local_batch_size(global_batch_size):
     """This rank's share of `global_batch_size`; a UserError if it does not divide evenly."""
     ranks = runtime.size()
     if global_batch_size % ranks:
-        raise UserError(f"--batch_size={global_batch_size} is the global batch and must divide "
+        raise UserError(f"`batch_size={global_batch_size}` is the global batch and must divide "
                         f"evenly over the {ranks} Horovod ranks: use a multiple of {ranks}")
     return global_batch_size // ranks
 

@@ -1,5 +1,5 @@
 """Sparse allreduces of (index, value) candidates, the collectives of the top-k embedding
-gradient exchanges (../shared/docs/gtopk.md):
+gradient exchanges (docs/gtopk.md):
 
 - `gtopk_allreduce`: the global top-k of the sum (gTopKAllReduce), as a butterfly of log2(P)
   pairwise `hvd.alltoall` rounds of k pairs each: O(k log P) bytes per rank;

@@ -1,8 +1,14 @@
-"""Optimizers for large-embedding models, usable in `model.compile(optimizer=...)`."""
+"""Optimizers for large-embedding models, usable in `model.compile(optimizer=...)`: CowClip and
+its large-batch rule (`scaling`), CAME, FusedAdam, RowSparseAdam, and the loss scaler for float16
+training."""
 
+from tfscale.loss_scaling import LossScaleOptimizer
 from tfscale.optimizers.came import CAME
+from tfscale.optimizers.capabilities import TakesCountedSlices
 from tfscale.optimizers.cowclip import CowClip
 from tfscale.optimizers.fused_adam import FusedAdam
 from tfscale.optimizers.row_sparse_adam import RowSparseAdam
+from tfscale.optimizers.scaling import LargeBatchSettings, large_batch_settings
 
-__all__ = ["CAME", "CowClip", "FusedAdam", "RowSparseAdam"]
+__all__ = ["CAME", "CowClip", "FusedAdam", "LargeBatchSettings", "LossScaleOptimizer",
+           "RowSparseAdam", "TakesCountedSlices", "large_batch_settings"]

@@ -17,7 +17,7 @@ same result. IndexedSlices gradients are densified: the factored statistics cove
 import keras
 from keras import ops
 
-from tfscale.train_step import densify
+from tfscale.row_gradients import densify
 
 
 @keras.saving.register_keras_serializable(package="tfscale")
@@ -90,7 +90,7 @@ class CAME(keras.optimizers.Optimizer):
                                  name=f"{prefix}_{suffix}")
 
     def update_step(self, gradient, variable, learning_rate):
-        """One CAME step of `variable` (came.md steps 1-10; weight decay is the base class's)."""
+        """One CAME step of `variable` (docs/came.md steps 1-10; weight decay is the base class's)."""
         index = self._get_variable_index(variable)
         dtype = state_dtype(variable.dtype)
         gradient = ops.cast(densify(gradient), dtype)

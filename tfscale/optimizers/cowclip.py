@@ -1,7 +1,7 @@
 """CowClip (Zheng et al., AAAI 2023): adaptive column-wise clipping of embedding gradients, one
 threshold per embedding row (per id), and the optimizer that applies it.
 
-For each row of a clipped table (../shared/docs/cowclip.md):
+For each row of a clipped table (docs/cowclip.md):
     g   = the id's gradient summed over its occurrences in the (global) batch (+ 2*l2*w)
     cnt = the id's occurrences in the batch (1 for rows not in it)
     g  <- g * min(1, r * cnt * max(||w||, r * sqrt(d) * zeta) / ||g||)
@@ -22,10 +22,11 @@ import re
 import keras
 import tensorflow as tf
 
-from tfscale import dedup, embeddings
+from tfscale import tables
+from tfscale.optimizers.capabilities import TakesCountedSlices
 from tfscale.optimizers.fused_adam import FusedAdam
 from tfscale.optimizers.row_sparse_adam import RowSparseAdam
-from tfscale.train_step import densify
+from tfscale.row_gradients import densify, occurrence_counts, with_values
 
 MODES = ("faithful", "scalable")
 
@@ -33,11 +34,11 @@ MODES = ("faithful", "scalable")
 def aggregate_rows(gradient):
     """(unique row ids int64, the gradient summed per id, occurrence counts float32) of an
     IndexedSlices gradient whose rows stand for one occurrence each, or of a CountedSlices
-    (tfscale.dedup) whose rows carry their counts; an id may repeat (e.g. once per rank)."""
+    (tfscale.row_gradients) whose rows carry their counts; an id may repeat (e.g. once per rank)."""
     ids, position = tf.unique(tf.cast(gradient.indices, tf.int64))
     num_ids = tf.shape(ids)[0]
     rows = tf.math.unsorted_segment_sum(gradient.values, position, num_ids)
-    counts = tf.math.unsorted_segment_sum(dedup.occurrence_counts(gradient), position, num_ids)
+    counts = tf.math.unsorted_segment_sum(occurrence_counts(gradient), position, num_ids)
     return ids, rows, counts
 
 
@@ -52,7 +53,7 @@ def clip_factors(gradient_rows, weight_rows, counts, r, zeta):
 
 
 @keras.saving.register_keras_serializable(package="tfscale")
-class CowClip(keras.optimizers.MultiOptimizer):
+class CowClip(TakesCountedSlices, keras.optimizers.MultiOptimizer):
     """CowClip over an embedding optimizer and a dense optimizer, for `model.compile`.
 
     Args:
@@ -73,8 +74,6 @@ class CowClip(keras.optimizers.MultiOptimizer):
     de-duplicated lookups), which is how the per-id counts are known; under Horovod they must be
     the global batch's.
     """
-
-    accepts_indexed_slices = True  # tfscale.train_step passes embedding gradients unchanged
 
     def __init__(self, embedding_optimizer=None, dense_optimizer=None, r=1.0, zeta=1e-5, l2=0.0,
                  mode="faithful", embedding_tables=None, loss_scale_factor=None, name="cowclip"):
@@ -108,7 +107,7 @@ class CowClip(keras.optimizers.MultiOptimizer):
     def is_embedding_table(self, variable):
         if self.embedding_tables is not None:
             return any(re.fullmatch(p, variable.path) for p in self.embedding_tables)
-        return embeddings.is_embedding_table(variable)
+        return tables.is_embedding_table(variable)
 
     def is_clipped_table(self, variable):
         """Embedding tables wider than 1 are clipped; 1-wide linear tables are not."""
@@ -148,7 +147,7 @@ class CowClip(keras.optimizers.MultiOptimizer):
                 f"CowClip needs the gradient of embedding table {table.path} as IndexedSlices (row "
                 "ids and their counts) but got a dense tensor: give the table no regularizer (pass "
                 "l2= to CowClip instead) and look it up with a gather (keras.layers.Embedding)")
-        gradient = dedup.with_values(gradient, tf.cast(gradient.values, table.dtype))
+        gradient = with_values(gradient, tf.cast(gradient.values, table.dtype))
         ids, rows, counts = aggregate_rows(gradient)
         weights = tf.convert_to_tensor(table)
         weight_rows = tf.gather(weights, ids)

@@ -3,13 +3,15 @@ that the launcher and the experiments share."""
 
 import keras
 
-from tfscale import embeddings
+from tfscale import tables
 from tfscale.optimizers.came import CAME
 from tfscale.optimizers.cowclip import CowClip
 from tfscale.optimizers.fused_adam import FusedAdam
 from tfscale.optimizers.row_sparse_adam import RowSparseAdam
 
-OPTIMIZERS = ("cowclip", "adam", "came", "adagrad", "sgd")
+# The optimizers the factory builds, by name ("cowclip": CowClip over Adam).
+OPTIMIZERS = {"cowclip": CowClip, "adam": FusedAdam, "came": CAME,
+              "adagrad": keras.optimizers.Adagrad, "sgd": keras.optimizers.SGD}
 
 
 def model_regularization(settings, optimizer_name):
@@ -25,7 +27,8 @@ def build_optimizer(settings, optimizer_name, warmup_steps, cowclip_mode="faithf
     L2); the dense learning rate rises linearly from 1e-8 over `warmup_steps` (keras
     PolynomialDecay, as the official CowClip code), the embedding one is constant."""
     if optimizer_name not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer_name!r}")
+        raise ValueError(f"`optimizer_name={optimizer_name!r}`: give one of "
+                         f"{', '.join(OPTIMIZERS)}")
     dense_rate = settings.dense_learning_rate
     if warmup_steps:
         dense_rate = keras.optimizers.schedules.PolynomialDecay(
@@ -35,15 +38,14 @@ def build_optimizer(settings, optimizer_name, warmup_steps, cowclip_mode="faithf
         return CowClip(embedding_class(settings.embedding_learning_rate, name="embedding"),
                        FusedAdam(dense_rate, name="dense"), r=settings.r, zeta=settings.zeta,
                        l2=settings.l2, mode=cowclip_mode)
-    optimizer_class = {"adam": FusedAdam, "came": CAME, "adagrad": keras.optimizers.Adagrad,
-                       "sgd": keras.optimizers.SGD}[optimizer_name]
+    optimizer_class = OPTIMIZERS[optimizer_name]
     dense_optimizer = optimizer_class(learning_rate=dense_rate, name="dense")
     if dense_rate == settings.embedding_learning_rate:  # one rate, no warm-up: one optimizer
         return dense_optimizer
     optimizer_map = keras.optimizers.OptimizerMap(dense_optimizer)
     embedding_optimizer = optimizer_class(learning_rate=settings.embedding_learning_rate,
                                           name="embedding")
-    for pattern in (embeddings.DEEP_TABLE_PATTERN, embeddings.WIDE_TABLE_PATTERN):
+    for pattern in (tables.DEEP_TABLE_PATTERN, tables.WIDE_TABLE_PATTERN):
         optimizer_map[pattern] = embedding_optimizer
     return keras.optimizers.MultiOptimizer(optimizer_map)
 

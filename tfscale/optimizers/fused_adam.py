@@ -8,7 +8,7 @@ of an id instead of the id's summed gradient (see tfscale.train_step)."""
 import keras
 import tensorflow as tf
 
-from tfscale.train_step import densify
+from tfscale.row_gradients import densify
 
 
 @keras.saving.register_keras_serializable(package="tfscale")

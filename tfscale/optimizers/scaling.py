@@ -1,5 +1,5 @@
 """Large-batch hyper-parameter rules as functions of the batch size: CowClip's rule
-(../shared/docs/cowclip.md) with its published Criteo and Avazu presets, and the plain
+(docs/cowclip.md) with its published Criteo and Avazu presets, and the plain
 no / sqrt / linear learning-rate scaling rules it is compared against.
 
 With s = batch / 1024, CowClip keeps the embedding learning rate (1e-4), scales L2 linearly

@@ -1,0 +1,74 @@
+"""The library's shape, checked statically: no import cycles between tfscale's modules, no
+imports of the repository-level `models` and `launch`, private Keras imports only where Keras has
+no public form, and errors raised by the library that speak in its arguments, never in the
+launcher's flags."""
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "tfscale"
+
+
+def _modules():
+    """{dotted module name: parsed tree} of every tfscale module (a package as its __init__)."""
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        modules[name.removesuffix(".__init__")] = ast.parse(path.read_text(), str(path))
+    return modules
+
+
+def _imported(tree, modules=()):
+    """The modules the import statements of `tree` name: `from a import b` names a.b when that is
+    one of `modules`, else a (a package's own __init__ importing its submodules is not counted
+    as an edge from each submodule back to the package)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                names.add(full if full in modules else node.module)
+    return names
+
+
+def test_no_import_cycles():
+    modules = _modules()
+    graph = {name: {m for m in _imported(tree, modules) if m in modules and m != name}
+             for name, tree in modules.items()}
+
+    def reaches(start, goal, seen):
+        for following in graph[start]:
+            if following == goal:
+                return True
+            if following not in seen:
+                seen.add(following)
+                if reaches(following, goal, seen):
+                    return True
+        return False
+
+    cyclic = sorted(name for name in graph if reaches(name, name, set()))
+    assert not cyclic, f"modules on an import cycle: {cyclic}"
+
+
+def test_the_library_imports_neither_models_nor_launch_and_keras_src_only_once():
+    private = {}
+    for name, tree in _modules().items():
+        imported = _imported(tree)
+        assert not {m for m in imported if m.split(".")[0] in ("models", "launch")}, name
+        private.update({m: name for m in imported if m.startswith("keras.src")})
+    # Keras has no public form of the test telling Model(inputs, outputs) from a subclass.
+    assert set(private) == {"keras.src.models.model"}, private
+
+
+def test_library_errors_name_arguments_not_flags():
+    flag = re.compile(r"(^|[\s(])--[a-z_]+")
+    for name, tree in _modules().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Raise):
+                for text in (c.value for c in ast.walk(node)
+                             if isinstance(c, ast.Constant) and isinstance(c.value, str)):
+                    assert not flag.search(text), f"{name}: {text!r}"

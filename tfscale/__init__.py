@@ -1,0 +1,26 @@
+"""tfscale: fast large-batch and multi-worker training for CTR and other large-embedding Keras
+models (TensorFlow 2.21, Keras 3).
+
+The public surface:
+- `tfscale.optimizers`: CowClip, CAME, FusedAdam, RowSparseAdam, LossScaleOptimizer, the
+  large-batch scaling rules;
+- `tfscale.TrainStepModel` / `tfscale.FunctionalTrainStepModel`: Keras models whose train step
+  exchanges gradients between Horovod ranks (`compile(embedding_exchange=...,
+  embedding_staleness=...)`);
+- `tfscale.FieldEmbedding`: one concatenated embedding table per kind for many categorical
+  fields, in host memory, with de-duplicated lookups;
+- `tfscale.exchanges`: the gradient exchanges and their registry;
+- `tfscale.distributed`: Horovod start-up and collectives; `tfscale.training.train`: epochs with
+  evaluation, TensorBoard scalars and atomic checkpoints; `tfscale.data`: CTR data sources.
+The reference models (`models/`) and the launcher (`launch/`) live in the repository, not in the
+installed package."""
+
+from tfscale import exchanges, optimizers
+from tfscale.embeddings import FieldEmbedding
+from tfscale.errors import UserError
+from tfscale.train_step import FunctionalTrainStepModel, TrainStepModel
+
+__version__ = "0.1.0"
+
+__all__ = ["FieldEmbedding", "FunctionalTrainStepModel", "TrainStepModel", "UserError",
+           "exchanges", "optimizers"]

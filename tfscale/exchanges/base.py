@@ -1,0 +1,94 @@
+"""The embedding-exchange interface: how one train step's gradients reach the optimizer, averaged
+over the Horovod ranks (the dense weights' always by allreduce; the embedding tables' by the
+exchange's own method), what per-rank state it keeps, what it reports, and what it can do.
+
+A train step (tfscale.train_step) calls, in this order:
+    step = exchange.begin_step(variables, optimizer)   # before the forward pass
+    gradients = step.exchange(gradients, variables)    # after tape.gradient
+    optimizer.apply(gradients, variables)
+    step.finish(gradients)                             # after the update
+A synchronous exchange does all its work in `exchange`; a stale one (tfscale.exchanges.stale)
+starts in `begin_step` what can overlap the forward and backward pass and queues the step's own
+gradients in `finish`.
+
+To add an exchange: subclass EmbeddingExchange in a new module of this package (set `name` and
+the capabilities, implement `exchange`) and add the class to `EXCHANGES` in
+tfscale/exchanges/__init__.py."""
+
+import abc
+from typing import ClassVar
+
+import keras
+import tensorflow as tf
+
+from tfscale.step_scalars import StepScalars
+
+
+class EmbeddingExchange(abc.ABC):
+    """One way of exchanging a train step's gradients between ranks.
+
+    Capabilities (class attributes, read by `TrainStep.compile`):
+        carries_counts: table gradients reach the optimizer as slices with global per-id
+            occurrence counts, which CowClip needs.
+        can_run_stale: table gradients may be applied T steps late
+            (tfscale.exchanges.stale.StaleExchange wraps it).
+        acts_in_one_process: it changes the gradients without Horovod too (e.g. top-k
+            sparsification), so the train step needs it (and runs without XLA) in one process.
+    """
+
+    name: ClassVar[str]
+    carries_counts: ClassVar[bool] = False
+    can_run_stale: ClassVar[bool] = False
+    acts_in_one_process: ClassVar[bool] = False
+
+    def __init__(self):
+        self.scalars = StepScalars()
+
+    def __repr__(self):
+        return self.name
+
+    def per_rank_states(self):
+        """The tfscale.distributed.per_rank.PerRankState objects this exchange keeps (none)."""
+        return []
+
+    def summary_scalars(self):
+        """{name: value} of the last step: bytes sent and received, exchange seconds, ..."""
+        return self.scalars.summary_scalars()
+
+    def begin_step(self, variables, optimizer):
+        """Called before the forward pass; returns the step's StepExchange."""
+        del variables
+        return StepExchange(self, optimizer)
+
+    @abc.abstractmethod
+    def exchange(self, gradients, variables, optimizer):
+        """`gradients` (aligned with `variables`, None for unconnected ones) averaged over the
+        ranks as this exchange does it. `optimizer` is the model's (for its step count and loss
+        scale); it has not applied this step yet."""
+
+
+class StepExchange:
+    """One train step's exchange (what `begin_step` started): synchronous by default."""
+
+    def __init__(self, exchange, optimizer):
+        self._exchange = exchange
+        self._optimizer = optimizer
+
+    def exchange(self, gradients, variables):
+        """The gradients to hand to the optimizer."""
+        return self._exchange.exchange(gradients, variables, self._optimizer)
+
+    def finish(self, applied_gradients):
+        """Called after the optimizer took `applied_gradients` (nothing to do when
+        synchronous)."""
+
+
+def loss_scale(optimizer, variables):
+    """The factor this step's gradients carry: the loss scaler's current scale (read before the
+    optimizer changes it; a scaler not built yet is built on `variables` first), or None without
+    a scaler."""
+    if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return None
+    if not optimizer.built:
+        optimizer.build(variables)
+    return tf.identity(optimizer.dynamic_scale)

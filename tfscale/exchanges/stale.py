@@ -1,0 +1,219 @@
+"""Bounded-staleness embedding updates (docs/persia.md): `StaleExchange` wraps an exchange that
+can run stale (allgather, dense) so that each embedding table's gradient of step t is exchanged
+and applied at step t + T, while step t + T computes; the dense part stays synchronous.
+
+`StalenessQueues` holds, per embedding table and per rank, a queue of the last T steps' local
+gradients (rows, row ids and, for CowClip, occurrence counts), unscaled, in host memory. A step
+`pop`s the oldest in `begin_step` (before its forward pass, so their exchange overlaps the
+forward and backward pass: nothing in them depends on this step's batch), hands them to the
+optimizer beside this step's dense gradients, and `push`es this step's table gradients behind
+the others in `finish`. The tables a forward pass reads therefore lack exactly the updates of the
+last T steps, and the first T steps update no table. A step the loss scaler skips (non-finite
+gradients) neither consumes the oldest gradients nor queues its own, so a skipped step delays the
+queue instead of losing or poisoning it.
+
+The queues are per-rank state (checkpoints keep each rank's); a gradient's rows vary in number
+from step to step, so the queue variables have an unknown first dimension."""
+
+import keras
+import tensorflow as tf
+
+from tfscale import distributed, placement, tables
+from tfscale.distributed.per_rank import PerRankState
+from tfscale.errors import UserError
+from tfscale.exchanges.base import EmbeddingExchange, StepExchange, loss_scale
+from tfscale.row_gradients import CountedSlices, occurrence_counts
+
+
+class _TableQueue:
+    """One table's pending gradients: rows stacked in step order, `lengths[i]` rows per step."""
+
+    def __init__(self, table, staleness, with_counts):
+        width = table.shape[-1]
+        self.table = table
+        self.with_counts = with_counts
+        self.values = tf.Variable(tf.zeros([0, width]), shape=tf.TensorShape([None, width]),
+                                  trainable=False)
+        self.indices = tf.Variable(tf.zeros([0], tf.int64), shape=tf.TensorShape([None]),
+                                   trainable=False)
+        self.counts = tf.Variable(tf.zeros([0]), shape=tf.TensorShape([None]),
+                                  trainable=False) if with_counts else None
+        self.lengths = tf.Variable(tf.zeros([staleness], tf.int64), trainable=False)
+
+    def variables(self):
+        named = {"values": self.values, "indices": self.indices, "lengths": self.lengths}
+        if self.with_counts:
+            named["counts"] = self.counts
+        return named
+
+    def oldest(self, scale):
+        """The oldest step's gradient (times `scale`), an IndexedSlices or CountedSlices."""
+        rows = self.lengths[0]
+        values = self.values[:rows]
+        if scale is not None:
+            values = values * scale
+        shape = tf.shape(self.table, out_type=tf.int64)
+        if self.with_counts:
+            return CountedSlices(values, self.indices[:rows], shape, self.counts[:rows])
+        return tf.IndexedSlices(values, self.indices[:rows], shape)
+
+    def replace_oldest(self, gradient, scale):
+        """Drops the oldest step's rows and appends `gradient`'s (divided by `scale`)."""
+        rows = self.lengths[0]
+        values = tf.cast(gradient.values, tf.float32)
+        if scale is not None:
+            values = values / scale
+        self.values.assign(tf.concat([self.values[rows:], values], axis=0))
+        self.indices.assign(tf.concat([self.indices[rows:], tf.cast(gradient.indices, tf.int64)],
+                                      axis=0))
+        if self.with_counts:
+            self.counts.assign(tf.concat([self.counts[rows:], occurrence_counts(gradient)],
+                                         axis=0))
+        self.lengths.assign(tf.concat([self.lengths[1:], tf.shape(values, tf.int64)[:1]], axis=0))
+
+
+class StalenessQueues(PerRankState):
+    """The queues of every embedding table's last `staleness` steps of gradients.
+
+    Args:
+        staleness: T >= 1, the number of steps by which embedding updates lag.
+        with_counts: queue occurrence counts and return CountedSlices (for CowClip).
+    """
+
+    def __init__(self, staleness, with_counts=False):
+        if int(staleness) < 1:
+            raise ValueError(f"`staleness={staleness}`: give at least 1 step (0 is the "
+                             "synchronous step, which needs no queues)")
+        self.staleness = int(staleness)
+        self.with_counts = bool(with_counts)
+        self._queues = {}  # table path -> _TableQueue
+        self._origin_steps = None  # optimizer step at which each queued gradient was computed
+
+    def build(self, variables):
+        """Creates the empty queues of the embedding tables among `variables` (once)."""
+        if self._origin_steps is not None:
+            return
+        with tf.init_scope(), tf.device(placement.embedding_device()):
+            for variable in variables:
+                if tables.is_row_table(variable):
+                    self._queues[variable.path] = _TableQueue(variable, self.staleness,
+                                                             self.with_counts)
+            self._origin_steps = tf.Variable(tf.fill([self.staleness], tf.constant(-1, tf.int64)),
+                                             trainable=False)
+
+    def pop(self, variables, scale=None):
+        """The oldest queued gradient of each queued table, times `scale` (the loss scale this
+        step's gradients carry, or None), aligned with `variables` (None for the others), and the
+        number of optimizer steps since it was computed (0 while the queue fills)."""
+        self.build(variables)
+        with tf.device(placement.embedding_device()):
+            oldest = [self._queues[v.path].oldest(scale)
+                      if v.path in self._queues else None for v in variables]
+        return oldest, self._origin_steps[0]
+
+    def push(self, gradients, variables, applied, scale, step):
+        """After the optimizer step `step` (int64, counted before it): when `applied`, replaces
+        each table's oldest gradient by its gradient in `gradients` (divided by `scale`); when
+        the step was skipped, keeps every queue as it was."""
+
+        def replace():
+            for gradient, variable in zip(gradients, variables):
+                queue = self._queues.get(variable.path)
+                if queue is None:
+                    continue
+                if not isinstance(gradient, tf.IndexedSlices):
+                    raise UserError(
+                        f"a stale embedding update needs the gradient of {variable.path} as rows "
+                        "(IndexedSlices), got a dense tensor: give the embedding tables no "
+                        "regularizer, or use `embedding_staleness=0`")
+                queue.replace_oldest(gradient, scale)
+            self._origin_steps.assign(tf.concat([self._origin_steps[1:],
+                                                 tf.reshape(tf.cast(step, tf.int64), [1])], 0))
+            return tf.constant(True)
+
+        with tf.device(placement.embedding_device()):
+            tf.cond(tf.convert_to_tensor(applied), replace, lambda: tf.constant(False))
+
+    def per_rank_variables(self):
+        """{name: tf.Variable} of the queues, which differ between ranks (for checkpoints)."""
+        named = {"staleness/origin_steps": self._origin_steps}
+        for path, queue in self._queues.items():
+            for part, variable in queue.variables().items():
+                named[f"staleness/{path}/{part}"] = variable
+        return named
+
+
+class StaleExchange(EmbeddingExchange):
+    """`exchange` (one with `can_run_stale`) with the embedding tables' gradients applied
+    `staleness` steps late; `with_counts`: the optimizer takes counted slices (CowClip)."""
+
+    acts_in_one_process = True
+
+    def __init__(self, exchange, staleness, with_counts=False):
+        super().__init__()
+        if not exchange.can_run_stale:
+            raise ValueError(f"`exchange={exchange.name!r}` cannot run stale; give an exchange "
+                             "with can_run_stale (allgather, dense)")
+        self.inner = exchange
+        self.queues = StalenessQueues(staleness, with_counts)
+        self.name = exchange.name
+        self.carries_counts = exchange.carries_counts
+
+    def __repr__(self):
+        return f"{self.inner!r}, {self.queues.staleness} step(s) stale"
+
+    def per_rank_states(self):
+        return [self.queues]
+
+    def summary_scalars(self):
+        return {**self.inner.summary_scalars(), **self.scalars.summary_scalars()}
+
+    def begin_step(self, variables, optimizer):
+        """Pops the oldest queued table gradients and starts their exchange, which this step's
+        forward pass does not wait for."""
+        if not variables:
+            raise ValueError("build the model before training it with stale embedding updates "
+                             "(the queues need its embedding tables before the first step)")
+        scale = loss_scale(optimizer, variables)
+        step = tf.identity(optimizer.iterations)
+        queued, origin = self.queues.pop(variables, scale)
+        self.scalars.record("embedding/staleness",
+                            tf.where(origin >= 0, tf.cast(step, tf.int64) - origin, 0))
+        pending = queued
+        if distributed.is_active():
+            pending, seconds = self.scalars.timed(
+                queued, lambda: self.inner.average(queued, name_suffix="_stale_embeddings"))
+            self.scalars.record("exchange/embedding_seconds", seconds)
+        return _StaleStep(self, optimizer, scale, step, queued, pending)
+
+    def exchange(self, gradients, variables, optimizer):
+        raise TypeError("a StaleExchange exchanges through the step begin_step returns")
+
+
+class _StaleStep(StepExchange):
+    """One step of a StaleExchange: its queued table gradients (exchanged since begin_step) and
+    this step's other gradients go to the optimizer; its own table gradients are queued."""
+
+    def __init__(self, exchange, optimizer, scale, step, queued, pending):
+        super().__init__(exchange, optimizer)
+        self._scale, self._step = scale, step
+        self._queued, self._pending = queued, pending
+        self._fresh = self._variables = None
+
+    def exchange(self, gradients, variables):
+        self._fresh, self._variables = gradients, variables
+        inner = self._exchange.inner
+        others = [None if q is not None else g for g, q in zip(gradients, self._queued)]
+        if distributed.is_active():
+            inner.record_bytes([q if q is not None else g
+                                for g, q in zip(gradients, self._queued)])
+            others = inner.average(others)
+        return [p if p is not None else g for g, p in zip(others, self._pending)]
+
+    def finish(self, applied_gradients):
+        """Queues this step's table gradients, unless the loss scaler skipped the step."""
+        optimizer = self._optimizer
+        applied = optimizer.check_finite(applied_gradients) \
+            if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) else True
+        self._exchange.queues.push(self._fresh, self._variables, applied, self._scale,
+                                   self._step)

@@ -1,0 +1,37 @@
+"""How tfscale tells embedding tables from the other variables, by name alone (so optimizers,
+exchanges and placement agree without importing the layers):
+
+  any table:  a variable named "embeddings" (keras.layers.Embedding's table, and both of
+              tfscale.embeddings.FieldEmbedding's tables)
+  deep table: ".../deep_embedding/embeddings"  -> DEEP_TABLE_PATTERN  (clipped by CowClip)
+  wide table: ".../wide_embedding/embeddings"  -> WIDE_TABLE_PATTERN  (1 wide, never clipped)
+
+The patterns are for `re.fullmatch` on `variable.path`, as `keras.optimizers.OptimizerMap` and
+CowClip's `embedding_tables` use them."""
+
+import re
+
+DEEP_TABLE_NAME = "deep_embedding"
+WIDE_TABLE_NAME = "wide_embedding"
+DEEP_TABLE_PATTERN = rf"(.*/)?{DEEP_TABLE_NAME}/embeddings"
+WIDE_TABLE_PATTERN = rf"(.*/)?{WIDE_TABLE_NAME}/embeddings"
+
+
+def is_embedding_table(variable):
+    """Whether `variable` is named like an embedding table."""
+    return variable.path.split("/")[-1] == "embeddings"
+
+
+def is_row_table(variable):
+    """Whether `variable` is a 2-D embedding table, whose gradient comes in rows."""
+    return is_embedding_table(variable) and len(variable.shape) == 2
+
+
+def is_deep_table(variable):
+    """Whether `variable` is a deep (per-row clipped) table of a FieldEmbedding."""
+    return re.fullmatch(DEEP_TABLE_PATTERN, variable.path) is not None
+
+
+def is_wide_table(variable):
+    """Whether `variable` is a 1-wide linear table of a FieldEmbedding."""
+    return re.fullmatch(WIDE_TABLE_PATTERN, variable.path) is not None
