@@ -2,6 +2,7 @@
 fresh directory, imported from outside the checkout, training a user's own functional Keras
 model (plain keras.layers.Embedding tables, keras.Model) with tfscale's optimizers."""
 
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -61,10 +62,15 @@ USER_SCRIPT = textwrap.dedent("""
 
 
 def test_wheel_installs_and_trains_a_users_own_model_from_outside_the_checkout(tmp_path):
-    dist, site, elsewhere = tmp_path / "dist", tmp_path / "site", tmp_path / "elsewhere"
+    source, dist = tmp_path / "source", tmp_path / "dist"
+    site, elsewhere = tmp_path / "site", tmp_path / "elsewhere"
     elsewhere.mkdir()
+    # A clean copy: setuptools builds in the source tree and would package stale build/ files.
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "runs", "__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                    "--no-build-isolation", "-w", str(dist), str(ROOT)], check=True, cwd=tmp_path)
+                    "--no-build-isolation", "-w", str(dist), str(source)], check=True,
+                   cwd=tmp_path)
     wheel = next(dist.glob("tfscale-*.whl"))
     packages = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
     assert packages == {"tfscale", wheel.name.split("-py")[0] + ".dist-info"}, packages

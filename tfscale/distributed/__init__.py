@@ -1,7 +1,7 @@
 """Horovod data parallelism for tfscale: one process per rank, started by `horovodrun`.
 
 - `runtime`: whether this process is a rank of a Horovod job, start-up, rank and size;
-- `sharding`: how the global batch and the data splits divide over the ranks;
+- `batch_split`: how the global batch and the data splits divide over the ranks;
 - `gradients`: the grouped average of a step's gradients (dense allreduce, rows allgathered);
 - `topk`: the sparse allreduces of (index, value) candidates: gTop-k butterfly, allgather top-k;
 - `traffic`: the bytes a rank sends and receives to allreduce or allgather a gradient;
@@ -17,7 +17,7 @@ from tfscale.distributed.broadcast import broadcast_from_chief, broadcast_model_
 from tfscale.distributed.gather import allgather_array
 from tfscale.distributed.runtime import (COMPRESSIONS, gradient_compression_name, init,
                                          is_active, is_chief, launched_by_horovodrun, rank, size)
-from tfscale.distributed.sharding import data_shard, local_batch_size
+from tfscale.distributed.batch_split import data_shard, local_batch_size
 from tfscale.distributed.topk import SparseSum, gtopk_allreduce, topk_allgather
 
 __all__ = ["COMPRESSIONS", "SparseSum", "allgather_array", "broadcast_from_chief",
