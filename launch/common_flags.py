@@ -83,14 +83,14 @@ def run_directories(logdir, checkpoint_dir):
 def build_model(schema, settings, dtype_policy="float32"):
     """The --model over `schema`, initialised and regularised as `settings` (LargeBatchSettings)
     say, computing in `dtype_policy`."""
-    import keras
-
+    from tfscale.initializers import RowSeededNormal
     from tfscale.optimizers.factory import model_regularization
 
     return models.build_model(
         FLAGS.model, schema, embedding_dim=FLAGS.embedding_dim, hidden_units=_dnn_units(),
-        embeddings_initializer=keras.initializers.RandomNormal(stddev=settings.embedding_init_stddev),
+        embeddings_initializer=RowSeededNormal(stddev=settings.embedding_init_stddev),
         dtype=dtype_policy, deduplicate_ids=FLAGS.dedup_ids,
+        embedding_sharding=FLAGS.embedding_sharding,
         **model_regularization(settings, FLAGS.optimizer),
         **_model_specific_config())
 

@@ -4,6 +4,8 @@ by `describe`."""
 
 from absl import flags
 
+from tfscale.row_sharding import SHARDINGS
+
 FLAGS = flags.FLAGS
 
 flags.DEFINE_bool("dedup_ids", True,
@@ -16,11 +18,20 @@ flags.DEFINE_integer("embedding_staleness", 0,
                      "synchronous. Not with --embedding_comm=topk or gtopk.", lower_bound=0)
 
 
+flags.DEFINE_enum("embedding_sharding", "replicated", list(SHARDINGS),
+                  "replicated: every rank holds every embedding table whole; row: each rank holds "
+                  "the rows id mod P == rank of every table and their optimizer state, and looks "
+                  "the others up by alltoall (docs/sharding.md). Not with --optimizer=came, "
+                  "--embedding_staleness, or --embedding_comm=topk|gtopk.")
+
+
 def describe(model):
-    """A few words on the embedding half: placement, de-duplication, staleness."""
-    from tfscale import placement
+    """A few words on the embedding half: placement, how the tables are held, de-duplication,
+    staleness."""
+    from tfscale import placement, row_sharding
 
     dedup = "de-duplicated lookups" if FLAGS.dedup_ids else "plain lookups"
     staleness = (f"embedding updates {FLAGS.embedding_staleness} step(s) stale"
                  if FLAGS.embedding_staleness else "synchronous embedding updates")
-    return f"{placement.describe(model)}; {dedup}, {staleness}"
+    return (f"{placement.describe(model)}; {row_sharding.describe(model)}; {dedup}, "
+            f"{staleness}")

@@ -149,6 +149,8 @@ class CTRModel(TrainStepModel):
         check_ids: assert in the graph that every id lies in its field's rows.
         deduplicate_ids: look up each unique id of a batch once (tfscale.dedup); the same outputs
             and summed gradients, with one gradient row per unique id instead of per occurrence.
+        embedding_sharding: "replicated" (every rank holds the whole tables) or "row" (each
+            Horovod rank holds 1/P of every table's rows: tfscale.row_sharding).
         name: default `default_name` (the registry key), made unique in the process.
     """
 
@@ -169,6 +171,7 @@ class CTRModel(TrainStepModel):
         use_wide=True,
         check_ids=True,
         deduplicate_ids=True,
+        embedding_sharding="replicated",
         **kwargs,
     ):
         if kwargs.get("name") is None:
@@ -187,6 +190,7 @@ class CTRModel(TrainStepModel):
         self.use_wide = bool(use_wide)
         self.check_ids = bool(check_ids)
         self.deduplicate_ids = bool(deduplicate_ids)
+        self.embedding_sharding = embedding_sharding
 
         self.field_embedding = FieldEmbedding(
             self.schema.vocabulary_sizes,
@@ -197,6 +201,7 @@ class CTRModel(TrainStepModel):
             wide_regularizer=l2_or_none(self.l2_wide),
             check_ids=self.check_ids,
             deduplicate=self.deduplicate_ids,
+            sharding=self.embedding_sharding,
             dtype=self.dtype_policy,
             name="field_embedding",
         )
@@ -292,6 +297,7 @@ class CTRModel(TrainStepModel):
                 "use_wide": self.use_wide,
                 "check_ids": self.check_ids,
                 "deduplicate_ids": self.deduplicate_ids,
+                "embedding_sharding": self.embedding_sharding,
             }
         )
         return config

@@ -49,13 +49,21 @@ class LookupRecord:
 @contextlib.contextmanager
 def recording():
     """Records the de-duplicated lookups made inside the block into the LookupRecord it yields."""
-    record = LookupRecord()
+    lookups = LookupRecord()
     previous = getattr(_local, "record", None)
-    _local.record = record
+    _local.record = lookups
     try:
-        yield record
+        yield lookups
     finally:
         _local.record = previous
+
+
+def record(table, unique_rows, counts):
+    """Adds a de-duplicated lookup of `table` (its gradient rows are `unique_rows`, standing for
+    `counts` occurrences each) to the step's record, when inside `recording()`."""
+    active = getattr(_local, "record", None)
+    if active is not None:
+        active.add(table, unique_rows, counts)
 
 
 def lookup(table_layer, rows):
@@ -65,9 +73,7 @@ def lookup(table_layer, rows):
     flat = tf.reshape(rows, [-1])
     unique_rows, position, counts = tf.unique_with_counts(flat, out_idx=tf.int64)
     vectors = table_layer(unique_rows)
-    record = getattr(_local, "record", None)
-    if record is not None:
-        record.add(table_layer.embeddings, unique_rows, counts)
+    record(table_layer.embeddings, unique_rows, counts)
     shape = tf.concat([tf.shape(rows, out_type=tf.int64), tf.shape(vectors, out_type=tf.int64)[1:]],
                       axis=0)
     return tf.reshape(tf.gather(vectors, position), shape)

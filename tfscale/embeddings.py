@@ -1,16 +1,18 @@
 """The categorical-feature embedding layer shared by all CTR models: one concatenated table per
 embedding kind (a deep [total_vocabulary, dim] table, optionally a 1-wide linear "wide" table),
 per-field row offsets, an in-graph range check of the ids, tables and lookups in host memory
-(tfscale.placement) and de-duplicated lookups (tfscale.dedup). The tables' names are
+(tfscale.placement), de-duplicated lookups (tfscale.dedup) and, with `sharding="row"`, tables
+split by rows over the Horovod ranks (tfscale.row_sharding). The tables' names are
 tfscale.tables', by which optimizers tell the two kinds apart."""
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tfscale import dedup, placement
+from tfscale import dedup, placement, row_sharding
+from tfscale.errors import DATA_ERROR_MARKER, UserError
+from tfscale.initializers import RowSeededNormal, is_row_independent
 from tfscale.tables import DEEP_TABLE_NAME, WIDE_TABLE_NAME
-from tfscale.errors import DATA_ERROR_MARKER
 
 @keras.saving.register_keras_serializable(package="tfscale")
 class FieldEmbedding(keras.layers.Layer):
@@ -24,8 +26,8 @@ class FieldEmbedding(keras.layers.Layer):
         vocabulary_sizes: rows per field (`FeatureSchema.vocabulary_sizes`).
         embedding_dim: width of the deep table.
         use_wide: also build the 1-wide linear table and return the summed linear term.
-        embeddings_initializer: deep table initializer; default RandomNormal(stddev=0.01), seeded
-            from Keras's global seed (`keras.utils.set_random_seed`).
+        embeddings_initializer: deep table initializer; default RowSeededNormal(stddev=0.01),
+            seeded from the global seed (`keras.utils.set_random_seed`).
         wide_initializer: wide table initializer (default zeros, as DeepCTR's linear part).
         embeddings_regularizer, wide_regularizer: e.g. `keras.regularizers.L2(l)`, applied to the
             whole table (the CowClip paper's L2).
@@ -35,6 +37,10 @@ class FieldEmbedding(keras.layers.Layer):
         deduplicate: look each table up once per unique row of the batch and gather back
             (tfscale.dedup); the gradients then hold one row per unique id. False: one gathered
             row per occurrence (the same outputs and summed gradients).
+        sharding: "replicated" (every rank holds the whole tables) or "row" (each Horovod rank
+            holds the rows id mod P == rank and looks the others up by alltoall; always
+            de-duplicated; the initializers must be row-independent: RowSeededNormal, zeros,
+            constants).
 
     The tables live in host memory (tfscale.placement.embedding_device), where their lookups run.
 
@@ -53,6 +59,7 @@ class FieldEmbedding(keras.layers.Layer):
         wide_regularizer=None,
         check_ids=True,
         deduplicate=True,
+        sharding="replicated",
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -63,10 +70,22 @@ class FieldEmbedding(keras.layers.Layer):
         self.use_wide = bool(use_wide)
         self.check_ids = bool(check_ids)
         self.deduplicate = bool(deduplicate)
+        if sharding not in row_sharding.SHARDINGS:
+            raise ValueError(f"`sharding={sharding!r}`: give one of "
+                             f"{', '.join(row_sharding.SHARDINGS)}")
+        self.sharding = sharding
         if embeddings_initializer is None:
-            embeddings_initializer = keras.initializers.RandomNormal(stddev=0.01)
+            embeddings_initializer = RowSeededNormal(stddev=0.01)
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
         self.wide_initializer = keras.initializers.get(wide_initializer)
+        if sharding == "row":
+            for argument, initializer in (("embeddings_initializer", self.embeddings_initializer),
+                                          ("wide_initializer", self.wide_initializer)):
+                if not is_row_independent(initializer):
+                    raise UserError(
+                        f"`{argument}={type(initializer).__name__}`: a row-sharded table needs "
+                        "an initializer whose rows do not depend on the table's shape "
+                        "(tfscale.initializers.RowSeededNormal, zeros or a constant)")
         self.embeddings_regularizer = keras.regularizers.get(embeddings_regularizer)
         self.wide_regularizer = keras.regularizers.get(wide_regularizer)
 
@@ -74,24 +93,22 @@ class FieldEmbedding(keras.layers.Layer):
         self._sizes = sizes
         self._offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
         total = int(sizes.sum())
-        self.deep_table = keras.layers.Embedding(
-            total,
-            self.embedding_dim,
-            embeddings_initializer=self.embeddings_initializer,
-            embeddings_regularizer=self.embeddings_regularizer,
-            dtype="float32",
-            name=DEEP_TABLE_NAME,
-        )
-        self.wide_table = None
-        if self.use_wide:
-            self.wide_table = keras.layers.Embedding(
-                total,
-                1,
-                embeddings_initializer=self.wide_initializer,
-                embeddings_regularizer=self.wide_regularizer,
-                dtype="float32",
-                name=WIDE_TABLE_NAME,
-            )
+        self.deep_table = self._table(total, self.embedding_dim, self.embeddings_initializer,
+                                      self.embeddings_regularizer, DEEP_TABLE_NAME)
+        self.wide_table = self._table(total, 1, self.wide_initializer, self.wide_regularizer,
+                                      WIDE_TABLE_NAME) if self.use_wide else None
+
+    def _table(self, rows, dim, initializer, regularizer, name):
+        """A keras Embedding, or this rank's ShardedTable when row-sharded."""
+        if self.sharding == "replicated":
+            return keras.layers.Embedding(rows, dim, embeddings_initializer=initializer,
+                                          embeddings_regularizer=regularizer, dtype="float32",
+                                          name=name)
+        if regularizer is not None:
+            raise UserError("a row-sharded table cannot carry a Keras regularizer (its gradient "
+                            "would be dense): give the embedding L2 to the optimizer (CowClip's "
+                            "`l2`) or none")
+        return row_sharding.ShardedTable(rows, dim, initializer, name=name)
 
     @property
     def num_fields(self):
@@ -118,11 +135,16 @@ class FieldEmbedding(keras.layers.Layer):
                 with tf.control_dependencies([check] if check is not None else []):
                     ids = tf.identity(ids)
             rows = ids + self._offsets
-            embeddings = tf.cast(self._lookup(self.deep_table, rows), self.compute_dtype)
+            tables = [t for t in (self.deep_table, self.wide_table) if t is not None]
+            if self.sharding == "row":
+                looked_up = row_sharding.lookup(tables, rows, name=f"tfscale_{self.name}")
+            else:
+                looked_up = [self._lookup(table, rows) for table in tables]
+            embeddings = tf.cast(looked_up[0], self.compute_dtype)
             if self.wide_table is None:
                 return embeddings
             # [B, n_fields, 1] -> [B, 1]
-            linear = tf.reduce_sum(self._lookup(self.wide_table, rows), axis=1)
+            linear = tf.reduce_sum(looked_up[1], axis=1)
             return embeddings, tf.cast(linear, self.compute_dtype)
 
     def _lookup(self, table_layer, rows):
@@ -166,6 +188,7 @@ class FieldEmbedding(keras.layers.Layer):
                 "wide_regularizer": keras.regularizers.serialize(self.wide_regularizer),
                 "check_ids": self.check_ids,
                 "deduplicate": self.deduplicate,
+                "sharding": self.sharding,
             }
         )
         return config

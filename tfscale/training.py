@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfscale import callbacks as tfs_callbacks
-from tfscale import distributed
+from tfscale import distributed, row_sharding
 from tfscale.checkpoints import CheckpointStore
 from tfscale.errors import UserError
 from tfscale.evaluation import evaluate_exact
@@ -81,7 +81,7 @@ def train(model, source, config, print_fn=print):
     # (restored or freshly initialised) variables, and their own slice of the per-rank state.
     start_epoch, skip_batches, restored = distributed.broadcast_from_chief(
         lambda: _starting_position(store, config, print_fn), name="tfscale_start_position")
-    distributed.broadcast_model_and_optimizer(model)
+    distributed.broadcast_model_and_optimizer(model, local=row_sharding.local_variables(model))
     if restored:
         store.distribute_restored_per_rank_state()
 

@@ -6,13 +6,16 @@ from tfscale.distributed import runtime
 from tfscale.errors import UserError
 
 
-def broadcast_model_and_optimizer(model):
-    """Overwrites every variable of `model` and of its (built) optimizer with rank 0's values;
-    does nothing outside Horovod."""
+def broadcast_model_and_optimizer(model, local=()):
+    """Overwrites every variable of `model` and of its (built) optimizer with rank 0's values,
+    except those in `local` (each rank's own, e.g. row-sharded tables and their optimizer
+    state); does nothing outside Horovod."""
     hvd = runtime.horovod()
     if hvd is None:
         return
-    variables = list(model.variables) + list(model.optimizer.variables)
+    local_ids = {id(v) for v in local}
+    variables = [v for v in list(model.variables) + list(model.optimizer.variables)
+                 if id(v) not in local_ids]
     # Keras 3 variables wrap a tf.Variable (`.value`), which is what Horovod assigns to.
     hvd.broadcast_variables([v.value for v in variables], root_rank=0)
 

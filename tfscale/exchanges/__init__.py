@@ -5,12 +5,15 @@ class per method behind `EmbeddingExchange` (base.py), and the registry of their
 - allgather (default): table gradients as rows, allgathered (per-id counts kept: CowClip);
 - dense: table gradients as whole-table tensors in the allreduce;
 - topk / gtopk: each table's top rows with error feedback, allgathered / by gTop-k's butterfly;
-- StaleExchange (stale.py) wraps allgather or dense for bounded-staleness embedding updates.
+- StaleExchange (stale.py) wraps allgather or dense for bounded-staleness embedding updates;
+- RowShardedExchange (sharded.py) wraps allgather or dense when the model's tables are
+  row-sharded: the shards' gradients stay on their owners.
 """
 
 from tfscale.exchanges.allgather import AllgatherExchange
 from tfscale.exchanges.base import EmbeddingExchange, StepExchange
 from tfscale.exchanges.dense import DenseExchange
+from tfscale.exchanges.sharded import RowShardedExchange
 from tfscale.exchanges.stale import StaleExchange
 from tfscale.exchanges.topk import GTopKExchange, TopKAllgatherExchange, TopKExchange
 
@@ -34,5 +37,5 @@ def get(exchange):
 
 
 __all__ = ["AllgatherExchange", "DEFAULT", "DenseExchange", "EXCHANGES", "EmbeddingExchange",
-           "GTopKExchange", "StaleExchange", "StepExchange", "TopKAllgatherExchange",
+           "GTopKExchange", "RowShardedExchange", "StaleExchange", "StepExchange", "TopKAllgatherExchange",
            "TopKExchange", "get"]

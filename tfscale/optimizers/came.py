@@ -17,11 +17,12 @@ same result. IndexedSlices gradients are densified: the factored statistics cove
 import keras
 from keras import ops
 
+from tfscale.optimizers.capabilities import NeedsWholeTables
 from tfscale.row_gradients import densify
 
 
 @keras.saving.register_keras_serializable(package="tfscale")
-class CAME(keras.optimizers.Optimizer):
+class CAME(NeedsWholeTables, keras.optimizers.Optimizer):
     """Confidence-guided Adaptive Memory Efficient optimizer.
 
     Args:

@@ -1,0 +1,65 @@
+"""`RowShardedExchange`: the gradients of row-sharded tables (tfscale.row_sharding) stay on this
+rank, which owns their rows; every other gradient goes through the wrapped averaging exchange
+(allgather or dense).
+
+A shard's gradient already holds every rank's contribution for its rows (the lookup's alltoall
+carried them back), as the sum of the P ranks' gradients of their own mean losses; divided by
+P it is the gradient of the global batch's mean loss, so P ranks at B/P take the step one
+process takes at B. It never enters an allreduce or allgather. Each rank's shards differ, so the
+loss scaler's finite check would differ between ranks: one 4-byte allreduce makes it global, and
+a step non-finite on any rank hands every rank NaN shard gradients, which every loss scaler
+skips (without a scaler, NonFiniteGuard stops the run)."""
+
+import tensorflow as tf
+
+from tfscale import distributed
+from tfscale.errors import UserError
+from tfscale.exchanges.averaging import AveragingExchange
+from tfscale.exchanges.base import EmbeddingExchange
+from tfscale.row_gradients import with_values
+from tfscale.row_sharding import shard_of
+
+
+class RowShardedExchange(EmbeddingExchange):
+    """`exchange` (an AveragingExchange) for the model's other gradients; shards stay local."""
+
+    def __init__(self, exchange):
+        super().__init__()
+        if not isinstance(exchange, AveragingExchange):
+            raise UserError(f"`embedding_exchange={exchange.name}` cannot be used with row-sharded "
+                            "tables, whose gradients stay on their owners: use "
+                            "`embedding_exchange=allgather` or dense for the other gradients")
+        self.inner = exchange
+        self.name = exchange.name
+        self.carries_counts = exchange.carries_counts
+
+    def __repr__(self):
+        return f"{self.inner!r} (row-sharded tables stay on their owners)"
+
+    def summary_scalars(self):
+        return {**self.inner.summary_scalars(), **self.scalars.summary_scalars()}
+
+    def exchange(self, gradients, variables, optimizer):
+        sharded = [i for i, (g, v) in enumerate(zip(gradients, variables))
+                   if g is not None and shard_of(v) is not None]
+        result = self.inner.exchange([None if i in sharded else g
+                                      for i, g in enumerate(gradients)], variables, optimizer)
+        if not sharded:
+            return result
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(_values(gradients[i])))
+                                for i in sharded])
+        if distributed.is_active():
+            hvd = distributed.runtime.horovod()
+            finite = hvd.allreduce(tf.cast(finite, tf.float32), op=hvd.Min,
+                                   name="tfscale_shards_finite") > 0.5
+        factor = tf.where(finite, tf.constant(1.0 / distributed.size()),
+                          tf.constant(float("nan")))
+        for i in sharded:
+            gradient = gradients[i]
+            result[i] = with_values(gradient, gradient.values * factor) \
+                if isinstance(gradient, tf.IndexedSlices) else gradient * factor
+        return result
+
+
+def _values(gradient):
+    return gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient

@@ -1,0 +1,151 @@
+"""Row-sharded embedding tables (docs/sharding.md): rank r of P holds the rows of global ids
+r, r + P, r + 2P, ... of every sharded table (owner `id mod P`, local row `id div P`), their
+optimizer state with them, and looks rows up from the other ranks by alltoall.
+
+A lookup (`lookup`), per FieldEmbedding and step: this rank's unique ids; one `hvd.alltoall` of
+(id, occurrences) pairs to the owners (one for all the layer's tables, which share their rows);
+unique again on the owner, whose occurrence sums are the global batch's counts; one gather per
+table of the owned rows; one alltoall of the tables' rows (packed side by side) back; gathered
+to the batch positions. The backward pass is the mirror, by Horovod's alltoall gradient: each
+rank's row gradients return to the owner, summed per id by the gather's gradient, so a shard's
+gradient holds one row per id the global batch looked up there. It is the sum of the ranks'
+per-rank mean gradients: tfscale.exchanges.sharded scales it to the global mean and keeps it
+out of every allreduce. Sharded tables are never broadcast: every rank initialises its rows from
+(seed, global id) (tfscale.initializers.RowSeededNormal), so the tables equal the whole ones a
+replicated model starts from, whatever P."""
+
+import dataclasses
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfscale import dedup, distributed, placement
+from tfscale.tables import is_embedding_table
+
+SHARDINGS = ("replicated", "row")
+
+
+@dataclasses.dataclass(frozen=True)
+class RowShard:
+    """Which rows of a table of `total_rows` rank `index` of `num_shards` owns."""
+
+    total_rows: int
+    num_shards: int
+    index: int
+
+    @property
+    def rows(self):
+        """The number of rows this rank owns (0 when the table has fewer rows than ranks)."""
+        return max(0, -(-(self.total_rows - self.index) // self.num_shards))
+
+    def global_ids(self):
+        """The global ids of this rank's rows, in local-row order (int64 numpy array)."""
+        return np.arange(self.index, self.total_rows, self.num_shards, dtype=np.int64)
+
+
+def shard_of(variable):
+    """The RowShard of a sharded table variable, or None."""
+    return getattr(variable, "_tfscale_row_shard", None)
+
+
+def describe(model):
+    """How `model`'s embedding tables are held, with their rows and bytes (tables and their
+    optimizer state, which this builds) on this rank."""
+    model.optimizer.build(model.trainable_variables)
+    tables = [v for v in model.trainable_variables if is_embedding_table(v)]
+    held = tables + optimizer_state(model.optimizer, tables)
+    megabytes = sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in held) / 1e6
+    rows = sum(int(v.shape[0]) for v in tables)
+    shards = [shard_of(v) for v in tables if shard_of(v) is not None]
+    if not shards:
+        return f"tables replicated: {rows:,} rows, {megabytes:,.0f} MB with optimizer state"
+    return (f"tables row-sharded over {shards[0].num_shards} ranks: {rows:,} rows, "
+            f"{megabytes:,.0f} MB with optimizer state per rank")
+
+
+def local_variables(model):
+    """`model`'s row-sharded tables and their state in its (built) optimizer: the variables
+    that differ between ranks."""
+    shards = [v for v in model.variables if shard_of(v) is not None]
+    return shards + optimizer_state(model.optimizer, shards)
+
+
+def optimizer_state(optimizer, variables):
+    """The variables of `optimizer` holding state of `variables`, found by Keras's naming of
+    slots, `<variable path with / as _>_<slot>` (add_variable_from_reference; tfscale's
+    optimizers name theirs alike)."""
+    prefixes = tuple(v.path.replace("/", "_") + "_" for v in variables)
+    return [v for v in optimizer.variables
+            if prefixes and v.path.split("/")[-1].startswith(prefixes)]
+
+
+@keras.saving.register_keras_serializable(package="tfscale")
+class ShardedTable(keras.layers.Layer):
+    """This rank's rows of a [total_rows, dim] table, as the variable `embeddings` [owned rows,
+    dim] (float32, host memory), initialised by `initializer.rows(global ids)` or, for a
+    row-independent Keras initializer (zeros, constants), by the initializer itself."""
+
+    def __init__(self, total_rows, dim, initializer, **kwargs):
+        super().__init__(**kwargs)
+        self.total_rows = int(total_rows)
+        self.dim = int(dim)
+        self.initializer = initializer
+
+    def build(self, input_shape=None):
+        shard = RowShard(self.total_rows, distributed.size(), distributed.rank())
+        if hasattr(self.initializer, "rows"):
+            initializer = lambda shape, dtype=None: self.initializer.rows(  # noqa: E731
+                shard.global_ids(), self.dim, dtype)
+        else:
+            initializer = self.initializer
+        with tf.device(placement.embedding_device()):
+            self.embeddings = self.add_weight(shape=(shard.rows, self.dim),
+                                              initializer=initializer, dtype="float32",
+                                              name="embeddings")
+        self.embeddings._tfscale_row_shard = shard
+
+
+def lookup(tables, rows, name):
+    """The rows `rows` (int64, any shape, global ids) of each of `tables` (built ShardedTables of
+    one total size), as [*rows.shape, dim] tensors; recorded for the step (tfscale.dedup) with
+    each owned row's global occurrence count. `name` must be the same on every rank."""
+    shard = shard_of(tables[0].embeddings)
+    flat = tf.reshape(rows, [-1])
+    unique_ids, position, counts = tf.unique_with_counts(flat, out_idx=tf.int64)
+    if shard.num_shards == 1:
+        per_unique = _gather_owned(tables, unique_ids, counts, shard)
+    else:
+        per_unique = _through_owners(tables, unique_ids, counts, shard, name)
+    vectors = tf.gather(per_unique, position)
+    shape = tf.shape(rows, out_type=tf.int64)
+    return [tf.reshape(part, tf.concat([shape, [table.dim]], axis=0))
+            for part, table in zip(tf.split(vectors, [t.dim for t in tables], axis=1), tables)]
+
+
+def _through_owners(tables, unique_ids, counts, shard, name):
+    """[len(unique_ids), sum of dims]: each id's rows, fetched from its owner by alltoall."""
+    hvd = distributed.runtime.horovod()
+    owner = tf.cast(unique_ids % shard.num_shards, tf.int32)
+    order = tf.argsort(owner, stable=True)
+    splits = tf.math.bincount(owner, minlength=shard.num_shards, maxlength=shard.num_shards,
+                              dtype=tf.int32)
+    outgoing = tf.stack([tf.gather(unique_ids, order),
+                         tf.cast(tf.gather(counts, order), tf.int64)], axis=1)
+    incoming, incoming_splits = hvd.alltoall(outgoing, splits=splits, name=f"{name}_ids")
+    owned, owned_position = tf.unique(incoming[:, 0], out_idx=tf.int64)
+    owned_counts = tf.math.unsorted_segment_sum(incoming[:, 1], owned_position, tf.size(owned))
+    rows = tf.gather(_gather_owned(tables, owned, owned_counts, shard), owned_position)
+    returned, _ = hvd.alltoall(rows, splits=incoming_splits, name=f"{name}_rows")
+    return tf.gather(returned, tf.math.invert_permutation(order))
+
+
+def _gather_owned(tables, owned_ids, counts, shard):
+    """[len(owned_ids), sum of dims]: this rank's rows of `owned_ids` (unique, all owned here),
+    each table's lookup recorded with the ids' counts."""
+    local_rows = owned_ids // shard.num_shards
+    parts = []
+    for table in tables:
+        dedup.record(table.embeddings, local_rows, counts)
+        parts.append(tf.gather(table.embeddings.value, local_rows))
+    return tf.concat(parts, axis=1)
