@@ -7,10 +7,11 @@ A lookup (`lookup`), per FieldEmbedding and step: this rank's unique ids; one `h
 unique again on the owner, whose occurrence sums are the global batch's counts; one gather per
 table of the owned rows; one alltoall of the tables' rows (packed side by side) back; gathered
 to the batch positions. The backward pass is the mirror, by Horovod's alltoall gradient: each
-rank's row gradients return to the owner, summed per id by the gather's gradient, so a shard's
-gradient holds one row per id the global batch looked up there. It is the sum of the ranks'
-per-rank mean gradients: tfscale.exchanges.sharded scales it to the global mean and keeps it
-out of every allreduce. Sharded tables are never broadcast: every rank initialises its rows from
+rank's row gradients, divided by P, return to the owner and are summed per id by the gather's
+gradient, so a shard's gradient holds one row per id the global batch looked up there: the
+gradient of the global batch's mean loss (each rank's loss is the mean over its B/P examples),
+summed in rank order as the allgather exchange sums the replicated tables' rows.
+tfscale.exchanges.sharded keeps it out of every allreduce. Sharded tables are never broadcast: every rank initialises its rows from
 (seed, global id) (tfscale.initializers.RowSeededNormal), so the tables equal the whole ones a
 replicated model starts from, whatever P."""
 
@@ -84,9 +85,14 @@ def optimizer_state(optimizer, variables):
 class ShardedTable(keras.layers.Layer):
     """This rank's rows of a [total_rows, dim] table, as the variable `embeddings` [owned rows,
     dim] (float32, host memory), initialised by `initializer.rows(global ids)` or, for a
-    row-independent Keras initializer (zeros, constants), by the initializer itself."""
+    row-independent Keras initializer (zeros, constants), by the initializer itself.
+
+    Call: local rows (int64 [n]) -> their values (float32 [n, dim]), read in float32 whatever
+    the model's dtype policy (a float32 layer: Keras casts variables read in a mixed-precision
+    layer's call)."""
 
     def __init__(self, total_rows, dim, initializer, **kwargs):
+        kwargs["dtype"] = "float32"
         super().__init__(**kwargs)
         self.total_rows = int(total_rows)
         self.dim = int(dim)
@@ -104,6 +110,9 @@ class ShardedTable(keras.layers.Layer):
                                               initializer=initializer, dtype="float32",
                                               name="embeddings")
         self.embeddings._tfscale_row_shard = shard
+
+    def call(self, local_rows):
+        return tf.gather(self.embeddings.value, local_rows)
 
 
 def lookup(tables, rows, name):
@@ -137,7 +146,19 @@ def _through_owners(tables, unique_ids, counts, shard, name):
     owned_counts = tf.math.unsorted_segment_sum(incoming[:, 1], owned_position, tf.size(owned))
     rows = tf.gather(_gather_owned(tables, owned, owned_counts, shard), owned_position)
     returned, _ = hvd.alltoall(rows, splits=incoming_splits, name=f"{name}_rows")
-    return tf.gather(returned, tf.math.invert_permutation(order))
+    return tf.gather(_gradient_divided_by(shard.num_shards)(returned),
+                     tf.math.invert_permutation(order))
+
+
+def _gradient_divided_by(num_ranks):
+    """The identity, whose gradient is divided by `num_ranks` (a division, as Horovod's
+    average divides)."""
+
+    @tf.custom_gradient
+    def identity(rows):
+        return tf.identity(rows), lambda gradient: tf.convert_to_tensor(gradient) / num_ranks
+
+    return identity
 
 
 def _gather_owned(tables, owned_ids, counts, shard):
@@ -147,5 +168,5 @@ def _gather_owned(tables, owned_ids, counts, shard):
     parts = []
     for table in tables:
         dedup.record(table.embeddings, local_rows, counts)
-        parts.append(tf.gather(table.embeddings.value, local_rows))
+        parts.append(table(local_rows))
     return tf.concat(parts, axis=1)

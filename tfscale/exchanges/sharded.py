@@ -3,12 +3,11 @@ rank, which owns their rows; every other gradient goes through the wrapped avera
 (allgather or dense).
 
 A shard's gradient already holds every rank's contribution for its rows (the lookup's alltoall
-carried them back), as the sum of the P ranks' gradients of their own mean losses; divided by
-P it is the gradient of the global batch's mean loss, so P ranks at B/P take the step one
-process takes at B. It never enters an allreduce or allgather. Each rank's shards differ, so the
-loss scaler's finite check would differ between ranks: one 4-byte allreduce makes it global, and
-a step non-finite on any rank hands every rank NaN shard gradients, which every loss scaler
-skips (without a scaler, NonFiniteGuard stops the run)."""
+carried them back, each divided by P): it is the gradient of the global batch's mean loss, so P
+ranks at B/P take the step one process takes at B. It never enters an allreduce or allgather.
+Each rank's shards differ, so the loss scaler's finite check would differ between ranks: one
+4-byte allreduce makes it global, and a step non-finite on any rank hands every rank NaN shard
+gradients, which every loss scaler skips (without a scaler, NonFiniteGuard stops the run)."""
 
 import tensorflow as tf
 
@@ -52,8 +51,7 @@ class RowShardedExchange(EmbeddingExchange):
             hvd = distributed.runtime.horovod()
             finite = hvd.allreduce(tf.cast(finite, tf.float32), op=hvd.Min,
                                    name="tfscale_shards_finite") > 0.5
-        factor = tf.where(finite, tf.constant(1.0 / distributed.size()),
-                          tf.constant(float("nan")))
+        factor = tf.where(finite, tf.constant(1.0), tf.constant(float("nan")))
         for i in sharded:
             gradient = gradients[i]
             result[i] = with_values(gradient, gradient.values * factor) \

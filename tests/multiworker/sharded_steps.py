@@ -1,0 +1,201 @@
+"""Row-sharded tables under horovodrun (any number of ranks) with an output directory.
+
+Each rank trains a small DeepFM with row-sharded tables for STEPS steps on its B/P slice of
+every global batch, for each optimizer of RUNS, gathers the whole tables and their optimizer
+state from the shards (for the comparison only) and writes them with the other variables
+(model variables, then optimizer variables) to OUT_DIR/<run>-row-P<P>-rank<r>.npz; the
+float16 run is also trained with replicated tables (OUT_DIR/<run>-replicated-P<P>-rank<r>.npz),
+and then takes one more step with inf in rank 1's features, which every rank must skip with its
+shards and their slots unchanged. Run without horovodrun, it trains the one-process reference
+of each float32 run with replicated tables on the whole global batches and writes
+OUT_DIR/<run>-reference.npz.
+
+Under horovodrun it also checks, and prints "edge cases ok": the lookup of a 3-row table (rank 3
+of 4 owns no row) where every rank looks up the same id, ids only one rank looks up, and ranks
+whose batch holds no id of some owners (empty splits), against the gathered whole table, with
+the gradient each owner receives; and an inf in one rank's shard gradient alone makes every
+rank's RowShardedExchange hand NaN shard gradients (so every loss scaler skips). Used by
+tests/test_sharding.py."""
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import models  # noqa: E402
+from tfscale import distributed, exchanges, row_sharding  # noqa: E402
+from tfscale.data.synthetic import SyntheticCTR  # noqa: E402
+from tfscale.loss_scaling import LossScaleOptimizer  # noqa: E402
+from tfscale.optimizers import CowClip, FusedAdam, RowSparseAdam  # noqa: E402
+from tfscale.training import build_model_and_optimizer  # noqa: E402
+
+GLOBAL_BATCH = 384  # divides over 2, 3 and 4 ranks
+STEPS = 20
+RUNS = ("adam", "cowclip_faithful", "cowclip_scalable", "float16_adam")
+
+
+def make_optimizer(run):
+    if run == "adam":
+        return FusedAdam(learning_rate=1e-3)
+    if run == "float16_adam":
+        return LossScaleOptimizer(FusedAdam(learning_rate=1e-3))
+    mode = run.split("_")[1]
+    embedding = (FusedAdam if mode == "faithful" else RowSparseAdam)(1e-3, name="embedding")
+    # r = 0.05 clips some rows (tests/test_hybrid.py uses the same)
+    return CowClip(embedding, FusedAdam(1e-3, name="dense"), r=0.05, l2=1e-4, mode=mode)
+
+
+def trained(run, sharding, rank, num_ranks):
+    """(model, data) after STEPS steps of `run` with `sharding` on rank `rank`'s slices."""
+    data = SyntheticCTR(seed=0, train_rows=GLOBAL_BATCH * STEPS, test_rows=256,
+                        vocabulary_scale=0.002)
+    keras.utils.set_random_seed(0)
+    model = models.build_model(
+        "deepfm", data.schema, hidden_units=[32, 32], embedding_sharding=sharding,
+        dtype="mixed_float16" if run.startswith("float16") else "float32")
+    model.compile(optimizer=make_optimizer(run), loss=keras.losses.BinaryCrossentropy())
+    build_model_and_optimizer(model, data.schema)
+    distributed.broadcast_model_and_optimizer(model, local=row_sharding.local_variables(model))
+    model.fit(rank_batches(data, rank, num_ranks), epochs=1, verbose=0, shuffle=False)
+    assert int(model.optimizer.iterations) == STEPS
+    return model, data
+
+
+def rank_batches(data, rank, num_ranks):
+    """Rank `rank`'s contiguous 1/num_ranks of every global batch, of known length."""
+    size = GLOBAL_BATCH // num_ranks
+    batches = data.train_batches(GLOBAL_BATCH).map(
+        lambda features, labels: ({k: v[rank * size:(rank + 1) * size]
+                                   for k, v in features.items()},
+                                  labels[rank * size:(rank + 1) * size]))
+    return batches.apply(tf.data.experimental.assert_cardinality(STEPS))
+
+
+def check_skip_on_inf(model, data, rank, num_ranks):
+    """One more step with inf in rank 1's dense features: every rank skips it, keeping its
+    shards and their optimizer state bitwise."""
+    features, labels = next(iter(rank_batches(data, rank, num_ranks)))
+    if rank == 1:
+        features = dict(features, dense=tf.fill(tf.shape(features["dense"]), np.inf))
+    local = row_sharding.local_variables(model)
+    before = [v.numpy() for v in local]
+    skipped = int(model.optimizer.skipped_steps.numpy())
+    model.train_on_batch(features, labels)
+    assert int(model.optimizer.skipped_steps.numpy()) == skipped + 1, rank
+    for variable, value in zip(local, before):
+        np.testing.assert_array_equal(variable.numpy(), value, err_msg=variable.path)
+
+
+def whole_state(model):
+    """model_state with every row-sharded table and slot replaced by the whole one (gathered
+    from every rank by global id); per-rank scalars of shards (CowClip's clip statistics of its
+    own rows) as None."""
+    local = row_sharding.local_variables(model)
+    shards = {v.path.replace("/", "_") + "_": row_sharding.shard_of(v)
+              for v in local if row_sharding.shard_of(v) is not None}
+    state = []
+    for variable in list(model.variables) + list(model.optimizer.variables):
+        shard = row_sharding.shard_of(variable)
+        if shard is None and any(variable is v for v in local):
+            name = variable.path.split("/")[-1]
+            shard = next(s for prefix, s in shards.items() if name.startswith(prefix))
+            if len(variable.shape) == 0:
+                state.append(None)
+                continue
+        state.append(variable.numpy() if shard is None else gathered(variable, shard))
+    return state
+
+
+def gathered(variable, shard):
+    """The whole table of which `variable` holds `shard`'s rows."""
+    hvd = distributed.runtime.horovod()
+    values = tf.convert_to_tensor(variable)
+    ids = tf.constant(shard.global_ids())
+    if hvd is not None:
+        values, ids = hvd.allgather(values), hvd.allgather(ids)
+    whole = np.zeros((shard.total_rows,) + tuple(variable.shape[1:]), values.dtype.as_numpy_dtype)
+    whole[ids.numpy()] = values.numpy()
+    return whole
+
+
+def check_edge_cases():
+    """The lookup and the shards' finite decision on hand-made cases (see the module)."""
+    hvd = distributed.runtime.horovod()
+    rank, size = hvd.rank(), hvd.size()
+    keras.utils.set_random_seed(1)
+    table = row_sharding.ShardedTable(3, 2, keras.initializers.Constant(0.0), name="edge3")
+    table.build()
+    shard = row_sharding.shard_of(table.embeddings)
+    ids = shard.global_ids()
+    table.embeddings.assign(tf.constant(np.stack([ids * 10.0, ids * 10.0 + 1], axis=1),
+                                        tf.float32))
+    # Every rank looks up id 0; rank r also looks up id 1 + r (beyond the table: skipped) and
+    # rank 0 id 2 twice: some ranks send nothing to some owners.
+    wanted = [0] + ([1 + rank] if 1 + rank < 3 else []) + ([2, 2] if rank == 0 else [])
+    rows = tf.constant(wanted, tf.int64)
+
+    @tf.function
+    def look_up_and_differentiate():
+        with tf.GradientTape() as tape:
+            (vectors,) = row_sharding.lookup([table], rows, name="edge")
+            loss = tf.reduce_sum(vectors * tf.cast(rank + 1, tf.float32))
+        return vectors, tape.gradient(loss, table.embeddings.value)
+
+    vectors, gradient = look_up_and_differentiate()
+    np.testing.assert_array_equal(vectors.numpy(),
+                                  np.stack([np.array(wanted) * 10.0,
+                                            np.array(wanted) * 10.0 + 1], axis=1))
+    # The owner's gradient of id i: sum over ranks r of (r + 1) x occurrences of i on rank r,
+    # divided by P (each rank's loss is its share of the global mean).
+    occurrences = np.zeros((size, 3))
+    for r in range(size):
+        for i in [0] + ([1 + r] if 1 + r < 3 else []) + ([2, 2] if r == 0 else []):
+            occurrences[r, i] += 1
+    expected = (occurrences * np.arange(1, size + 1)[:, None]).sum(axis=0)
+    dense = tf.convert_to_tensor(gradient).numpy() if shard.rows else np.zeros((0, 2))
+    np.testing.assert_allclose(dense, np.repeat(expected[ids][:, None] / size, 2, axis=1),
+                               rtol=1e-6)
+
+    # An inf in rank 1's shard gradient alone: every rank's shard gradients become NaN.
+    table = row_sharding.ShardedTable(8, 2, keras.initializers.Constant(0.0), name="edge8")
+    table.build()
+    shard = row_sharding.shard_of(table.embeddings)
+    kernel = keras.Variable(np.ones((2, 2), np.float32), name="kernel")
+    value = np.inf if rank == 1 else 1.0
+    shard_gradient = tf.IndexedSlices(tf.fill([shard.rows, 2], value),
+                                      tf.range(shard.rows, dtype=tf.int64),
+                                      tf.constant([shard.rows, 2], tf.int64))
+    exchange = exchanges.RowShardedExchange(exchanges.AllgatherExchange())
+    optimizer = keras.optimizers.SGD()
+    result = tf.function(lambda: exchange.exchange(
+        [shard_gradient, tf.ones((2, 2))], [table.embeddings, kernel], optimizer))()
+    assert shard.rows and np.isnan(result[0].values.numpy()).all(), (rank, result[0])
+    np.testing.assert_array_equal(result[1].numpy(), np.ones((2, 2)))
+    print(f"rank {rank}: edge cases ok", flush=True)
+
+
+def main(out_dir):
+    if distributed.launched_by_horovodrun():
+        distributed.init()
+        check_edge_cases()
+        runs = [(run, "row") for run in RUNS] + [("float16_adam", "replicated")]
+        label = f"P{distributed.size()}-rank{distributed.rank()}"
+    else:
+        runs = [(run, "replicated") for run in RUNS if not run.startswith("float16")]
+        label = "reference"
+    rank, size = distributed.rank(), distributed.size()
+    for run, sharding in runs:
+        model, data = trained(run, sharding, rank, size)
+        name = f"{run}-{label}" if label == "reference" else f"{run}-{sharding}-{label}"
+        np.savez(os.path.join(out_dir, f"{name}.npz"),
+                 *[np.zeros(0) if s is None else s for s in whole_state(model)])
+        if run.startswith("float16") and sharding == "row":
+            check_skip_on_inf(model, data, rank, size)
+    print(f"rank {rank} of {size} done", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

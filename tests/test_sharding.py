@@ -1,0 +1,134 @@
+"""Row-sharded embedding tables (tfscale.row_sharding, tfscale.exchanges.sharded): P ranks at
+B/P with sharded tables train to the whole tables and optimizer state of one process at B with
+replicated ones (P = 2, 3, 4 under horovodrun, rtol 1e-5), float16 with a loss scaler equals
+replicated tables at the same P (bitwise) and skips an inf step everywhere, the lookup's edge
+cases, and in one process: sharded equals replicated, initial rows do not depend on P,
+refusals."""
+
+import keras
+import numpy as np
+import pytest
+
+import models
+from tests.horovod_launch import horovodrun, python
+from tests.multiworker import sharded_steps
+from tfscale import exchanges, row_sharding
+from tfscale.data.synthetic import SyntheticCTR
+from tfscale.embeddings import FieldEmbedding
+from tfscale.errors import UserError
+from tfscale.initializers import RowSeededNormal
+from tfscale.loss_scaling import LossScaleOptimizer
+from tfscale.optimizers import CAME, CowClip, FusedAdam, RowSparseAdam
+
+FLOAT32_RUNS = [run for run in sharded_steps.RUNS if not run.startswith("float16")]
+
+
+def _load(path):
+    with np.load(path) as saved:
+        return [saved[f"arr_{i}"] for i in range(len(saved.files))]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("sharded_reference")
+    result = python(["tests/multiworker/sharded_steps.py", str(out_dir)], timeout=600)
+    assert result.returncode == 0, result.stdout
+    return {run: _load(out_dir / f"{run}-reference.npz") for run in FLOAT32_RUNS}
+
+
+@pytest.mark.parametrize("num_ranks", [2, 3, 4])
+def test_sharded_ranks_match_one_replicated_process(reference, tmp_path, num_ranks):
+    result = horovodrun(num_ranks, ["tests/multiworker/sharded_steps.py", str(tmp_path)],
+                        timeout=900)
+    assert result.returncode == 0, result.stdout
+    assert result.stdout.count("edge cases ok") == num_ranks, result.stdout
+    for run in FLOAT32_RUNS:
+        states = [_load(tmp_path / f"{run}-row-P{num_ranks}-rank{r}.npz")
+                  for r in range(num_ranks)]
+        assert len(states[0]) == len(reference[run])
+        for i, want in enumerate(reference[run]):
+            for rank, state in enumerate(states):
+                if state[i].size == 0:  # a shard's own scalar (CowClip's clip statistics)
+                    continue
+                np.testing.assert_allclose(state[i], want, rtol=1e-5, atol=1e-6,
+                                           err_msg=f"{run}, variable {i}, rank {rank}")
+        moved = [np.abs(a - b).max() for a, b in zip(states[0], _initial_state(run))
+                 if a.size and a.shape == b.shape]
+        assert max(moved) > 0, run
+    for r in range(num_ranks):
+        row = _load(tmp_path / f"float16_adam-row-P{num_ranks}-rank{r}.npz")
+        replicated = _load(tmp_path / f"float16_adam-replicated-P{num_ranks}-rank{r}.npz")
+        for i, (got, want) in enumerate(zip(row, replicated)):
+            np.testing.assert_array_equal(got, want, err_msg=f"float16, variable {i}, rank {r}")
+
+
+def _initial_state(run):
+    """The model variables as built (the trained state's first entries), for 'they moved'."""
+    data = SyntheticCTR(seed=0, train_rows=10, test_rows=10, vocabulary_scale=0.002)
+    keras.utils.set_random_seed(0)
+    model = models.build_model("deepfm", data.schema, hidden_units=[32, 32])
+    return [v.numpy() for v in model.variables]
+
+
+def _trained(sharding, optimizer, steps=3, dtype="float32"):
+    source = SyntheticCTR(seed=0, train_rows=4096, test_rows=256, vocabulary_scale=0.002)
+    keras.utils.set_random_seed(0)
+    model = models.build_model("deepfm", source.schema, hidden_units=[16],
+                               embedding_sharding=sharding, dtype=dtype)
+    model.compile(optimizer=optimizer(), loss="binary_crossentropy")
+    batch = next(iter(source.train_batches(512)))
+    for _ in range(steps):
+        model.train_on_batch(*batch)
+    return model
+
+
+@pytest.mark.parametrize("optimizer", [
+    lambda: FusedAdam(1e-2),
+    lambda: CowClip(RowSparseAdam(1e-2, name="embedding"), FusedAdam(1e-2, name="dense"),
+                    mode="scalable", r=0.05),
+    lambda: CowClip(FusedAdam(1e-2, name="embedding"), FusedAdam(1e-2, name="dense"), l2=1e-4),
+])
+@pytest.mark.parametrize("dtype", ["float32", "mixed_float16"])
+def test_one_process_sharded_equals_replicated_bitwise(optimizer, dtype):
+    """(mixed_float16: the shards are read in float32 like the replicated tables.)"""
+    if dtype == "mixed_float16":
+        make = optimizer
+        optimizer = lambda: LossScaleOptimizer(make())  # noqa: E731
+    sharded = _trained("row", optimizer, dtype=dtype)
+    replicated = _trained("replicated", optimizer, dtype=dtype)
+    assert isinstance(sharded.embedding_exchange, exchanges.RowShardedExchange)
+    for a, b in zip(sharded.get_weights(), replicated.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert row_sharding.describe(sharded).startswith(
+        "tables row-sharded over 1 ranks: 374,398 rows, ")
+    assert row_sharding.describe(replicated).startswith("tables replicated: 374,398 rows, ")
+
+
+@pytest.mark.parametrize("num_shards", [1, 2, 3, 4, 7])
+def test_initial_rows_do_not_depend_on_the_number_of_shards(num_shards):
+    initializer = RowSeededNormal(stddev=0.1, seed=3)
+    whole = initializer((70_000, 4)).numpy()  # two blocks of rows
+    for index in range(num_shards):
+        shard = row_sharding.RowShard(70_000, num_shards, index)
+        np.testing.assert_array_equal(initializer.rows(shard.global_ids(), 4).numpy(),
+                                      whole[shard.global_ids()])
+    assert row_sharding.RowShard(3, 4, 3).rows == 0
+    assert [row_sharding.RowShard(10, 4, i).rows for i in range(4)] == [3, 3, 2, 2]
+
+
+def test_refusals_name_the_argument():
+    schema = SyntheticCTR(seed=0, train_rows=10, test_rows=10, vocabulary_scale=0.002).schema
+    model = models.build_model("deepfm", schema, hidden_units=[8], embedding_sharding="row")
+    with pytest.raises(UserError, match="CAME cannot train row-sharded tables"):
+        model.compile(CAME(), "binary_crossentropy")
+    with pytest.raises(UserError, match="`embedding_staleness=1` is not built for row-sharded"):
+        model.compile("adam", "binary_crossentropy", embedding_staleness=1)
+    with pytest.raises(UserError, match="`embedding_exchange=gtopk` cannot be used with "
+                                        "row-sharded tables"):
+        model.compile("adam", "binary_crossentropy", embedding_exchange="gtopk")
+    with pytest.raises(UserError, match="`embeddings_initializer=RandomNormal`"):
+        FieldEmbedding([5, 5], embeddings_initializer="random_normal", sharding="row")
+    with pytest.raises(UserError, match="cannot carry a Keras regularizer"):
+        FieldEmbedding([5, 5], embeddings_regularizer="l2", sharding="row")
+    with pytest.raises(ValueError, match="`sharding='column'`: give one of replicated, row"):
+        FieldEmbedding([5, 5], sharding="column")
