@@ -5,6 +5,8 @@ replicated tables at the same P (bitwise) and skips an inf step everywhere, the 
 cases, and in one process: sharded equals replicated, initial rows do not depend on P,
 refusals."""
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -12,6 +14,7 @@ import pytest
 import models
 from tests.horovod_launch import horovodrun, python
 from tests.multiworker import sharded_steps
+from tests.test_launcher import checkpoint_values
 from tfscale import exchanges, row_sharding
 from tfscale.data.synthetic import SyntheticCTR
 from tfscale.embeddings import FieldEmbedding
@@ -132,3 +135,63 @@ def test_refusals_name_the_argument():
         FieldEmbedding([5, 5], embeddings_regularizer="l2", sharding="row")
     with pytest.raises(ValueError, match="`sharding='column'`: give one of replicated, row"):
         FieldEmbedding([5, 5], sharding="column")
+
+
+def _reshard(num_ranks, mode, sharding, directory):
+    args = ["tests/multiworker/reshard_checkpoint.py", mode, sharding, str(directory)]
+    result = python(args) if num_ranks == 1 else horovodrun(num_ranks, args)
+    assert result.returncode == 0, result.stdout
+    if mode == "read":
+        assert result.stdout.count(f"restored {sharding} tables exactly") == num_ranks
+
+
+def test_checkpoints_resume_at_another_number_of_ranks_and_sharding(tmp_path):
+    """Each rank writes its own rows; a restore at P = 1, 3 or with replicated tables holds
+    exactly the checkpoint's tables and Adam moments (and every other variable) and trains on;
+    a replicated checkpoint resumes row-sharded."""
+    sharded, replicated = tmp_path / "sharded", tmp_path / "replicated"
+    _reshard(2, "write", "row", sharded)
+    assert sorted(p.name for p in next(sharded.glob("step-*")).glob("tables-*")) == [
+        "tables-0-of-2.npz", "tables-1-of-2.npz"]
+    _reshard(3, "read", "row", sharded)
+    _reshard(1, "read", "replicated", sharded)
+    _reshard(1, "write", "replicated", replicated)
+    _reshard(2, "read", "row", replicated)
+
+
+# 7,680 rows / 384 = 20 steps per epoch at any P of 2, 3, 4.
+SHARDED_RUN = ["-m", "launch.train", "--embedding_sharding=row", "--train_rows=7680",
+               "--test_rows=1000", "--synthetic_vocabulary_scale=0.002", "--dnn_units=32,32",
+               "--batch_size=384", "--log_every_steps=10", "--checkpoint_every_steps=10",
+               "--logdir=none"]
+
+
+def test_sharded_launcher_run_resumes_bitwise_and_continues_on_fewer_ranks(tmp_path):
+    whole = horovodrun(2, [*SHARDED_RUN, f"--checkpoint_dir={tmp_path}/whole"])
+    assert whole.returncode == 0, whole.stdout
+    assert re.search(r"tables row-sharded over 2 ranks: 187,200 rows, [0-9,]+ MB with "
+                     r"optimizer state per rank", whole.stdout), whole.stdout
+    first = horovodrun(2, [*SHARDED_RUN, f"--checkpoint_dir={tmp_path}/split",
+                           "--stop_after_steps=15"])
+    assert first.returncode == 0, first.stdout
+    second = horovodrun(2, [*SHARDED_RUN, f"--checkpoint_dir={tmp_path}/split", "--resume"])
+    assert second.returncode == 0, second.stdout
+    assert "resumed from global step 10: epoch 1, batch 10" in second.stdout, second.stdout
+    expected = checkpoint_values(f"{tmp_path}/whole")
+    actual = checkpoint_values(f"{tmp_path}/split")
+    assert expected.keys() == actual.keys()
+    assert any(name.startswith("tables-1-of-2/") for name in expected), list(expected)
+    for name in expected:
+        np.testing.assert_array_equal(expected[name], actual[name], err_msg=name)
+
+    # A job of 3 ranks stopped after step 15 (its last checkpoint: step 10) goes on with 2.
+    stopped = horovodrun(3, [*SHARDED_RUN, f"--checkpoint_dir={tmp_path}/shrunk",
+                             "--stop_after_steps=15"])
+    assert stopped.returncode == 0, stopped.stdout
+    resumed = horovodrun(2, [*SHARDED_RUN, f"--checkpoint_dir={tmp_path}/shrunk", "--resume"])
+    assert resumed.returncode == 0, resumed.stdout
+    assert "resumed from global step 10: epoch 1, batch 10" in resumed.stdout, resumed.stdout
+    assert re.search(r"final test AUC 0\.\d{4}", resumed.stdout), resumed.stdout
+    assert sorted(p.name for p in (tmp_path / "shrunk").glob("step-*/tables-*")) == [
+        "tables-0-of-2.npz", "tables-0-of-3.npz", "tables-1-of-2.npz", "tables-1-of-3.npz",
+        "tables-2-of-3.npz"]

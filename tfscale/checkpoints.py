@@ -1,15 +1,18 @@
 """Atomic training checkpoints: model weights, optimizer state and the training position.
 
-Each checkpoint is a directory `step-<global step>/` holding a `tf.train.Checkpoint` of the
-tracked objects and `progress.json` (epoch, batches done in that epoch, global step, ...). It is
-written under a temporary name and renamed into place, and the `latest` file is replaced
-atomically afterwards, so a crash at any moment leaves the previous checkpoint intact and
-`latest` always names a complete one.
+Each checkpoint is a directory `step-<global step>/` holding the embedding tables and their
+optimizer state by global row (`tables-<i>-of-<n>.npz`, tfscale.table_checkpoints: each rank
+writes the rows it holds, so row-sharded tables are never gathered and resume at any number of
+ranks), a `tf.train.Checkpoint` of every other model and optimizer variable (in the model's and
+the optimizer's order) and `progress.json` (epoch, batches done in that epoch, global step,
+...). It is written under a temporary name and renamed into place, and the `latest` file is
+replaced atomically afterwards, so a crash at any moment leaves the previous checkpoint intact
+and `latest` always names a complete one.
 
 State that differs between Horovod ranks (`per_rank_variables`, e.g. the top-k exchanges'
 residuals, the stale embedding updates' queues) is gathered from every rank into `per_rank.npz`
 (one array `<name>@rank<r>` per variable and rank) when saving and handed back to each rank after
-a restore; with it, every rank calls `save` and `distribute_restored_per_rank_state`, and only
+a restore; with it, every rank calls `save` and `finish_restore`, and only
 rank 0 writes.
 """
 
@@ -21,7 +24,8 @@ import tempfile
 import numpy as np
 import tensorflow as tf
 
-from tfscale.distributed import per_rank, runtime
+from tfscale import table_checkpoints
+from tfscale.distributed import broadcast, per_rank, runtime
 from tfscale.errors import UserError
 
 _LATEST_FILE = "latest"
@@ -33,32 +37,49 @@ _PER_RANK_KEY = "{}@rank{}"
 
 
 class CheckpointStore:
-    """Saves and restores `trackables` (e.g. model=..., optimizer=...) and each rank's
-    `per_rank_variables` ({name: tf.Variable}) in `directory`, keeping the newest `keep`
-    checkpoints."""
+    """Saves and restores `model`, its `optimizer` and each rank's `per_rank_variables`
+    ({name: tf.Variable}) in `directory`, keeping the newest `keep` checkpoints. Under Horovod
+    every rank calls `save` (each writes its rows of the tables and hands rank 0 its per-rank
+    state); rank 0 alone calls `restore_latest`, then every rank `finish_restore`."""
 
-    def __init__(self, directory, keep=2, per_rank_variables=None, **trackables):
+    def __init__(self, directory, model, optimizer=None, keep=2, per_rank_variables=None):
         if keep < 1:
             raise ValueError("keep must be at least 1")
         self.directory = directory
         self.keep = keep
-        self._checkpoint = tf.train.Checkpoint(**trackables)
+        self._model = model
+        self._optimizer = optimizer
         self._per_rank_variables = dict(per_rank_variables or {})
         self._restored_per_rank = None
 
+    def _tables(self):
+        return table_checkpoints.table_variables(self._model, self._optimizer)
+
+    def _other_state(self):
+        """A tf.train.Checkpoint of every model and optimizer variable that is not table state,
+        in order."""
+        table_ids = {id(entry.variable) for entry in self._tables()}
+        variables = list(self._model.variables)
+        if self._optimizer is not None:
+            variables += list(self._optimizer.variables)
+        return tf.train.Checkpoint(variables=[v.value for v in variables
+                                              if id(v) not in table_ids])
+
     def save(self, global_step, progress):
         """Writes a checkpoint for `global_step` with the JSON-serialisable `progress` dict and
-        returns its directory (None on ranks other than 0, which only contribute their
-        per-rank state)."""
+        returns its directory (None on ranks other than 0, which only contribute their rows of
+        the tables and their per-rank state)."""
         per_rank_arrays = per_rank.gather_to_chief(self._per_rank_variables) \
             if self._per_rank_variables else None
+        staging_dir = broadcast.broadcast_from_chief(self._new_staging_dir,
+                                                     name="tfscale_checkpoint_staging")
+        table_checkpoints.save(self._tables(), staging_dir)
+        broadcast.barrier("tfscale_checkpoint_tables_written")
         if not runtime.is_chief():
             return None
-        os.makedirs(self.directory, exist_ok=True)
         final_dir = os.path.join(self.directory, _STEP_DIR.format(global_step))
-        staging_dir = tempfile.mkdtemp(prefix=".staging-", dir=self.directory)
         try:
-            self._checkpoint.write(os.path.join(staging_dir, _STATE_PREFIX))
+            self._other_state().write(os.path.join(staging_dir, _STATE_PREFIX))
             if per_rank_arrays is not None:
                 np.savez(os.path.join(staging_dir, _PER_RANK_FILE),
                          **{_PER_RANK_KEY.format(name, rank): array
@@ -77,6 +98,10 @@ class CheckpointStore:
         _replace_file_atomically(os.path.join(self.directory, _LATEST_FILE), os.path.basename(final_dir))
         self._delete_old(keep_name=os.path.basename(final_dir))
         return final_dir
+
+    def _new_staging_dir(self):
+        os.makedirs(self.directory, exist_ok=True)
+        return tempfile.mkdtemp(prefix=".staging-", dir=self.directory)
 
     def latest_progress(self):
         """The progress dict of the newest complete checkpoint, or None if there is none."""
@@ -101,18 +126,23 @@ class CheckpointStore:
         checkpoint_dir = self._latest_dir()
         prefix = os.path.join(checkpoint_dir, _STATE_PREFIX)
         try:
-            self._checkpoint.read(prefix).assert_existing_objects_matched()
+            self._other_state().read(prefix).assert_consumed()
         except (tf.errors.OpError, AssertionError, ValueError) as error:
             raise UserError(
                 f"checkpoint {prefix} does not match this model and optimizer ({_first_line(error)}); "
                 "resume with the model, data schema and optimizer it was written with"
             ) from error
+        table_checkpoints.restore(self._tables(), checkpoint_dir)
         self._restored_per_rank = self._read_per_rank(checkpoint_dir)
         return progress
 
-    def distribute_restored_per_rank_state(self):
-        """Gives every rank its slice of the per-rank state rank 0 restored; every rank calls
-        it after a restore on rank 0."""
+    def finish_restore(self):
+        """After rank 0's `restore_latest`, on every rank: the other ranks read their rows of
+        row-sharded tables (replicated ones come with rank 0's broadcast), and every rank gets
+        its slice of the per-rank state rank 0 restored."""
+        tables = self._tables()
+        if not runtime.is_chief() and tables and tables[0].shard.num_shards > 1:
+            table_checkpoints.restore(tables, self._latest_dir())
         if self._per_rank_variables:
             per_rank.scatter_from_chief(self._per_rank_variables, self._restored_per_rank)
 

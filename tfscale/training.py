@@ -83,7 +83,7 @@ def train(model, source, config, print_fn=print):
         lambda: _starting_position(store, config, print_fn), name="tfscale_start_position")
     distributed.broadcast_model_and_optimizer(model, local=row_sharding.local_variables(model))
     if restored:
-        store.distribute_restored_per_rank_state()
+        store.finish_restore()
 
     writers = _summary_writers(config.logdir) if chief else {}
     steps_per_epoch = source.train_steps_per_epoch(local_batch_size, shard["num_shards"])

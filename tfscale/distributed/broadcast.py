@@ -1,6 +1,8 @@
 """Rank 0's state to every rank: the model's and optimizer's variables (once built, and
 restored when resuming), so all ranks start from the same weights, and small Python values such
-as the position a resumed run starts from."""
+as the position a resumed run starts from; and a barrier."""
+
+import tensorflow as tf
 
 from tfscale.distributed import runtime
 from tfscale.errors import UserError
@@ -40,3 +42,10 @@ def broadcast_from_chief(compute, name):
         raise
     hvd.broadcast_object((value, None), root_rank=0, name=name)
     return value
+
+
+def barrier(name):
+    """Returns once every rank has called it with `name` (at once outside Horovod)."""
+    hvd = runtime.horovod()
+    if hvd is not None:
+        hvd.allreduce(tf.constant(0.0), name=name)

@@ -1,0 +1,89 @@
+"""Embedding tables and their optimizer state in checkpoints, by global row (docs/sharding.md).
+
+Every 2-D embedding table, and each optimizer variable of it with one entry per table row
+(Adam's moments, CAME's row factors), is written apart from the rest of the checkpoint: each
+rank that holds rows writes them to `tables-<i>-of-<n>.npz` in the checkpoint directory (rank r
+of P with row-sharded tables: its shard, rows r, r + P, ...; with replicated tables rank 0 alone,
+as shard 0 of 1, since every rank holds the same rows). Nothing gathers a table on one rank. A
+restore reads every such file and keeps the rows this rank holds now (the global id of row k of
+shard i of n is i + n k), so a checkpoint resumes at another number of ranks, and replicated
+tables resume sharded and the reverse."""
+
+import dataclasses
+import glob
+import os
+import re
+
+import numpy as np
+
+from tfscale import distributed, row_sharding, tables
+from tfscale.errors import UserError
+
+_FILE = "tables-{}-of-{}.npz"
+_FILE_PATTERN = re.compile(r"tables-(\d+)-of-(\d+)\.npz$")
+
+
+@dataclasses.dataclass(frozen=True)
+class TableVariable:
+    """A variable with one entry per row of a table: the table itself or one of its slots."""
+
+    name: str
+    variable: object
+    shard: row_sharding.RowShard  # the rows this rank holds (all of them: shard 0 of 1)
+
+
+def table_variables(model, optimizer=None):
+    """The TableVariables of `model`'s embedding tables and of their state in `optimizer`."""
+    entries = []
+    for table in model.variables:
+        if not tables.is_row_table(table):
+            continue
+        shard = row_sharding.shard_of(table) or row_sharding.RowShard(int(table.shape[0]), 1, 0)
+        slots = [] if optimizer is None else [
+            slot for slot in row_sharding.optimizer_state(optimizer, [table])
+            if len(slot.shape) >= 1 and slot.shape[0] == table.shape[0]]
+        entries += [TableVariable(v.path, v, shard) for v in [table] + slots]
+    return entries
+
+
+def save(entries, directory):
+    """Writes the rows this rank holds of `entries` into `directory` (on the ranks that hold rows
+    no other rank writes: every rank when sharded, rank 0 when replicated)."""
+    if not entries:
+        return
+    shard = entries[0].shard
+    if shard.num_shards == 1 and not distributed.is_chief():
+        return
+    np.savez(os.path.join(directory, _FILE.format(shard.index, shard.num_shards)),
+             **{entry.name: entry.variable.numpy() for entry in entries})
+
+
+def restore(entries, directory):
+    """Assigns to each of `entries` the rows this rank holds now, read from every table file in
+    `directory`; a UserError when the files lack a variable or a row."""
+    files = sorted(path for path in glob.glob(os.path.join(directory, "tables-*-of-*.npz"))
+                   if _FILE_PATTERN.search(path))
+    if entries and not files:
+        raise UserError(f"checkpoint {directory} holds no embedding tables (tables-*.npz): it was "
+                        "not written by this version; train anew")
+    values = {entry.name: np.zeros(entry.variable.shape, entry.variable.dtype)
+              for entry in entries}
+    filled = {entry.name: 0 for entry in entries}
+    for path in files:
+        index, num_shards = map(int, _FILE_PATTERN.search(path).groups())
+        with np.load(path) as stored:
+            for entry in entries:
+                if entry.name not in stored.files:
+                    raise UserError(f"checkpoint {path} has no {entry.name}: resume with the "
+                                    "model and optimizer it was written with")
+                rows = stored[entry.name]
+                global_ids = index + num_shards * np.arange(len(rows), dtype=np.int64)
+                mine = global_ids % entry.shard.num_shards == entry.shard.index
+                values[entry.name][global_ids[mine] // entry.shard.num_shards] = rows[mine]
+                filled[entry.name] += int(mine.sum())
+    for entry in entries:
+        if filled[entry.name] != entry.variable.shape[0]:
+            raise UserError(f"checkpoint {directory} holds {filled[entry.name]} of the "
+                            f"{entry.variable.shape[0]} rows of {entry.name} this rank needs "
+                            "(a missing or extra tables-*.npz file?)")
+        entry.variable.assign(values[entry.name])
