@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs a benchmark module (default benchmarks.embedding_exchange; another with BENCHMARK=module)
 # on P Horovod ranks (Gloo) inside a private network namespace whose loopback is shaped to 1 Gbit
-# (tbf, as in ../shared/docs/stack.md), then deletes the namespace, whatever happens. Needs root.
+# (tbf), then deletes the namespace, whatever happens. Needs root.
 # All ranks share the one shaped link.
 #   [BENCHMARK=benchmarks.gtopk_collective] benchmarks/run_under_1gbit.sh P [benchmark flags...]
 set -euo pipefail

@@ -12,6 +12,7 @@ import tensorflow as tf
 from tfscale import dedup, placement, row_sharding
 from tfscale.errors import DATA_ERROR_MARKER, UserError
 from tfscale.initializers import RowSeededNormal, is_row_independent
+from tfscale.step_scalars import StepScalars
 from tfscale.tables import DEEP_TABLE_NAME, WIDE_TABLE_NAME
 
 @keras.saving.register_keras_serializable(package="tfscale")
@@ -74,6 +75,7 @@ class FieldEmbedding(keras.layers.Layer):
             raise ValueError(f"`sharding={sharding!r}`: give one of "
                              f"{', '.join(row_sharding.SHARDINGS)}")
         self.sharding = sharding
+        self.scalars = StepScalars()
         if embeddings_initializer is None:
             embeddings_initializer = RowSeededNormal(stddev=0.01)
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
@@ -124,6 +126,15 @@ class FieldEmbedding(keras.layers.Layer):
             self.deep_table.build((None, self.num_fields))
             if self.wide_table is not None:
                 self.wide_table.build((None, self.num_fields))
+        if self.sharding == "row":
+            self.scalars.record("sharding/table_bytes", sum(
+                4 * np.prod(t.embeddings.shape) for t in (self.deep_table, self.wide_table)
+                if t is not None))
+
+    def summary_scalars(self):
+        """{name: value} of a row-sharded layer: its tables' bytes on this rank, and the last
+        step's alltoall bytes and lookup seconds; {} when replicated."""
+        return self.scalars.summary_scalars()
 
     def call(self, ids):
         with tf.device(placement.embedding_device()):
@@ -137,7 +148,8 @@ class FieldEmbedding(keras.layers.Layer):
             rows = ids + self._offsets
             tables = [t for t in (self.deep_table, self.wide_table) if t is not None]
             if self.sharding == "row":
-                looked_up = row_sharding.lookup(tables, rows, name=f"tfscale_{self.name}")
+                looked_up = row_sharding.lookup(tables, rows, name=f"tfscale_{self.name}",
+                                                scalars=self.scalars)
             else:
                 looked_up = [self._lookup(table, rows) for table in tables]
             embeddings = tf.cast(looked_up[0], self.compute_dtype)

@@ -115,24 +115,30 @@ class ShardedTable(keras.layers.Layer):
         return tf.gather(self.embeddings.value, local_rows)
 
 
-def lookup(tables, rows, name):
+def lookup(tables, rows, name, scalars=None):
     """The rows `rows` (int64, any shape, global ids) of each of `tables` (built ShardedTables of
     one total size), as [*rows.shape, dim] tensors; recorded for the step (tfscale.dedup) with
-    each owned row's global occurrence count. `name` must be the same on every rank."""
+    each owned row's global occurrence count. `name` must be the same on every rank. With
+    `scalars` (a StepScalars), the step's alltoall bytes (payload, both passes) and the
+    lookup's seconds are recorded."""
     shard = shard_of(tables[0].embeddings)
     flat = tf.reshape(rows, [-1])
     unique_ids, position, counts = tf.unique_with_counts(flat, out_idx=tf.int64)
     if shard.num_shards == 1:
         per_unique = _gather_owned(tables, unique_ids, counts, shard)
-    else:
+    elif scalars is None:
         per_unique = _through_owners(tables, unique_ids, counts, shard, name)
+    else:
+        per_unique, seconds = scalars.timed(unique_ids, lambda: _through_owners(
+            tables, unique_ids, counts, shard, name, scalars))
+        scalars.record("sharding/lookup_seconds", seconds)
     vectors = tf.gather(per_unique, position)
     shape = tf.shape(rows, out_type=tf.int64)
     return [tf.reshape(part, tf.concat([shape, [table.dim]], axis=0))
             for part, table in zip(tf.split(vectors, [t.dim for t in tables], axis=1), tables)]
 
 
-def _through_owners(tables, unique_ids, counts, shard, name):
+def _through_owners(tables, unique_ids, counts, shard, name, scalars=None):
     """[len(unique_ids), sum of dims]: each id's rows, fetched from its owner by alltoall."""
     hvd = distributed.runtime.horovod()
     owner = tf.cast(unique_ids % shard.num_shards, tf.int32)
@@ -146,8 +152,22 @@ def _through_owners(tables, unique_ids, counts, shard, name):
     owned_counts = tf.math.unsorted_segment_sum(incoming[:, 1], owned_position, tf.size(owned))
     rows = tf.gather(_gather_owned(tables, owned, owned_counts, shard), owned_position)
     returned, _ = hvd.alltoall(rows, splits=incoming_splits, name=f"{name}_rows")
+    if scalars is not None:
+        _record_bytes(scalars, splits, incoming_splits, shard.index,
+                      4 * sum(table.dim for table in tables))
     return tf.gather(_gradient_divided_by(shard.num_shards)(returned),
                      tf.math.invert_permutation(order))
+
+
+def _record_bytes(scalars, splits, incoming_splits, rank, row_bytes):
+    """Bytes this rank sends and receives to and from the other ranks in a lookup and its
+    backward pass: (id, count) pairs of 16 bytes out, rows back, row gradients out again."""
+    to_others = tf.cast(tf.reduce_sum(splits) - splits[rank], tf.float64)
+    from_others = tf.cast(tf.reduce_sum(incoming_splits) - incoming_splits[rank], tf.float64)
+    scalars.record("sharding/alltoall_bytes_sent",
+                   16 * to_others + row_bytes * (from_others + to_others))
+    scalars.record("sharding/alltoall_bytes_received",
+                   16 * from_others + row_bytes * (to_others + from_others))
 
 
 def _gradient_divided_by(num_ranks):

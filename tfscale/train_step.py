@@ -99,9 +99,11 @@ class TrainStep:
         return named
 
     def summary_scalars(self):
-        """{name: value} for TensorBoard: the unique-id rate of the last step's lookups and the
-        exchange's scalars (bytes sent and received, exchange time, staleness)."""
-        return {**scalars_of(self._embedding_exchange), **self._step_scalars.summary_scalars()}
+        """{name: value} for TensorBoard: the unique-id rate of the last step's lookups, the
+        exchange's scalars (bytes sent and received, exchange time, staleness) and those of
+        the model's layers that report any (a row-sharded FieldEmbedding's alltoall)."""
+        return {**scalars_of(self._embedding_exchange, *self.layers),
+                **self._step_scalars.summary_scalars()}
 
     def compile_from_config(self, config):
         """Keras's, which skips loading the compile state of any model that overrides `compile`;
