@@ -1,7 +1,8 @@
 # Sourced by scripts/install_horovod_gpu.sh and scripts/verify_gpu_setup.sh: the Horovod 0.28.1
-# sdist unpacked and patched for a CUDA/NCCL build against TensorFlow 2.21.
+# sdist unpacked and patched for a CUDA/NCCL build against TensorFlow 2.21, and its build.
 #
 # prepare_horovod_gpu_source PYTHON DIR   -> prints the source directory (DIR/horovod-0.28.1)
+# build_horovod_gpu_wheel PYTHON SRC CUDA_DIR OUT_DIR   -> a wheel in OUT_DIR
 #
 # Patches (each needed by TF 2.21, none changes Horovod's behaviour):
 # - horovod/tensorflow/xla_mpi_ops.cc is dropped, as in the CPU build: it includes XLA headers
@@ -27,4 +28,31 @@ static inline GpuStreamHandle HvdGpuStream(stream_executor::Stream* stream) {\
   grep -q 'HvdGpuStream(stream_executor::Stream\* stream)' "$ops"
   ! grep -q 'xla_mpi_ops.cc' "$src/horovod/tensorflow/CMakeLists.txt"
   echo "$src"
+}
+
+# NCCL is the nvidia-nccl-cu12 wheel of PYTHON's environment (the one TensorFlow uses): its
+# headers, and libnccl.so.2 through a libnccl.so link (the wheel has no unversioned name); the
+# built library finds it at run time through an RPATH into site-packages (CMake escapes $ORIGIN).
+# CUDA_DIR is a CUDA toolkit (nvcc, headers, static runtime). GPU architectures:
+# HOROVOD_BUILD_CUDA_CC_LIST, default TensorFlow 2.21's (sm_60, 70, 80, 89, PTX for 90).
+build_horovod_gpu_wheel() {
+  local py=$1 src=$2 cuda=$3 out=$4
+  local site nccl links
+  site=$("$py" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  nccl=$site/nvidia/nccl
+  test -f "$nccl/include/nccl.h" && test -f "$nccl/lib/libnccl.so.2"
+  links=$(dirname "$src")/nccl
+  mkdir -p "$links/lib"
+  ln -sfn "$nccl/include" "$links/include"
+  ln -sf "$nccl/lib/libnccl.so.2" "$links/lib/libnccl.so"
+  "$py" -m pip install -q "cmake<4" packaging
+  HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+  HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITHOUT_NVTX=1 \
+  HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_CUDA_HOME="$cuda" CUDAToolkit_ROOT="$cuda" \
+  HOROVOD_NCCL_HOME="$links" HOROVOD_NCCL_INCLUDE="$links/include" HOROVOD_NCCL_LIB="$links/lib" \
+  HOROVOD_NCCL_LINK=SHARED \
+  HOROVOD_BUILD_CUDA_CC_LIST="${HOROVOD_BUILD_CUDA_CC_LIST:-60,70,80,89,90}" \
+  LDFLAGS='-Wl,-rpath,$ORIGIN/../../nvidia/nccl/lib' \
+  MAKEFLAGS="${MAKEFLAGS:--j2}" \
+    "$py" -m pip wheel --no-build-isolation --no-deps --no-cache-dir -w "$out" "$src"
 }

@@ -6,13 +6,9 @@
 # - nvcc: the CUDA 12 toolkit at HOROVOD_CUDA_HOME, else the one whose bin/nvcc is on PATH.
 #   PyPI has none: every nvidia-cuda-nvcc-cu12 wheel (12.0 to 12.9) ships ptxas but no nvcc.
 #   The toolkit also gives the CUDA headers and the static CUDA runtime Horovod links.
-# - NCCL: the nvidia-nccl-cu12 wheel TensorFlow itself uses (scripts/gpu-constraints.txt):
-#   its headers, and libnccl.so.2 through a libnccl.so link in the build directory (the wheel
-#   ships no unversioned name); found at run time through an RPATH into the environment.
-# - GPU architectures: TensorFlow 2.21's (sm_60, 70, 80, 89, PTX for 90), or
-#   HOROVOD_BUILD_CUDA_CC_LIST.
-# The source is patched for TF 2.21 (scripts/horovod_gpu_source.sh). The wheel is cached next
-# to the CPU build's, keyed by TF version, Python and CUDA major version.
+# - NCCL: the nvidia-nccl-cu12 wheel TensorFlow itself uses (scripts/gpu-constraints.txt).
+# Patches, NCCL linking and GPU architectures: scripts/horovod_gpu_source.sh. The wheel is
+# cached next to the CPU build's, keyed by TF version, Python and CUDA major version.
 #
 # Usage: scripts/install_horovod_gpu.sh PYTHON
 set -euo pipefail
@@ -26,7 +22,6 @@ fi
 
 TF_VERSION=$("$PY" -c "import tensorflow as tf; print(tf.__version__)" 2>/dev/null | tail -n 1)
 PY_TAG=$("$PY" -c "import sys; print(f'cp{sys.version_info[0]}{sys.version_info[1]}')")
-SITE=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 CACHE_DIR=${TFSCALE_CACHE:-$HOME/.cache/tfscale}/horovod-$HOROVOD_VERSION-tf$TF_VERSION-$PY_TAG-cuda12
 mkdir -p "$CACHE_DIR"
 
@@ -49,27 +44,12 @@ if [ -z "$WHEEL" ]; then
     *) echo "horovod: $CUDA_DIR/bin/nvcc is CUDA '$RELEASE'; TensorFlow 2.21's wheels are" \
             "CUDA 12, so Horovod needs a CUDA 12 toolkit" >&2; exit 1 ;;
   esac
-  NCCL=$SITE/nvidia/nccl
-  test -f "$NCCL/include/nccl.h" && test -f "$NCCL/lib/libnccl.so.2"
   echo "horovod: building $HOROVOD_VERSION with NCCL against TensorFlow $TF_VERSION," \
-       "CUDA $RELEASE ($CUDA_DIR), NCCL from $NCCL"
+       "CUDA $RELEASE ($CUDA_DIR)"
   WORK=$(mktemp -d)
   trap 'rm -rf "$WORK"' EXIT
   SRC=$(prepare_horovod_gpu_source "$PY" "$WORK")
-  mkdir -p "$WORK/nccl/lib"
-  ln -s "$NCCL/include" "$WORK/nccl/include"
-  ln -s "$NCCL/lib/libnccl.so.2" "$WORK/nccl/lib/libnccl.so"
-  "$PY" -m pip install -q "cmake<4" packaging
-  # horovod/tensorflow/mpi_lib*.so -> site-packages/nvidia/nccl/lib (CMake escapes $ORIGIN).
-  HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
-  HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITHOUT_NVTX=1 \
-  HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_CUDA_HOME="$CUDA_DIR" CUDAToolkit_ROOT="$CUDA_DIR" \
-  HOROVOD_NCCL_HOME="$WORK/nccl" HOROVOD_NCCL_INCLUDE="$WORK/nccl/include" \
-  HOROVOD_NCCL_LIB="$WORK/nccl/lib" HOROVOD_NCCL_LINK=SHARED \
-  HOROVOD_BUILD_CUDA_CC_LIST="${HOROVOD_BUILD_CUDA_CC_LIST:-60,70,80,89,90}" \
-  LDFLAGS='-Wl,-rpath,$ORIGIN/../../nvidia/nccl/lib' \
-  MAKEFLAGS="${MAKEFLAGS:--j2}" \
-    "$PY" -m pip wheel --no-build-isolation --no-deps --no-cache-dir -w "$WORK/dist" "$SRC"
+  build_horovod_gpu_wheel "$PY" "$SRC" "$CUDA_DIR" "$WORK/dist"
   cp "$WORK"/dist/horovod-*.whl "$CACHE_DIR/"
   WHEEL=$(ls "$CACHE_DIR"/horovod-*.whl | head -n 1)
 fi
