@@ -3,6 +3,7 @@
 #
 # prepare_horovod_gpu_source PYTHON DIR   -> prints the source directory (DIR/horovod-0.28.1)
 # build_horovod_gpu_wheel PYTHON SRC CUDA_DIR OUT_DIR   -> a wheel in OUT_DIR
+# cuda_toolkit_of NVCC   -> prints the toolkit directory of that nvcc (which may be a wrapper)
 #
 # Patches (each needed by TF 2.21, none changes Horovod's behaviour):
 # - horovod/tensorflow/xla_mpi_ops.cc is dropped, as in the CPU build: it includes XLA headers
@@ -55,4 +56,8 @@ build_horovod_gpu_wheel() {
   LDFLAGS='-Wl,-rpath,$ORIGIN/../../nvidia/nccl/lib' \
   MAKEFLAGS="${MAKEFLAGS:--j2}" \
     "$py" -m pip wheel --no-build-isolation --no-deps --no-cache-dir -w "$out" "$src"
+}
+
+cuda_toolkit_of() {
+  readlink -f "$("$1" --dryrun -x cu -c /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p')"
 }

@@ -3,7 +3,7 @@
 # --gloo) against the TensorFlow of the given Python environment, and installs it there
 # (README, "GPU hosts"). Needs no GPU, but needs a CUDA 12 compiler:
 #
-# - nvcc: the CUDA 12 toolkit at HOROVOD_CUDA_HOME, else the one whose bin/nvcc is on PATH.
+# - nvcc: the CUDA 12 toolkit at HOROVOD_CUDA_HOME (or CUDA_HOME), else that of nvcc on PATH.
 #   PyPI has none: every nvidia-cuda-nvcc-cu12 wheel (12.0 to 12.9) ships ptxas but no nvcc.
 #   The toolkit also gives the CUDA headers and the static CUDA runtime Horovod links.
 # - NCCL: the nvidia-nccl-cu12 wheel TensorFlow itself uses (scripts/gpu-constraints.txt).
@@ -27,13 +27,13 @@ mkdir -p "$CACHE_DIR"
 
 WHEEL=$(ls "$CACHE_DIR"/horovod-*.whl 2>/dev/null | head -n 1 || true)
 if [ -z "$WHEEL" ]; then
-  CUDA_DIR=${HOROVOD_CUDA_HOME:-}
+  CUDA_DIR=${HOROVOD_CUDA_HOME:-${CUDA_HOME:-}}
   if [ -z "$CUDA_DIR" ] && command -v nvcc >/dev/null; then
-    CUDA_DIR=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
+    CUDA_DIR=$(cuda_toolkit_of nvcc)
   fi
   if [ -z "$CUDA_DIR" ] || [ ! -x "$CUDA_DIR/bin/nvcc" ]; then
-    echo "horovod: cannot build the GPU variant: no CUDA 12 nvcc (HOROVOD_CUDA_HOME is" \
-         "'${HOROVOD_CUDA_HOME:-}', no nvcc on PATH). The nvidia-cuda-nvcc-cu12 wheels ship" \
+    echo "horovod: cannot build the GPU variant: no CUDA 12 nvcc (HOROVOD_CUDA_HOME and" \
+         "CUDA_HOME unset or wrong, no nvcc on PATH). The nvidia-cuda-nvcc-cu12 wheels ship" \
          "only ptxas; install a CUDA 12 toolkit (nvcc, headers, static runtime) and set" \
          "HOROVOD_CUDA_HOME to it (README, \"GPU hosts\")." >&2
     exit 1

@@ -65,7 +65,7 @@ NVIDIA=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/n
 echo "nvidia-cuda-nvcc-cu12 $("$PY" -m pip show nvidia-cuda-nvcc-cu12 2>/dev/null |
   sed -n 's/^Version: //p'), its bin/: $(ls "$NVIDIA/cuda_nvcc/bin" | tr '\n' ' ')"
 if command -v nvcc >/dev/null; then
-  echo "nvcc on PATH: $(command -v nvcc) -> $(readlink -f "$(command -v nvcc)")"
+  echo "nvcc on PATH: $(command -v nvcc), toolkit $(cuda_toolkit_of nvcc)"
   nvcc --version | tail -n 2
 else
   echo "nvcc on PATH: none"
@@ -82,7 +82,7 @@ mkdir -p "$WORK/cfg" "$WORK/obj"
 (cd "$WORK/cfg" && HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
   HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITHOUT_GPU=1 \
   "$(dirname "$PY")/cmake" "$SRC" -DPYTHON_EXECUTABLE:FILEPATH="$PY" \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo > cmake.log)
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo > cmake.log 2>&1)
 FLAGS_MAKE=$WORK/cfg/horovod/tensorflow/CMakeFiles/tensorflow.dir/flags.make
 CXXFLAGS_ALL="$(sed -n 's/^CXX_DEFINES = //p; s/^CXX_INCLUDES = //p; s/^CXX_FLAGS = //p' \
   "$FLAGS_MAKE" | tr '\n' ' ')"
@@ -133,7 +133,7 @@ HOROVODRUN=$VENV/bin/horovodrun
 if "$PY" -c "import horovod.tensorflow as h; assert h.nccl_built()" 2>/dev/null; then
   echo "using $VENV's own Horovod (the CUDA 12 build of step 1)"
 elif command -v nvcc >/dev/null; then
-  STANDIN=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
+  STANDIN=$(cuda_toolkit_of nvcc)
   echo "STAND-IN: step 1 could not build Horovod (no CUDA 12 nvcc); building the same way with" \
        "the CUDA toolkit at $STANDIN ($(nvcc --version | sed -n 's/.*release \([0-9.]*\),.*/\1/p'))," \
        "for architectures 75,80,89,90 (its oldest is 75), installed into a temporary directory" \
@@ -141,7 +141,8 @@ elif command -v nvcc >/dev/null; then
   start=$SECONDS
   HOROVOD_BUILD_CUDA_CC_LIST=75,80,89,90 \
     build_horovod_gpu_wheel "$PY" "$SRC" "$STANDIN" "$WORK/dist" > "$WORK/build.log" 2>&1 ||
-    { tail -n 40 "$WORK/build.log"; echo "stand-in build FAILED"; exit 1; }
+    { grep -E -A8 "CMake Error|error:" "$WORK/build.log" | head -n 60
+      echo "stand-in build FAILED"; exit 1; }
   echo "[stand-in wheel built in $((SECONDS - start)) s wall, MAKEFLAGS=${MAKEFLAGS:--j2}]"
   ls -l "$WORK"/dist/*.whl
   "$PY" -m pip install -q --no-deps --target "$WORK/site" "$WORK"/dist/horovod-*.whl \
@@ -163,15 +164,16 @@ if [ -n "$HOROVODRUN" ]; then
   quiet "$RUN_PY" -c "import horovod.tensorflow as hvd; hvd.init(); print('hvd.init(): size', \
 hvd.size(), 'rank', hvd.rank(), '| cuda_built', hvd.cuda_built(), 'nccl_built', \
 hvd.nccl_built(), 'gloo_built', hvd.gloo_built(), 'mpi_built', hvd.mpi_built())"
-  SMOKE=(-m launch.train --train_rows=4096 --test_rows=1024 --batch_size=1024 --logdir=none
-         --checkpoint_dir=none)
+  SMOKE=(--train_rows=4096 --test_rows=1024 --batch_size=1024 --logdir=none --checkpoint_dir=none)
   timed "2-rank smoke test" quiet "$RUN_PY" "$HOROVODRUN" -np 2 -H localhost:2 --gloo \
-    "$RUN_PY" "${SMOKE[@]}"
-  # The same with README's one-GPU-per-rank wrapper (CUDA_VISIBLE_DEVICES from the local rank).
-  timed "2-rank smoke test, README's pinning wrapper" quiet "$RUN_PY" "$HOROVODRUN" -np 2 \
-    -H localhost:2 --gloo bash -c 'export CUDA_VISIBLE_DEVICES=$HOROVOD_LOCAL_RANK; echo \
-    "rank $HOROVOD_RANK: CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"; exec "$0" "$@"' \
-    "$RUN_PY" "${SMOKE[@]}"
+    "$RUN_PY" -m launch.train "${SMOKE[@]}"
+  # README's launch line: one GPU per rank, chosen by CUDA_VISIBLE_DEVICES from the local rank.
+  WRAPPER='CUDA_VISIBLE_DEVICES=$HOROVOD_LOCAL_RANK exec '"$RUN_PY"' -m launch.train "$@"'
+  timed "2-rank smoke test, README's launch line" quiet "$RUN_PY" "$HOROVODRUN" -np 2 \
+    -H localhost:2 --gloo bash -c "$WRAPPER" _ "${SMOKE[@]}"
+  quiet "$RUN_PY" "$HOROVODRUN" -np 2 -H localhost:2 --gloo bash -c \
+    'CUDA_VISIBLE_DEVICES=$HOROVOD_LOCAL_RANK exec '"$RUN_PY"' -c "import os; print(\"rank\",
+    os.environ[\"HOROVOD_RANK\"], \"sees CUDA_VISIBLE_DEVICES =\", os.environ[\"CUDA_VISIBLE_DEVICES\"])"'
 fi
 
 section "6. disk use"
