@@ -23,7 +23,6 @@ fi
 TF_VERSION=$("$PY" -c "import tensorflow as tf; print(tf.__version__)" 2>/dev/null | tail -n 1)
 PY_TAG=$("$PY" -c "import sys; print(f'cp{sys.version_info[0]}{sys.version_info[1]}')")
 CACHE_DIR=${TFSCALE_CACHE:-$HOME/.cache/tfscale}/horovod-$HOROVOD_VERSION-tf$TF_VERSION-$PY_TAG-cuda12
-mkdir -p "$CACHE_DIR"
 
 WHEEL=$(ls "$CACHE_DIR"/horovod-*.whl 2>/dev/null | head -n 1 || true)
 if [ -z "$WHEEL" ]; then
@@ -50,6 +49,7 @@ if [ -z "$WHEEL" ]; then
   trap 'rm -rf "$WORK"' EXIT
   SRC=$(prepare_horovod_gpu_source "$PY" "$WORK")
   build_horovod_gpu_wheel "$PY" "$SRC" "$CUDA_DIR" "$WORK/dist"
+  mkdir -p "$CACHE_DIR"
   cp "$WORK"/dist/horovod-*.whl "$CACHE_DIR/"
   WHEEL=$(ls "$CACHE_DIR"/horovod-*.whl | head -n 1)
 fi
