@@ -12,7 +12,9 @@
 #     .venv-gpu's own build when step 1 made one; else, when a CUDA toolkit of another major
 #     version is on PATH, with that toolkit as a labelled stand-in, installed into a temporary
 #     directory only (never into .venv-gpu or the wheel cache);
-#  6. disk use.
+#  6. what XLA does with tfscale's train step (Keras turns it on by itself on a GPU host when op
+#     determinism is off): the step compiled with jit_compile=True, here on the CPU;
+#  7. disk use, and a summary: the script exits 1 if any step above failed.
 # Several GB of downloads the first time; not part of CI. Usage (from anywhere):
 #   scripts/verify_gpu_setup.sh [--fresh]      --fresh: remove .venv-gpu first
 set -euo pipefail
@@ -26,11 +28,12 @@ section() { printf '\n=== %s\n' "$*"; }
 quiet() {  # quiet COMMAND...: runs it with TensorFlow's start-up chatter filtered out
   "$@" 2>&1 | grep -vE 'I0000 |W0000 |cuInit|WARNING: All log messages|oneDNN|cpu_feature_guard|To enable the following instructions'
 }
-timed() {  # timed LABEL COMMAND...: runs it, prints its wall time and exit status, returns 0
+FAILED=()
+timed() {  # timed LABEL COMMAND...: runs it, prints its wall time and exit status; goes on
   local start=$SECONDS status=0
   "${@:2}" || status=$?
   echo "[$1: $((SECONDS - start)) s wall, exit status $status]"
-  return 0
+  if [ "$status" != 0 ]; then FAILED+=("$1"); fi
 }
 
 section "machine"
@@ -153,6 +156,7 @@ elif command -v nvcc >/dev/null; then
   HOROVODRUN=$WORK/site/bin/horovodrun
 else
   echo "NOT RUN: no Horovod GPU build (no CUDA 12 nvcc) and no other CUDA toolkit to stand in"
+  FAILED+=("Horovod GPU build")
   HOROVODRUN=
 fi
 if [ -n "$HOROVODRUN" ]; then
@@ -176,5 +180,37 @@ hvd.nccl_built(), 'gloo_built', hvd.gloo_built(), 'mpi_built', hvd.mpi_built())"
     os.environ[\"HOROVOD_RANK\"], \"sees CUDA_VISIBLE_DEVICES =\", os.environ[\"CUDA_VISIBLE_DEVICES\"])"'
 fi
 
-section "6. disk use"
+section "6. XLA and tfscale's train step (DeepFM, jit_compile=True, on the CPU)"
+for lookups in dedup plain; do
+  # TensorFlow logs the failing graph's traceback; the printed line below is the evidence.
+  PYTHONPATH=. "$PY" - "$lookups" 2> "$WORK/xla_$lookups.log" <<'EOF' ||
+import sys
+import keras
+import models
+from tfscale.data.synthetic import SyntheticCTR
+from tfscale.optimizers.fused_adam import FusedAdam
+
+keras.utils.set_random_seed(0)
+dedup = sys.argv[1] == "dedup"
+source = SyntheticCTR(seed=0, train_rows=2048, test_rows=512)
+model = models.build_model("deepfm", source.schema, embedding_dim=4, hidden_units=[16],
+                           deduplicate_ids=dedup)
+model.compile(optimizer=FusedAdam(1e-3), loss=keras.losses.BinaryCrossentropy(), jit_compile=True)
+label = "de-duplicated lookups" if dedup else "plain lookups"
+try:
+    loss = model.fit(source.train_batches(512), steps_per_epoch=2, verbose=0).history["loss"][-1]
+    print(f"{label}: the XLA-compiled step trains (loss {loss:.4f})")
+except Exception as error:
+    lines = [l.strip() for l in str(error).splitlines() if "unsupported operations" in l]
+    print(f"{label}: the XLA-compiled step fails: {type(error).__name__}: {lines[:1]}")
+EOF
+    { tail -n 20 "$WORK/xla_$lookups.log"; exit 1; }
+done
+
+section "7. disk use, summary"
 du -sh "$VENV" "${TFSCALE_CACHE:-$HOME/.cache/tfscale}"/* "$HOME/.cache/pip" 2>/dev/null || true
+if [ "${#FAILED[@]}" != 0 ]; then
+  printf 'FAILED: %s\n' "${FAILED[@]}"
+  exit 1
+fi
+echo "every step passed"
