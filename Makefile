@@ -1,5 +1,16 @@
 # The two commands a fresh machine needs (README, "Quick start"): `make train` and `make test`.
+# GPU=1 (`make setup GPU=1`, `make train GPU=1`, ...) uses the GPU variant instead: .venv-gpu with
+# tensorflow[and-cuda] and Horovod built with NCCL (README, "GPU hosts").
+ifeq ($(GPU),1)
+VENV := .venv-gpu
+SETUP_FILES := setup.py scripts/setup_gpu.sh scripts/install_horovod_gpu.sh \
+	scripts/horovod_gpu_source.sh scripts/gpu-constraints.txt
+SETUP_SCRIPT := scripts/setup_gpu.sh
+else
 VENV := .venv
+SETUP_FILES := setup.py scripts/setup.sh scripts/install_horovod.sh
+SETUP_SCRIPT := scripts/setup.sh
+endif
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tfscale-installed
 
@@ -7,8 +18,8 @@ STAMP := $(VENV)/.tfscale-installed
 
 setup: $(STAMP)
 
-$(STAMP): setup.py scripts/setup.sh scripts/install_horovod.sh
-	bash scripts/setup.sh
+$(STAMP): $(SETUP_FILES)
+	bash $(SETUP_SCRIPT)
 	touch $@
 
 train: $(STAMP)
