@@ -8,14 +8,15 @@ The public surface:
   exchanges gradients between Horovod ranks (`compile(embedding_exchange=...,
   embedding_staleness=...)`);
 - `tfscale.FieldEmbedding`: one concatenated embedding table per kind for many categorical
-  fields, in host memory, with de-duplicated lookups;
+  fields, in host memory, with de-duplicated lookups, replicated or row-sharded over the ranks
+  (`sharding="row"`; `tfscale.initializers.RowSeededNormal` starts both alike);
 - `tfscale.exchanges`: the gradient exchanges and their registry;
 - `tfscale.distributed`: Horovod start-up and collectives; `tfscale.training.train`: epochs with
   evaluation, TensorBoard scalars and atomic checkpoints; `tfscale.data`: CTR data sources.
 The reference models (`models/`) and the launcher (`launch/`) live in the repository, not in the
 installed package."""
 
-from tfscale import exchanges, optimizers
+from tfscale import exchanges, initializers, optimizers
 from tfscale.embeddings import FieldEmbedding
 from tfscale.errors import UserError
 from tfscale.train_step import FunctionalTrainStepModel, TrainStepModel
@@ -23,4 +24,4 @@ from tfscale.train_step import FunctionalTrainStepModel, TrainStepModel
 __version__ = "0.1.0"
 
 __all__ = ["FieldEmbedding", "FunctionalTrainStepModel", "TrainStepModel", "UserError",
-           "exchanges", "optimizers"]
+           "exchanges", "initializers", "optimizers"]

@@ -76,6 +76,9 @@ class FieldEmbedding(keras.layers.Layer):
                              f"{', '.join(row_sharding.SHARDINGS)}")
         self.sharding = sharding
         self.scalars = StepScalars()
+        # XLA has no kernels for its lookups (UniqueWithCounts, Horovod's alltoall): Keras's
+        # "auto" then keeps XLA off, also on a GPU host.
+        self.supports_jit = False
         if embeddings_initializer is None:
             embeddings_initializer = RowSeededNormal(stddev=0.01)
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
