@@ -32,7 +32,7 @@ GTOPK_FLAGS = ["--optimizer=adam", "--embedding_comm=gtopk", "--density=0.005"]
 
 
 def load_state(path):
-    """The variable values data_parallel_steps.py saved, in order."""
+    """The variable values a multi-process script saved with np.savez(*values), in order."""
     with np.load(path) as saved:
         return [saved[f"arr_{i}"] for i in range(len(saved.files))]
 

@@ -30,6 +30,7 @@ def whole_run(tmp_path_factory):
 def test_launcher_reports_placement_and_embedding_scalars(whole_run):
     out, run_dir = whole_run
     assert ("placement: embedding tables on CPU:0, dense model on CPU:0 (no accelerator found); "
+            "tables replicated: 374,398 rows, 25 MB with optimizer state; "
             "de-duplicated lookups, embedding updates 1 step(s) stale") in out, out
     scalars = train_scalars(f"{run_dir}/logs")
     assert scalars["embedding/staleness"] == 1, scalars

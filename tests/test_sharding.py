@@ -14,6 +14,7 @@ import pytest
 import models
 from tests.horovod_launch import horovodrun, python
 from tests.multiworker import sharded_steps
+from tests.test_distributed import load_state
 from tests.test_launcher import checkpoint_values
 from tfscale import exchanges, row_sharding
 from tfscale.data.synthetic import SyntheticCTR
@@ -26,17 +27,12 @@ from tfscale.optimizers import CAME, CowClip, FusedAdam, RowSparseAdam
 FLOAT32_RUNS = [run for run in sharded_steps.RUNS if not run.startswith("float16")]
 
 
-def _load(path):
-    with np.load(path) as saved:
-        return [saved[f"arr_{i}"] for i in range(len(saved.files))]
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("sharded_reference")
     result = python(["tests/multiworker/sharded_steps.py", str(out_dir)], timeout=600)
     assert result.returncode == 0, result.stdout
-    return {run: _load(out_dir / f"{run}-reference.npz") for run in FLOAT32_RUNS}
+    return {run: load_state(out_dir / f"{run}-reference.npz") for run in FLOAT32_RUNS}
 
 
 @pytest.mark.parametrize("num_ranks", [2, 3, 4])
@@ -46,7 +42,7 @@ def test_sharded_ranks_match_one_replicated_process(reference, tmp_path, num_ran
     assert result.returncode == 0, result.stdout
     assert result.stdout.count("edge cases ok") == num_ranks, result.stdout
     for run in FLOAT32_RUNS:
-        states = [_load(tmp_path / f"{run}-row-P{num_ranks}-rank{r}.npz")
+        states = [load_state(tmp_path / f"{run}-row-P{num_ranks}-rank{r}.npz")
                   for r in range(num_ranks)]
         assert len(states[0]) == len(reference[run])
         for i, want in enumerate(reference[run]):
@@ -59,8 +55,8 @@ def test_sharded_ranks_match_one_replicated_process(reference, tmp_path, num_ran
                  if a.size and a.shape == b.shape]
         assert max(moved) > 0, run
     for r in range(num_ranks):
-        row = _load(tmp_path / f"float16_adam-row-P{num_ranks}-rank{r}.npz")
-        replicated = _load(tmp_path / f"float16_adam-replicated-P{num_ranks}-rank{r}.npz")
+        row = load_state(tmp_path / f"float16_adam-row-P{num_ranks}-rank{r}.npz")
+        replicated = load_state(tmp_path / f"float16_adam-replicated-P{num_ranks}-rank{r}.npz")
         for i, (got, want) in enumerate(zip(row, replicated)):
             np.testing.assert_array_equal(got, want, err_msg=f"float16, variable {i}, rank {r}")
 
