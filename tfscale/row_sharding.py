@@ -11,9 +11,9 @@ rank's row gradients, divided by P, return to the owner and are summed per id by
 gradient, so a shard's gradient holds one row per id the global batch looked up there: the
 gradient of the global batch's mean loss (each rank's loss is the mean over its B/P examples),
 summed in rank order as the allgather exchange sums the replicated tables' rows.
-tfscale.exchanges.sharded keeps it out of every allreduce. Sharded tables are never broadcast: every rank initialises its rows from
-(seed, global id) (tfscale.initializers.RowSeededNormal), so the tables equal the whole ones a
-replicated model starts from, whatever P."""
+tfscale.exchanges.sharded keeps it out of every allreduce. Sharded tables are never broadcast:
+every rank initialises its rows from (seed, global id) (tfscale.initializers.RowSeededNormal),
+so the tables equal the whole ones a replicated model starts from, whatever P."""
 
 import dataclasses
 

@@ -37,5 +37,5 @@ def get(exchange):
 
 
 __all__ = ["AllgatherExchange", "DEFAULT", "DenseExchange", "EXCHANGES", "EmbeddingExchange",
-           "GTopKExchange", "RowShardedExchange", "StaleExchange", "StepExchange", "TopKAllgatherExchange",
-           "TopKExchange", "get"]
+           "GTopKExchange", "RowShardedExchange", "StaleExchange", "StepExchange",
+           "TopKAllgatherExchange", "TopKExchange", "get"]
