@@ -69,7 +69,7 @@ def test_min_max_scaling_uses_the_recorded_range(tmp_path, train_file):
 
 
 def test_min_max_needs_a_vocabulary(train_file):
-    with pytest.raises(UserError, match="minmax' needs a vocabulary"):
+    with pytest.raises(UserError, match="minmax'` needs a vocabulary"):
         CriteoTSV(train_file, dense_transform="minmax")
 
 
@@ -136,8 +136,10 @@ def test_build_vocab_errors_cleanly_on_a_missing_file(tmp_path):
 def test_building_from_a_malformed_file_names_the_line(tmp_path):
     bad = write(tmp_path / "bad.txt", vocabulary_lines()[:2] + ["1\t2"] + vocabulary_lines())
     with pytest.raises(tf.errors.InvalidArgumentError) as caught:
-        CriteoTSV.build_vocabulary(bad)
+        CriteoTSV.build_vocabulary(bad, on_short_line="error")
     assert str(user_error_from_tf(caught.value)) == (
-        f"{bad} line 3: expected 40 tab-separated fields, found 2")
-    skipping = CriteoTSV.build_vocabulary(bad, on_bad_line="skip")
+        f"{bad} line 3: expected 40 tab-separated fields, found 2 (a line missing only trailing "
+        "fields reads them as missing with `on_short_line='missing'`)")
+    assert CriteoTSV.build_vocabulary(bad).rows == 9  # read as missing values by default
+    skipping = CriteoTSV.build_vocabulary(bad, on_bad_line="skip", on_short_line="error")
     assert skipping.bad_lines_skipped == 1 and skipping.rows == 8
