@@ -14,9 +14,12 @@ ARGUMENT_FLAGS = {
     "embedding_exchange": "embedding_comm",
     "embedding_staleness": "embedding_staleness",
     "gradient_compression": "gradient_compression",
+    "hash_buckets": "hash_buckets",
     "on_bad_line": "on_bad_line",
+    "on_short_line": "on_short_line",
     "resume": "resume",
     "stop_after_steps": "stop_after_steps",
+    "vocabulary_cache_dir": "vocabulary_cache_dir",
 }
 
 

@@ -200,8 +200,22 @@ def test_trains_on_a_criteo_file(tmp_path):
     assert "final test AUC" in result.stdout
 
 
+def test_short_line_trains_by_default_and_is_refused_on_request(tmp_path):
+    path = tmp_path / "train.txt"
+    _criteo_file(path)
+    lines = path.read_text().splitlines(keepends=True)
+    _criteo_file(path, {3: _field_missing(_field_missing(lines[2])), 1234: _field_missing(lines[1233])})
+    result = launch(*CRITEO_RUN, f"--train_path={path}")
+    assert result.returncode == 0, result.stderr
+    assert "of 2 short lines as missing values (--on_short_line=missing)" in result.stdout
+    refused = launch(*CRITEO_RUN, f"--train_path={path}", "--on_short_line=error")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert f"{path} line 3: expected 40 tab-separated fields, found 38 (a line missing only " \
+           "trailing fields reads them as missing with --on_short_line=missing)" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
 @pytest.mark.parametrize("corrupt, message", [
-    (_field_missing, "line 1234"),
     (_integer_not_numeric, "line 1234"),
 ])
 def test_malformed_line_names_file_and_line(tmp_path, corrupt, message):
