@@ -6,10 +6,9 @@
 The JSON file feeds `--vocabulary` of launch.train (vocabulary encoding, min-max scaling). Bad
 input ends with a one-paragraph error and exit status 2, never a traceback."""
 
-import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TF's C++ start-up chatter off the console
+from launch import quiet_tf  # noqa: F401  (first: TF's C++ log level is read when TF is imported)
 
 from absl import app, flags  # noqa: E402
 

@@ -13,6 +13,7 @@ ARGUMENT_FLAGS = {
     "dense_transform": "integer_transform",
     "embedding_exchange": "embedding_comm",
     "embedding_staleness": "embedding_staleness",
+    "epochs": "epochs",
     "gradient_compression": "gradient_compression",
     "hash_buckets": "hash_buckets",
     "on_bad_line": "on_bad_line",

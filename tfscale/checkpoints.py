@@ -110,6 +110,21 @@ class CheckpointStore:
         self._restored_per_rank = self._read_per_rank(checkpoint_dir)
         return progress
 
+    def restore_latest_weights_only(self):
+        """Restores the tracked objects (e.g. only `model=`) from the newest checkpoint, leaving
+        what else it holds unread (optimizer and per-rank state): for prediction and export.
+        Returns its progress dict, or None when there is no checkpoint."""
+        progress = self.latest_progress()
+        if progress is None:
+            return None
+        prefix = os.path.join(self._latest_dir(), _STATE_PREFIX)
+        try:
+            self._checkpoint.read(prefix).expect_partial().assert_existing_objects_matched()
+        except (tf.errors.OpError, AssertionError, ValueError) as error:
+            raise UserError(f"checkpoint {prefix} does not match the model of its run record "
+                            f"({_first_line(error)})") from error
+        return progress
+
     def distribute_restored_per_rank_state(self):
         """Gives every rank its slice of the per-rank state rank 0 restored; every rank calls
         it after a restore on rank 0."""
