@@ -65,24 +65,30 @@ class RawScorer:
         self._fields = parser(LineLayout(self._field_names), False)
         self._delimiter = fmt.delimiter
 
-    def _probabilities(self, parser, lines):
+    def _features(self, parser, lines):
         numbers = tf.range(1, tf.size(lines, out_type=tf.int64) + 1)
-        raw = parser(tf.constant(0, tf.int64), numbers, lines)
-        features = self._preprocessing.features(raw)
+        return self._preprocessing.features(parser(tf.constant(0, tf.int64), numbers, lines))
+
+    def _probabilities(self, features):
         return tf.reshape(tf.cast(self._model(features, training=False), tf.float32), [-1])
+
+    def line_features(self, lines):
+        """The model's features of lines in the training file's format, with or without
+        labels."""
+        found = tf.strings.split(lines, self._delimiter).row_lengths()
+        labelled = tf.equal(tf.reduce_max(tf.concat([found, [0]], 0)), self._labelled_fields)
+        return tf.cond(labelled, lambda: self._features(self._labelled, lines),
+                       lambda: self._features(self._unlabelled, lines))
 
     def lines(self, lines):
         """float32 [n] of lines in the training file's format, with or without labels."""
-        found = tf.strings.split(lines, self._delimiter).row_lengths()
-        labelled = tf.equal(tf.reduce_max(tf.concat([found, [0]], 0)), self._labelled_fields)
-        return tf.cond(labelled, lambda: self._probabilities(self._labelled, lines),
-                       lambda: self._probabilities(self._unlabelled, lines))
+        return self._probabilities(self.line_features(lines))
 
     def fields(self, columns):
         """float32 [n] of the input columns (a list of string [n] in `field_names` order),
         joined into lines and parsed as lines are, so both signatures agree by construction."""
         lines = tf.strings.join(list(columns), separator=self._delimiter)
-        return self._probabilities(self._fields, lines)
+        return self._probabilities(self._features(self._fields, lines))
 
 
 def export_saved_model(model, preprocessing, raw_inputs, path):
