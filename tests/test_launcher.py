@@ -241,3 +241,31 @@ def test_missing_and_empty_files_give_a_clear_error(tmp_path):
     empty = launch(*CRITEO_RUN, f"--train_path={tmp_path}/empty.txt")
     assert empty.returncode == 2 and "empty.txt" in empty.stderr and "empty" in empty.stderr
     assert "Traceback" not in empty.stderr
+
+
+def test_resume_of_a_finished_run_reports_its_result(tmp_path):
+    path = _criteo_file(tmp_path / "train.txt")
+    flags = [*CRITEO_RUN[:-1], f"--train_path={path}", f"--checkpoint_dir={tmp_path}/ckpt"]
+    first = launch(*flags)
+    assert first.returncode == 0, first.stderr
+    final = [line for line in first.stdout.splitlines() if line.startswith("final test AUC")]
+    again = launch(*flags, "--resume")
+    assert again.returncode == 0, again.stderr
+    assert "the run finished its 1 epochs at global step 10; nothing left to do" in again.stdout
+    assert final and final[0] in again.stdout.splitlines(), again.stdout
+    assert "resumed from" not in again.stdout
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_tensorflow_start_up_lines_hidden_unless_verbose_tf(tmp_path, verbose):
+    path = _criteo_file(tmp_path / "train.txt")
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    done = subprocess.run(
+        [sys.executable, "-m", "launch.build_vocab", "--format=criteo", f"--input={path}",
+         f"--output={tmp_path}/v.json", *(["--verbose_tf"] if verbose else [])],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert ("oneDNN" in done.stderr) == verbose, done.stderr
+    assert ("cuInit" in done.stderr) == (verbose and "cuInit" in done.stderr)
+    if not verbose:
+        assert done.stderr == "", done.stderr

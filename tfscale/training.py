@@ -198,8 +198,7 @@ def _finished_result(store, config, print_fn):
     final = {"epoch": progress["epoch"], "auc": progress.get("test_auc"),
              "logloss": progress.get("test_logloss")}
     print_fn(f"the run finished its {config.epochs} epochs at global step "
-             f"{progress['global_step']}; nothing left to do (train longer with a larger "
-             "`epochs`)")
+             f"{progress['global_step']}; nothing left to do")
     epochs = [final] if final["auc"] is not None else []
     return TrainingResult(epochs, progress["global_step"], stopped_early=False)
 
