@@ -14,7 +14,7 @@ from absl import app, flags  # noqa: E402
 
 from launch.user_errors import run_reporting_user_errors  # noqa: E402
 from tfscale.data import FILE_FORMATS  # noqa: E402
-from tfscale.data.text_lines import BAD_LINE_POLICIES  # noqa: E402
+from tfscale.data.text_lines import BAD_LINE_POLICIES, SHORT_LINE_POLICIES  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -26,13 +26,17 @@ flags.DEFINE_string("output", None, "Where to write the vocabulary (JSON).")
 flags.DEFINE_enum("on_bad_line", "error", list(BAD_LINE_POLICIES),
                   "A malformed line stops with an error naming file and line, or is skipped and "
                   "counted.")
+flags.DEFINE_enum("on_short_line", "missing", list(SHORT_LINE_POLICIES),
+                  "A line missing only trailing fields reads them as missing values, or stops "
+                  "with an error naming file and line.")
 flags.mark_flags_as_required(["format", "input", "output"])
 
 
 def build():
     """Counts the inputs and writes the vocabulary; returns a one-line summary."""
     vocabulary = FILE_FORMATS[FLAGS.format].build_vocabulary(FLAGS.input, min_count=FLAGS.min_count,
-                                               on_bad_line=FLAGS.on_bad_line)
+                                               on_bad_line=FLAGS.on_bad_line,
+                                               on_short_line=FLAGS.on_short_line)
     vocabulary.save(FLAGS.output)
     sizes = ", ".join(f"{name} {len(entries)}" for name, entries in vocabulary.categorical.items())
     skipped = (f"; skipped {vocabulary.bad_lines_skipped} malformed lines"

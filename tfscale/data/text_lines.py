@@ -489,8 +489,9 @@ class DelimitedTextSource(CTRSource):
       vocabulary: a Vocabulary or the path of one saved by `launch.build_vocab`; categorical
         strings are then looked up (row 0 missing, row 1 out of vocabulary, then its values).
       hash_buckets: without a vocabulary, hash each categorical field into this many buckets
-        (one int, or one per field; default DEFAULT_HASH_BUCKETS); ids 1..buckets, 0 = missing.
-        Ignored when there is a vocabulary.
+        (one int, or one per field; default preprocessing.DEFAULT_HASH_BUCKETS); ids
+        1..buckets, 0 = missing. Ignored when there is a vocabulary. (vocabulary, hash_buckets
+        and dense_transform make the source's `preprocessing`, a data.preprocessing.Preprocessing.)
       dense_transform: "log1p" (sign(x) * log1p(|x|)) or "minmax" (needs a vocabulary, which
         records each field's min and max); missing integers are 0 either way.
       shuffle_buffer: 0 reads the train split in file order; otherwise the file order is shuffled
