@@ -10,6 +10,7 @@ file has Avazu's id column; without --output the CSV goes to stdout and the repo
 Prints the AUC and log loss when the file has labels. Bad input ends with a one-paragraph error
 and exit status 2."""
 
+import os
 import sys
 
 from launch import quiet_tf  # noqa: F401  (first: TF's C++ log level is read when TF is imported)
@@ -29,12 +30,13 @@ flags.mark_flags_as_required(["checkpoint_dir", "input"])
 
 def run():
     logging.set_verbosity(logging.WARNING)  # TF's SavedModel writer logs at INFO
-    import numpy as np
-
     from launch import run_record
-    from tfscale.metrics import exact_auc, log_loss
+    from tfscale.errors import UserError
     from tfscale.prediction import FilePredictions
 
+    if FLAGS.output is not None and not os.path.isdir(
+            os.path.dirname(os.path.abspath(FLAGS.output))):
+        raise UserError(f"--output={FLAGS.output}: its directory does not exist")
     record = run_record.read(FLAGS.checkpoint_dir)
     preprocessing = record.preprocessing()
     model, progress = record.restored_model()
@@ -45,34 +47,42 @@ def run():
     print(f"model {record.model_name} ({record.precision}) from {FLAGS.checkpoint_dir} at global "
           f"step {progress['global_step']}; scoring {predictions.describe()}", file=report,
           flush=True)
-    stream = sys.stdout if FLAGS.output is None else open(FLAGS.output + ".tmp", "w")
-    probabilities, labels, lines = [], [], 0
-    try:
-        stream.write(",".join(predictions.passthrough_names + ("probability",)) + "\n")
-        for batch_probabilities, batch_labels, passthrough in predictions:
-            rows = [f"{p:.9g}" for p in batch_probabilities.tolist()]
-            if predictions.passthrough_names:
-                rows = [",".join([*(v.decode() for v in values), row])
-                        for values, row in zip(passthrough, rows)]
-            stream.write("".join(row + "\n" for row in rows))
-            lines += len(rows)
-            if batch_labels is not None:
-                probabilities.append(batch_probabilities)
-                labels.append(batch_labels)
-    finally:
-        if stream is not sys.stdout:
-            stream.close()
-    if FLAGS.output is not None:
-        import os
-
+    if FLAGS.output is None:
+        lines, labelled = write_csv(predictions, sys.stdout)
+    else:  # written under a temporary name, so a stopped run leaves no partial file behind
+        with open(FLAGS.output + ".tmp", "w") as stream:
+            lines, labelled = write_csv(predictions, stream)
         os.replace(FLAGS.output + ".tmp", FLAGS.output)
-    where = FLAGS.output or "stdout"
-    print(f"wrote {lines:,} predictions to {where}", file=report, flush=True)
-    if labels:
-        labels, probabilities = np.concatenate(labels), np.concatenate(probabilities)
+    print(f"wrote {lines:,} predictions to {FLAGS.output or 'stdout'}", file=report, flush=True)
+    if labelled is not None:
+        from tfscale.metrics import exact_auc, log_loss
+
+        labels, probabilities = labelled
         print(f"AUC {exact_auc(labels, probabilities):.4f}, logloss "
               f"{log_loss(labels, probabilities):.4f} on {lines:,} labelled lines", file=report,
               flush=True)
+
+
+def write_csv(predictions, stream):
+    """Writes the CSV of a FilePredictions to `stream`; returns (lines written, (labels,
+    probabilities) when the file has labels, else None)."""
+    import numpy as np
+
+    stream.write(",".join(predictions.passthrough_names + ("probability",)) + "\n")
+    lines, labels, probabilities = 0, [], []
+    for batch_probabilities, batch_labels, passthrough in predictions:
+        rows = [f"{p:.9g}" for p in batch_probabilities.tolist()]  # float32 exactly
+        if predictions.passthrough_names:
+            rows = [",".join([*(value.decode() for value in values), row])
+                    for values, row in zip(passthrough, rows)]
+        stream.write("".join(row + "\n" for row in rows))
+        lines += len(rows)
+        if batch_labels is not None:
+            labels.append(batch_labels)
+            probabilities.append(batch_probabilities)
+    if not predictions.has_labels:
+        return lines, None
+    return lines, (np.concatenate(labels), np.concatenate(probabilities))
 
 
 def main(argv):
