@@ -136,17 +136,47 @@ def _model_specific_config():
     return {}
 
 
-def build_source():
-    """The CTRSource the data flags describe."""
+def build_source(resumed_run=None):
+    """The CTRSource the data flags describe. `resumed_run`: the checkpoint directory of a run
+    being resumed, whose recorded encoding (its own vocabulary, its hash buckets) is kept
+    whatever the cache beside the data now holds."""
     if FLAGS.data == "synthetic":
         from tfscale.data.synthetic import SyntheticCTR
 
         return SyntheticCTR(seed=FLAGS.seed, train_rows=FLAGS.train_rows, test_rows=FLAGS.test_rows,
                             vocabulary_scale=FLAGS.synthetic_vocabulary_scale)
-    return _build_file_source()
+    recorded = None
+    if resumed_run:
+        from tfscale import distributed
+
+        recorded = distributed.broadcast_from_chief(  # rank 0 alone reads the checkpoints
+            lambda: _recorded_encoding(resumed_run), name="tfscale_recorded_encoding")
+    return _build_file_source(recorded)
 
 
-def _build_file_source():
+def _recorded_encoding(checkpoint_dir):
+    """(Vocabulary, hash buckets) a resumed run recorded (launch/run_record.py), one of them
+    None, or None when it recorded none (a run from before run records, or not started)."""
+    from launch import run_record
+    from tfscale.data.vocabulary import Vocabulary
+
+    if not os.path.exists(os.path.join(checkpoint_dir, run_record.RECORD_FILE)):
+        return None
+    record = run_record.read(checkpoint_dir)
+    if record.data != FLAGS.data or "preprocessing" not in record.record:
+        from tfscale.errors import UserError
+
+        raise UserError(f"`checkpoint_dir={checkpoint_dir}` holds a run on --data={record.data}; "
+                        f"resume it with the data it was trained on, not --data={FLAGS.data}")
+    encoding = record.record["preprocessing"]["encoding"]
+    if encoding["kind"] == "vocabulary":
+        path = os.path.join(checkpoint_dir, encoding["file"])
+        print(f"vocabulary: the resumed run's own, {path}", flush=True)
+        return Vocabulary.load(path), None
+    return None, encoding["buckets"]
+
+
+def _build_file_source(recorded=None):
     from tfscale.errors import UserError
 
     if not FLAGS.train_path:
@@ -158,10 +188,16 @@ def _build_file_source():
         raise UserError("--integer_transform=minmax needs the ranges a vocabulary records: use "
                         "--categorical_encoding=vocabulary")
     vocabulary = FLAGS.vocabulary
-    if vocabulary is None and (not hashing or FLAGS.fit_hash_buckets):
-        vocabulary = _automatic_vocabulary()
     hash_buckets = FLAGS.hash_buckets
-    if hashing:
+    if recorded is not None:
+        vocabulary, recorded_buckets = recorded
+        if (vocabulary is None) != hashing:
+            raise UserError("--categorical_encoding differs from the resumed run's; resume with "
+                            "the encoding it was trained with")
+        hash_buckets = recorded_buckets or hash_buckets
+    elif vocabulary is None and (not hashing or FLAGS.fit_hash_buckets):
+        vocabulary = _automatic_vocabulary()
+    if hashing and recorded is None:
         if FLAGS.fit_hash_buckets:
             from tfscale.data.vocabulary_cache import fitted_hash_buckets
 

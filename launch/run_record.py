@@ -22,6 +22,10 @@ VOCABULARY_FILE = "vocabulary.json"
 _KIND, _VERSION = "tfscale run", 1
 
 
+def exists(checkpoint_dir):
+    return os.path.isfile(os.path.join(checkpoint_dir, RECORD_FILE))
+
+
 def write(checkpoint_dir, model_name, model, source, data_name, precision):
     """Writes the record of a run training `model` (registered as `model_name`) on `source`."""
     os.makedirs(checkpoint_dir, exist_ok=True)

@@ -46,7 +46,7 @@ def run():
     distributed_flags.init_horovod()
     common_flags.seed_everything(FLAGS.seed, FLAGS.deterministic)
     logdir, checkpoint_dir = common_flags.run_directories(FLAGS.logdir, FLAGS.checkpoint_dir)
-    source = common_flags.build_source()
+    source = common_flags.build_source(resumed_run=checkpoint_dir if FLAGS.resume else None)
     settings = optimization_flags.resolve_settings()
     model = common_flags.build_model(source.schema, settings, precision_flags.dtype_policy())
     steps_per_epoch = source.train_steps_per_epoch(
@@ -65,7 +65,8 @@ def run():
               f"{precision_flags.describe()}; {distributed_flags.describe(exchange)}; TensorFlow "
               f"{tf.__version__}", flush=True)
         print(hybrid_flags.describe(model), flush=True)
-        if checkpoint_dir:  # what launch.predict and launch.export rebuild the model from
+        if checkpoint_dir and not run_record.exists(checkpoint_dir):  # a resumed run keeps its
+            # own; it is what launch.predict and launch.export rebuild the model from
             run_record.write(checkpoint_dir, FLAGS.model, model, source, FLAGS.data,
                              FLAGS.precision)
     config = TrainingConfig(

@@ -249,11 +249,15 @@ def test_resume_of_a_finished_run_reports_its_result(tmp_path):
     first = launch(*flags)
     assert first.returncode == 0, first.stderr
     final = [line for line in first.stdout.splitlines() if line.startswith("final test AUC")]
+    with open(path, "a") as stream:  # the data changes: its cached vocabulary is recounted,
+        stream.write(path.read_text().splitlines(keepends=True)[0])  # the run keeps its own
     again = launch(*flags, "--resume")
     assert again.returncode == 0, again.stderr
     assert "the run finished its 1 epochs at global step 10; nothing left to do" in again.stdout
     assert final and final[0] in again.stdout.splitlines(), again.stdout
     assert "resumed from" not in again.stdout
+    assert f"vocabulary: the resumed run's own, {tmp_path}/ckpt/vocabulary.json" in again.stdout
+    assert "counting the categorical values" not in again.stdout
 
 
 @pytest.mark.parametrize("verbose", [False, True])
