@@ -6,16 +6,15 @@
 The JSON file feeds `--vocabulary` of launch.train (vocabulary encoding, min-max scaling). Bad
 input ends with a one-paragraph error and exit status 2, never a traceback."""
 
-import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TF's C++ start-up chatter off the console
+from launch import quiet_tf  # noqa: F401  (first: TF's C++ log level is read when TF is imported)
 
 from absl import app, flags  # noqa: E402
 
 from launch.user_errors import run_reporting_user_errors  # noqa: E402
 from tfscale.data import FILE_FORMATS  # noqa: E402
-from tfscale.data.text_lines import BAD_LINE_POLICIES  # noqa: E402
+from tfscale.data.text_lines import BAD_LINE_POLICIES, SHORT_LINE_POLICIES  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -27,13 +26,17 @@ flags.DEFINE_string("output", None, "Where to write the vocabulary (JSON).")
 flags.DEFINE_enum("on_bad_line", "error", list(BAD_LINE_POLICIES),
                   "A malformed line stops with an error naming file and line, or is skipped and "
                   "counted.")
+flags.DEFINE_enum("on_short_line", "missing", list(SHORT_LINE_POLICIES),
+                  "A line missing only trailing fields reads them as missing values, or stops "
+                  "with an error naming file and line.")
 flags.mark_flags_as_required(["format", "input", "output"])
 
 
 def build():
     """Counts the inputs and writes the vocabulary; returns a one-line summary."""
     vocabulary = FILE_FORMATS[FLAGS.format].build_vocabulary(FLAGS.input, min_count=FLAGS.min_count,
-                                               on_bad_line=FLAGS.on_bad_line)
+                                               on_bad_line=FLAGS.on_bad_line,
+                                               on_short_line=FLAGS.on_short_line)
     vocabulary.save(FLAGS.output)
     sizes = ", ".join(f"{name} {len(entries)}" for name, entries in vocabulary.categorical.items())
     skipped = (f"; skipped {vocabulary.bad_lines_skipped} malformed lines"

@@ -8,7 +8,7 @@ from absl import flags
 
 import models
 from tfscale.data import FILE_FORMATS
-from tfscale.data.text_lines import BAD_LINE_POLICIES, DENSE_TRANSFORMS
+from tfscale.data.text_lines import BAD_LINE_POLICIES, DENSE_TRANSFORMS, SHORT_LINE_POLICIES
 
 FLAGS = flags.FLAGS
 
@@ -27,18 +27,37 @@ flags.DEFINE_list("test_path", [],
                   "training lines (chosen by line number) are held out as the test split.")
 flags.DEFINE_float("test_fraction", 0.1, "Held-out fraction when there is no --test_path.",
                    lower_bound=0.0, upper_bound=0.9)
-flags.DEFINE_enum("categorical_encoding", "hash", ["hash", "vocabulary"],
-                  "Criteo/Avazu: hash categorical values into --hash_buckets per field, or look "
-                  "them up in --vocabulary (python -m launch.build_vocab writes one).")
-flags.DEFINE_integer("hash_buckets", 1_000_000, "Hash buckets per categorical field.",
-                     lower_bound=1)
-flags.DEFINE_string("vocabulary", None, "Vocabulary file for --categorical_encoding=vocabulary.")
+flags.DEFINE_enum("categorical_encoding", "vocabulary", ["vocabulary", "hash"],
+                  "Criteo/Avazu: look categorical values up in a vocabulary (tables sized from the "
+                  "data: --vocabulary, or by default one counted from the training lines on first "
+                  "use and cached beside the data), or hash them into --hash_buckets per field.")
+flags.DEFINE_integer("hash_buckets", 1_000_000,
+                     "--categorical_encoding=hash: hash buckets per categorical field (at most; "
+                     "see --fit_hash_buckets).", lower_bound=1)
+flags.DEFINE_bool("fit_hash_buckets", True,
+                  "--categorical_encoding=hash: give each field at most twice as many buckets as "
+                  "it has distinct values in the training lines (counted by the automatic "
+                  "vocabulary pass, cached); --nofit_hash_buckets gives every field "
+                  "--hash_buckets.")
+flags.DEFINE_string("vocabulary", None,
+                    "A vocabulary file (python -m launch.build_vocab writes one) instead of the "
+                    "automatic one.")
+flags.DEFINE_integer("vocabulary_min_count", 10,
+                     "The automatic vocabulary keeps values seen at least this many times in the "
+                     "training lines; rarer ones share the out-of-vocabulary row.", lower_bound=1)
+flags.DEFINE_string("vocabulary_cache_dir", None,
+                    "Where the automatic vocabulary is cached (default: beside the first training "
+                    "file).")
 flags.DEFINE_enum("integer_transform", "log1p", list(DENSE_TRANSFORMS),
                   "Criteo integer features: sign(x)*log(1+|x|), or min-max scaling with the "
                   "vocabulary's recorded range.")
 flags.DEFINE_enum("on_bad_line", "error", list(BAD_LINE_POLICIES),
                   "A malformed line stops with an error naming file and line, or is skipped and "
                   "counted (the count is reported at the end).")
+flags.DEFINE_enum("on_short_line", "missing", list(SHORT_LINE_POLICIES),
+                  "A line missing only trailing fields (a common export strips empty ones) reads "
+                  "them as missing values, counted and reported at the end; or it stops with an "
+                  "error naming file and line.")
 flags.DEFINE_integer("shuffle_buffer", 0, "Criteo/Avazu: shuffle buffer in rows (0: file order).",
                      lower_bound=0)
 
@@ -117,31 +136,95 @@ def _model_specific_config():
     return {}
 
 
-def build_source():
-    """The CTRSource the data flags describe."""
+def build_source(resumed_run=None):
+    """The CTRSource the data flags describe. `resumed_run`: the checkpoint directory of a run
+    being resumed, whose recorded encoding (its own vocabulary, its hash buckets) is kept
+    whatever the cache beside the data now holds."""
     if FLAGS.data == "synthetic":
         from tfscale.data.synthetic import SyntheticCTR
 
         return SyntheticCTR(seed=FLAGS.seed, train_rows=FLAGS.train_rows, test_rows=FLAGS.test_rows,
                             vocabulary_scale=FLAGS.synthetic_vocabulary_scale)
-    return _build_file_source()
+    recorded = None
+    if resumed_run:
+        from tfscale import distributed
+
+        recorded = distributed.broadcast_from_chief(  # rank 0 alone reads the checkpoints
+            lambda: _recorded_encoding(resumed_run), name="tfscale_recorded_encoding")
+    return _build_file_source(recorded)
 
 
-def _build_file_source():
+def _recorded_encoding(checkpoint_dir):
+    """(Vocabulary, hash buckets) a resumed run recorded (launch/run_record.py), one of them
+    None, or None when it recorded none (a run from before run records, or not started)."""
+    from launch import run_record
+    from tfscale.data.vocabulary import Vocabulary
+
+    if not os.path.exists(os.path.join(checkpoint_dir, run_record.RECORD_FILE)):
+        return None
+    record = run_record.read(checkpoint_dir)
+    if record.data != FLAGS.data or "preprocessing" not in record.record:
+        from tfscale.errors import UserError
+
+        raise UserError(f"`checkpoint_dir={checkpoint_dir}` holds a run on --data={record.data}; "
+                        f"resume it with the data it was trained on, not --data={FLAGS.data}")
+    encoding = record.record["preprocessing"]["encoding"]
+    if encoding["kind"] == "vocabulary":
+        path = os.path.join(checkpoint_dir, encoding["file"])
+        print(f"vocabulary: the resumed run's own, {path}", flush=True)
+        return Vocabulary.load(path), None
+    return None, encoding["buckets"]
+
+
+def _build_file_source(recorded=None):
     from tfscale.errors import UserError
 
     if not FLAGS.train_path:
         raise UserError(f"--data={FLAGS.data} needs --train_path (files or globs)")
-    if (FLAGS.categorical_encoding == "vocabulary") != bool(FLAGS.vocabulary):
-        raise UserError("--vocabulary goes with --categorical_encoding=vocabulary, and that "
-                        "encoding needs --vocabulary (python -m launch.build_vocab writes one)")
-    if FLAGS.integer_transform == "minmax" and not FLAGS.vocabulary:
-        raise UserError("--integer_transform=minmax needs the ranges a --vocabulary records")
+    hashing = FLAGS.categorical_encoding == "hash"
+    if hashing and FLAGS.vocabulary:
+        raise UserError("--vocabulary goes with --categorical_encoding=vocabulary (the default)")
+    if FLAGS.integer_transform == "minmax" and hashing:
+        raise UserError("--integer_transform=minmax needs the ranges a vocabulary records: use "
+                        "--categorical_encoding=vocabulary")
+    vocabulary = FLAGS.vocabulary
+    hash_buckets = FLAGS.hash_buckets
+    if recorded is not None:
+        vocabulary, recorded_buckets = recorded
+        if (vocabulary is None) != hashing:
+            raise UserError("--categorical_encoding differs from the resumed run's; resume with "
+                            "the encoding it was trained with")
+        hash_buckets = recorded_buckets or hash_buckets
+    elif vocabulary is None and (not hashing or FLAGS.fit_hash_buckets):
+        vocabulary = _automatic_vocabulary()
+    if hashing and recorded is None:
+        if FLAGS.fit_hash_buckets:
+            from tfscale.data.vocabulary_cache import fitted_hash_buckets
+
+            hash_buckets = fitted_hash_buckets(
+                vocabulary, FILE_FORMATS[FLAGS.data].FORMAT.categorical_names, FLAGS.hash_buckets)
+        vocabulary = None
     return FILE_FORMATS[FLAGS.data](
         FLAGS.train_path, FLAGS.test_path or None, test_fraction=FLAGS.test_fraction,
-        vocabulary=FLAGS.vocabulary, hash_buckets=FLAGS.hash_buckets,
+        vocabulary=vocabulary, hash_buckets=hash_buckets,
         dense_transform=FLAGS.integer_transform, shuffle_buffer=FLAGS.shuffle_buffer,
-        seed=FLAGS.seed, on_bad_line=FLAGS.on_bad_line)
+        seed=FLAGS.seed, on_bad_line=FLAGS.on_bad_line, on_short_line=FLAGS.on_short_line)
+
+
+def _automatic_vocabulary():
+    """The cached vocabulary of the training lines (counted now if the cache is missing or
+    stale); under Horovod rank 0 counts and hands it to the others."""
+    from tfscale import distributed
+    from tfscale.data.vocabulary_cache import cached_vocabulary
+
+    def build():
+        return cached_vocabulary(
+            FILE_FORMATS[FLAGS.data], FLAGS.train_path, min_count=FLAGS.vocabulary_min_count,
+            test_fraction=None if FLAGS.test_path else FLAGS.test_fraction,
+            on_bad_line=FLAGS.on_bad_line, on_short_line=FLAGS.on_short_line,
+            cache_dir=FLAGS.vocabulary_cache_dir, print_fn=lambda line: print(line, flush=True))
+
+    return distributed.broadcast_from_chief(build, name="tfscale_vocabulary")
 
 
 def report(result, source, logdir, checkpoint_dir):
@@ -157,6 +240,10 @@ def report(result, source, logdir, checkpoint_dir):
     bad_lines = source.bad_line_count()
     if bad_lines:
         print(f"skipped {bad_lines:,} malformed lines (--on_bad_line=skip)", flush=True)
+    short_lines = getattr(source, "short_line_count", lambda: 0)()
+    if short_lines:
+        print(f"read the missing trailing fields of {short_lines:,} short lines as missing values "
+              "(--on_short_line=missing)", flush=True)
     if logdir:
         print(f"TensorBoard logs: {logdir}  (tensorboard --logdir {logdir})", flush=True)
     if checkpoint_dir:

@@ -6,15 +6,14 @@ launch.train` it trains data-parallel on P ranks (--batch_size stays the global 
 prints, logs and checkpoints. Bad input (a file, a line in it, a flag) ends with a one-paragraph
 error and a non-zero exit status, never a traceback."""
 
-import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TF's C++ start-up chatter off the console
+from launch import quiet_tf  # noqa: F401  (first: TF's C++ log level is read when TF is imported)
 
 from absl import app, flags, logging  # noqa: E402
 
 from launch import (common_flags, distributed_flags, hybrid_flags,  # noqa: E402
-                    optimization_flags, precision_flags)
+                    optimization_flags, precision_flags, run_record)
 from launch.user_errors import run_reporting_user_errors  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -47,7 +46,7 @@ def run():
     distributed_flags.init_horovod()
     common_flags.seed_everything(FLAGS.seed, FLAGS.deterministic)
     logdir, checkpoint_dir = common_flags.run_directories(FLAGS.logdir, FLAGS.checkpoint_dir)
-    source = common_flags.build_source()
+    source = common_flags.build_source(resumed_run=checkpoint_dir if FLAGS.resume else None)
     settings = optimization_flags.resolve_settings()
     model = common_flags.build_model(source.schema, settings, precision_flags.dtype_policy())
     steps_per_epoch = source.train_steps_per_epoch(
@@ -66,6 +65,10 @@ def run():
               f"{precision_flags.describe()}; {distributed_flags.describe(exchange)}; TensorFlow "
               f"{tf.__version__}", flush=True)
         print(hybrid_flags.describe(model), flush=True)
+        if checkpoint_dir and not run_record.exists(checkpoint_dir):  # a resumed run keeps its
+            # own; it is what launch.predict and launch.export rebuild the model from
+            run_record.write(checkpoint_dir, FLAGS.model, model, source, FLAGS.data,
+                             FLAGS.precision)
     config = TrainingConfig(
         batch_size=FLAGS.batch_size, epochs=FLAGS.epochs, log_every_steps=FLAGS.log_every_steps,
         logdir=logdir, checkpoint_dir=checkpoint_dir,

@@ -13,10 +13,14 @@ ARGUMENT_FLAGS = {
     "dense_transform": "integer_transform",
     "embedding_exchange": "embedding_comm",
     "embedding_staleness": "embedding_staleness",
+    "epochs": "epochs",
     "gradient_compression": "gradient_compression",
+    "hash_buckets": "hash_buckets",
     "on_bad_line": "on_bad_line",
+    "on_short_line": "on_short_line",
     "resume": "resume",
     "stop_after_steps": "stop_after_steps",
+    "vocabulary_cache_dir": "vocabulary_cache_dir",
 }
 
 

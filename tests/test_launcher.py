@@ -202,8 +202,22 @@ def test_trains_on_a_criteo_file(tmp_path):
     assert "final test AUC" in result.stdout
 
 
+def test_short_line_trains_by_default_and_is_refused_on_request(tmp_path):
+    path = tmp_path / "train.txt"
+    _criteo_file(path)
+    lines = path.read_text().splitlines(keepends=True)
+    _criteo_file(path, {3: _field_missing(_field_missing(lines[2])), 1234: _field_missing(lines[1233])})
+    result = launch(*CRITEO_RUN, f"--train_path={path}")
+    assert result.returncode == 0, result.stderr
+    assert "of 2 short lines as missing values (--on_short_line=missing)" in result.stdout
+    refused = launch(*CRITEO_RUN, f"--train_path={path}", "--on_short_line=error")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert f"{path} line 3: expected 40 tab-separated fields, found 38 (a line missing only " \
+           "trailing fields reads them as missing with --on_short_line=missing)" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
 @pytest.mark.parametrize("corrupt, message", [
-    (_field_missing, "line 1234"),
     (_integer_not_numeric, "line 1234"),
 ])
 def test_malformed_line_names_file_and_line(tmp_path, corrupt, message):
@@ -229,3 +243,35 @@ def test_missing_and_empty_files_give_a_clear_error(tmp_path):
     empty = launch(*CRITEO_RUN, f"--train_path={tmp_path}/empty.txt")
     assert empty.returncode == 2 and "empty.txt" in empty.stderr and "empty" in empty.stderr
     assert "Traceback" not in empty.stderr
+
+
+def test_resume_of_a_finished_run_reports_its_result(tmp_path):
+    path = _criteo_file(tmp_path / "train.txt")
+    flags = [*CRITEO_RUN[:-1], f"--train_path={path}", f"--checkpoint_dir={tmp_path}/ckpt"]
+    first = launch(*flags)
+    assert first.returncode == 0, first.stderr
+    final = [line for line in first.stdout.splitlines() if line.startswith("final test AUC")]
+    with open(path, "a") as stream:  # the data changes: its cached vocabulary is recounted,
+        stream.write(path.read_text().splitlines(keepends=True)[0])  # the run keeps its own
+    again = launch(*flags, "--resume")
+    assert again.returncode == 0, again.stderr
+    assert "the run finished its 1 epochs at global step 10; nothing left to do" in again.stdout
+    assert final and final[0] in again.stdout.splitlines(), again.stdout
+    assert "resumed from" not in again.stdout
+    assert f"vocabulary: the resumed run's own, {tmp_path}/ckpt/vocabulary.json" in again.stdout
+    assert "counting the categorical values" not in again.stdout
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_tensorflow_start_up_lines_hidden_unless_verbose_tf(tmp_path, verbose):
+    path = _criteo_file(tmp_path / "train.txt")
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    done = subprocess.run(
+        [sys.executable, "-m", "launch.build_vocab", "--format=criteo", f"--input={path}",
+         f"--output={tmp_path}/v.json", *(["--verbose_tf"] if verbose else [])],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert ("oneDNN" in done.stderr) == verbose, done.stderr
+    assert ("cuInit" in done.stderr) == (verbose and "cuInit" in done.stderr)
+    if not verbose:
+        assert done.stderr == "", done.stderr

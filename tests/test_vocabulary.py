@@ -12,7 +12,7 @@ import tensorflow as tf
 from tests.test_avazu import HEADER, avazu_line
 from tests.test_criteo import collect, criteo_line, write
 from tfscale.data.avazu import AvazuCSV
-from tfscale.data.criteo import CriteoTSV
+from tfscale.data.criteo import CATEGORICAL_NAMES as CATEGORICAL, CriteoTSV
 from tfscale.data.vocabulary import Vocabulary
 from tfscale.errors import UserError, user_error_from_tf
 
@@ -69,7 +69,7 @@ def test_min_max_scaling_uses_the_recorded_range(tmp_path, train_file):
 
 
 def test_min_max_needs_a_vocabulary(train_file):
-    with pytest.raises(UserError, match="minmax' needs a vocabulary"):
+    with pytest.raises(UserError, match="minmax'` needs a vocabulary"):
         CriteoTSV(train_file, dense_transform="minmax")
 
 
@@ -136,8 +136,54 @@ def test_build_vocab_errors_cleanly_on_a_missing_file(tmp_path):
 def test_building_from_a_malformed_file_names_the_line(tmp_path):
     bad = write(tmp_path / "bad.txt", vocabulary_lines()[:2] + ["1\t2"] + vocabulary_lines())
     with pytest.raises(tf.errors.InvalidArgumentError) as caught:
-        CriteoTSV.build_vocabulary(bad)
+        CriteoTSV.build_vocabulary(bad, on_short_line="error")
     assert str(user_error_from_tf(caught.value)) == (
-        f"{bad} line 3: expected 40 tab-separated fields, found 2")
-    skipping = CriteoTSV.build_vocabulary(bad, on_bad_line="skip")
+        f"{bad} line 3: expected 40 tab-separated fields, found 2 (a line missing only trailing "
+        "fields reads them as missing with `on_short_line='missing'`)")
+    assert CriteoTSV.build_vocabulary(bad).rows == 9  # read as missing values by default
+    skipping = CriteoTSV.build_vocabulary(bad, on_bad_line="skip", on_short_line="error")
     assert skipping.bad_lines_skipped == 1 and skipping.rows == 8
+
+
+def test_automatic_vocabulary_is_counted_once_reused_and_recounted_when_the_file_changes(
+        tmp_path, monkeypatch):
+    from tfscale.data.vocabulary_cache import cached_vocabulary
+
+    path = write(tmp_path / "train.txt", vocabulary_lines())
+    counted = []
+    build = CriteoTSV.build_vocabulary.__func__
+
+    def counting(cls, *args, **kwargs):
+        counted.append(args)
+        return build(cls, *args, **kwargs)
+
+    monkeypatch.setattr(CriteoTSV, "build_vocabulary", classmethod(counting))
+    messages = []
+    first = cached_vocabulary(CriteoTSV, path, min_count=1, test_fraction=0.25,
+                              print_fn=messages.append)
+    assert len(counted) == 1 and "counting the categorical values" in messages[0]
+    cache_files = [p for p in os.listdir(tmp_path) if ".tfscale-vocab-" in p]
+    assert len(cache_files) == 1
+    second = cached_vocabulary(CriteoTSV, path, min_count=1, test_fraction=0.25,
+                               print_fn=messages.append)
+    assert len(counted) == 1 and "the files are unchanged" in messages[-1]
+    assert second.categorical == first.categorical and second.rows == first.rows
+    assert first.rows < len(vocabulary_lines())  # the training lines only, not the test split
+    # Another min count is another cache; a changed file is counted again.
+    cached_vocabulary(CriteoTSV, path, min_count=2, test_fraction=0.25, print_fn=messages.append)
+    assert len(counted) == 2
+    write(tmp_path / "train.txt", vocabulary_lines() + vocabulary_lines()[:3])
+    third = cached_vocabulary(CriteoTSV, path, min_count=1, test_fraction=0.25,
+                              print_fn=messages.append)
+    assert len(counted) == 3 and "the files changed since it was cached" in messages[-2]
+    assert third.rows > first.rows
+
+
+def test_fitted_hash_buckets_are_no_larger_than_the_field_needs(tmp_path):
+    from tfscale.data.vocabulary_cache import fitted_hash_buckets
+
+    vocabulary = CriteoTSV.build_vocabulary(write(tmp_path / "train.txt", vocabulary_lines()))
+    buckets = fitted_hash_buckets(vocabulary, CATEGORICAL, 1000)
+    assert buckets[:3] == (6, 2, 1)  # C1: 3 values, C2: 1, C3: never set (one bucket at least)
+    assert max(buckets) < 1000
+    assert fitted_hash_buckets(vocabulary, CATEGORICAL, 1) == (1,) * len(CATEGORICAL)

@@ -136,6 +136,25 @@ class CheckpointStore:
         self._restored_per_rank = self._read_per_rank(checkpoint_dir)
         return progress
 
+    def restore_latest_weights_only(self):
+        """Restores the model (a store made without an optimizer) from the newest checkpoint,
+        leaving its optimizer and per-rank state unread: for prediction and export, in one
+        process, whatever number of ranks wrote it (the tables are assembled from every rank's
+        rows). Returns its progress dict, or None when there is no checkpoint."""
+        progress = self.latest_progress()
+        if progress is None:
+            return None
+        checkpoint_dir = self._latest_dir()
+        prefix = os.path.join(checkpoint_dir, _STATE_PREFIX)
+        try:
+            # The model's variables come first in the checkpoint, the optimizer's after them.
+            self._other_state().read(prefix).expect_partial().assert_existing_objects_matched()
+        except (tf.errors.OpError, AssertionError, ValueError) as error:
+            raise UserError(f"checkpoint {prefix} does not match the model of its run record "
+                            f"({_first_line(error)})") from error
+        table_checkpoints.restore(self._tables(), checkpoint_dir)
+        return progress
+
     def finish_restore(self):
         """After rank 0's `restore_latest`, on every rank: the other ranks read their rows of
         row-sharded tables (replicated ones come with rank 0's broadcast), and every rank gets

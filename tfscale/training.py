@@ -65,6 +65,13 @@ def build_model_and_optimizer(model, schema):
     model.optimizer.build(model.trainable_variables)
 
 
+def restore_trained_weights(model, checkpoint_dir):
+    """Restores into the built `model` the weights of the newest checkpoint `train` wrote in
+    `checkpoint_dir`, without its optimizer (for prediction and export); returns the
+    checkpoint's progress dict, or None when there is none."""
+    return CheckpointStore(checkpoint_dir, model=model).restore_latest_weights_only()
+
+
 def train(model, source, config, print_fn=print):
     """Trains the compiled `model` on `source` as `config` says and returns a TrainingResult."""
     chief = distributed.is_chief()
@@ -84,6 +91,8 @@ def train(model, source, config, print_fn=print):
     distributed.broadcast_model_and_optimizer(model, local=row_sharding.local_variables(model))
     if restored:
         store.finish_restore()
+    if restored and start_epoch >= config.epochs:  # a finished run: nothing left to train
+        return _finished_result(store, config, print_fn)
 
     writers = _summary_writers(config.logdir) if chief else {}
     steps_per_epoch = source.train_steps_per_epoch(local_batch_size, shard["num_shards"])
@@ -167,9 +176,23 @@ def _starting_position(store, config, print_fn):
         print_fn(f"resume: no checkpoint in {config.checkpoint_dir} yet; starting from scratch")
         return 0, 0, False
     store.restore_latest()
+    if progress["epoch"] >= config.epochs:
+        return progress["epoch"], 0, True
     print_fn(f"resumed from global step {progress['global_step']}: epoch {progress['epoch'] + 1}, "
              f"batch {progress['batches_done']}")
     return progress["epoch"], progress["batches_done"], True
+
+
+def _finished_result(store, config, print_fn):
+    """The TrainingResult of a run whose last checkpoint ends its final epoch, from the test
+    metrics that checkpoint recorded."""
+    progress = store.latest_progress()
+    final = {"epoch": progress["epoch"], "auc": progress.get("test_auc"),
+             "logloss": progress.get("test_logloss")}
+    print_fn(f"the run finished its {config.epochs} epochs at global step "
+             f"{progress['global_step']}; nothing left to do")
+    epochs = [final] if final["auc"] is not None else []
+    return TrainingResult(epochs, progress["global_step"], stopped_early=False)
 
 
 def _silent(line):

@@ -36,9 +36,10 @@ class AvazuFormat(TextFormat):
     label_name = LABEL
     categorical_names = CATEGORICAL_NAMES
     derived_fields = DERIVED_FIELDS
+    derived_from = (HOUR,)
 
-    def layout(self, path, first_line):
-        columns = tuple(name.strip() for name in first_line.split(self.delimiter))
+    def layout(self, path, first_lines):
+        columns = tuple(name.strip() for name in first_lines[0].split(self.delimiter))
         missing = [name for name in (HOUR,) + CATEGORICAL_NAMES if name not in columns]
         if missing:
             raise UserError(

@@ -25,15 +25,20 @@ class CriteoFormat(TextFormat):
     dense_names = DENSE_NAMES
     categorical_names = CATEGORICAL_NAMES
 
-    def layout(self, path, first_line):
-        found = len(first_line.split(self.delimiter))
+    def layout(self, path, first_lines):
+        """Labelled when one of the first lines has 40 fields: a line missing trailing fields
+        (a common export strips empty ones) must not make a labelled file look unlabelled."""
+        found = {len(line.split(self.delimiter)) for line in first_lines}
         for layout in (_LABELLED, _UNLABELLED):
-            if found == layout.num_fields:
+            if layout.num_fields in found:
                 return layout
         raise UserError(
             f"{path} line 1: expected {_LABELLED.num_fields} tab-separated fields "
-            f"({_UNLABELLED.num_fields} in a file without labels), found {found}; "
-            "is this a Criteo TSV file?"
+            f"({_UNLABELLED.num_fields} in a file without labels), found "
+            f"{len(first_lines[0].split(self.delimiter))}"
+            + ("" if len(first_lines) == 1 else
+               f", and none of the first {len(first_lines)} lines has either")
+            + "; is this a Criteo TSV file?"
         )
 
 

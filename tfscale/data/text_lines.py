@@ -2,9 +2,10 @@
 
 Owns: resolving and checking input paths, streaming numbered chunks of lines with tf.data, the
 train/test split and sharding by line number, splitting lines into fields, per-line checks that
-stop with an error naming file and line (or skip and count the bad lines), the dense transforms,
-hashing of categorical strings, and `DelimitedTextSource`, the CTRSource that a data set
-specialises with a `TextFormat` (what its lines look like).
+stop with an error naming file and line (or skip and count the bad lines; lines missing only
+trailing fields read them as missing and are counted), and `DelimitedTextSource`, the CTRSource
+that a data set specialises with a `TextFormat` (what its lines look like). Encoding the parsed
+columns into features is tfscale.data.preprocessing's.
 
 Every step works on whole chunks of lines (vectorised string ops), mapped in parallel and in order,
 so reading is fast and deterministic. The pipelines hold no stateful op (no variable, lookup table
@@ -23,14 +24,17 @@ import numpy as np
 import tensorflow as tf
 
 from tfscale.data import vocabulary as vocabulary_lib
-from tfscale.data.schema import MISSING_ID, FeatureSchema
+from tfscale.data.preprocessing import (  # noqa: F401 (DENSE_TRANSFORMS, log_transform: re-exported)
+    DENSE_TRANSFORMS, Preprocessing, is_present, log_transform)
 from tfscale.data.source import CTRSource
 from tfscale.errors import DATA_ERROR_MARKER, UserError
 
 CHUNK_LINES = 4096  # lines parsed together by one vectorised map call
-DEFAULT_HASH_BUCKETS = 1 << 17  # per categorical field, when there is no vocabulary
 BAD_LINE_POLICIES = ("error", "skip")  # a malformed line stops the run, or is skipped and counted
-DENSE_TRANSFORMS = ("log1p", "minmax")  # of the integer features
+# A line missing only trailing fields: those fields are read as missing (and the line counted),
+# or it is a malformed line like any other.
+SHORT_LINE_POLICIES = ("missing", "error")
+LAYOUT_SAMPLE_LINES = 1000  # a file's layout is told from its header or its first data lines
 _INTEGER_PATTERN = r"[+-]?[0-9]+"
 _SHOWN_VALUE_CHARS = 40  # a bad value is quoted in an error message up to this length
 
@@ -107,10 +111,10 @@ class FileSet:
     def _common_layout(self, text_format):
         layouts = []
         for path in self.paths:
-            lines = read_first_lines(path, self.header_lines + 1)
+            lines = read_first_lines(path, self.header_lines + LAYOUT_SAMPLE_LINES)
             if len(lines) <= self.header_lines:
                 raise UserError(f"{path}: the file has no data lines")
-            layouts.append(text_format.layout(path, lines[0]))
+            layouts.append(text_format.layout(path, lines))
             if layouts[-1] != layouts[0]:
                 raise UserError(f"{path}: its columns differ from those of {self.paths[0]}; "
                                 "files read together must have the same columns")
@@ -223,10 +227,21 @@ class TextFormat:
     dense_names = ()  # integer fields
     categorical_names = ()  # string fields, encoded by hashing or a vocabulary
     derived_fields = ()  # (name, rows) of categorical fields computed from the line, exact ids
+    derived_from = ()  # the columns derived_ids reads
 
-    def layout(self, path, first_line):
-        """The LineLayout of a file from its first line (UserError if it fits no known layout)."""
+    def layout(self, path, first_lines):
+        """The LineLayout of a file from its first lines (the header, if the format has one, then
+        up to LAYOUT_SAMPLE_LINES data lines; UserError if they fit no known layout)."""
         raise NotImplementedError
+
+    def unlabelled(self, layout):
+        """`layout` without the label column (the lines a model is asked to score)."""
+        return LineLayout(tuple(n for n in layout.column_names if n != self.label_name))
+
+    def input_names(self):
+        """The columns the preprocessing reads, in the order a served model takes them."""
+        derived_from = tuple(name for name in self.derived_from if name not in self.dense_names)
+        return tuple(self.dense_names) + derived_from + tuple(self.categorical_names)
 
     def extra_checks(self, fields):
         """Checks beyond field count, label and integers (list of Check)."""
@@ -237,26 +252,51 @@ class TextFormat:
         return tf.zeros([tf.shape(fields.values)[0], 0], tf.int64)
 
 
+@dataclasses.dataclass(frozen=True)
+class LinesOf:
+    """What a LineParser needs to know of the lines it parses: their layout, whether it holds
+    the label, and the names errors give (a FileSet's paths, or e.g. "request" in a served
+    model)."""
+
+    layout: LineLayout
+    has_labels: bool
+    paths: tuple
+
+
 class LineParser:
-    """Turns chunks of lines of one FileSet into raw columns, checking every line.
+    """Turns chunks of lines of one FileSet (or LinesOf) into raw columns, checking every line.
 
     Raw columns: labels float32 [n] (zeros for files without labels), dense float32 [n, D] (the
     integers as read, 0 where missing), dense_present bool [n, D], categorical string [n, C],
-    derived int64 [n, E], and bad_lines, an int64 scalar: the malformed lines dropped. A bad line
-    stops the pipeline with an InvalidArgumentError whose message starts with DATA_ERROR_MARKER
-    and names file and line, unless `skip_bad_lines`.
+    derived int64 [n, E], passthrough string [n, len(passthrough)] (columns handed on unparsed,
+    e.g. Avazu's id), bad_lines, an int64 scalar: the malformed lines dropped, and short_lines,
+    the lines missing trailing fields that were read as missing values. A bad line stops the
+    pipeline with an InvalidArgumentError whose message starts with DATA_ERROR_MARKER and names
+    file and line, unless `skip_bad_lines`. With `on_short_line="missing"` a line holding at least
+    the label and one more field but missing the fields after them reads those as missing (empty);
+    with "error" it is a bad line.
     """
 
-    def __init__(self, text_format, files, skip_bad_lines=False):
+    def __init__(self, text_format, files, skip_bad_lines=False, on_short_line="missing",
+                 passthrough=()):
+        check_short_line_policy(on_short_line)
         self._format = text_format
         self._files = files
         self._paths = tf.constant(files.paths)
         self._skip_bad_lines = skip_bad_lines
-        self._line_pattern = well_formed_line_pattern(text_format, files.layout)
+        self._passthrough = tuple(passthrough)
+        layout = files.layout
+        self._min_fields = layout.num_fields
+        if on_short_line == "missing":
+            labelled = text_format.label_name in layout.column_names
+            self._min_fields = min(layout.num_fields,
+                                   (layout.index(text_format.label_name) + 1 if labelled else 0) + 1)
+        self._line_pattern = well_formed_line_pattern(text_format, layout, self._min_fields)
 
     def __call__(self, file_index, line_numbers, lines):
         layout = self._files.layout
         fields, found, bad = self._checked_fields(lines)
+        short = tf.logical_and(tf.logical_not(bad), found < layout.num_fields)
         if self._skip_bad_lines:
             fields = fields.masked(tf.logical_not(bad))
         else:
@@ -265,6 +305,7 @@ class LineParser:
                 fields = Fields(tf.identity(fields.values), layout)
         raw = self._columns(fields)
         raw["bad_lines"] = tf.reduce_sum(tf.cast(bad, tf.int64))
+        raw["short_lines"] = tf.reduce_sum(tf.cast(short, tf.int64))
         return raw
 
     def bad_lines_mask(self, lines):
@@ -284,12 +325,16 @@ class LineParser:
 
     def _checks(self, fields, found):
         fmt, layout = self._format, self._files.layout
-        expected = layout.num_fields
+        expected, least = layout.num_fields, self._min_fields
+        hint = ("" if least < expected else
+                " (a line missing only trailing fields reads them as missing with "
+                "`on_short_line='missing'`)")
         checks = [Check(
-            tf.not_equal(found, expected),
+            (found > expected) | (found < least),
             lambda row: tf.strings.join([
                 f"expected {expected} {fmt.delimiter_name}-separated fields, found ",
                 tf.strings.as_string(found[row]),
+                tf.where(found[row] < expected, hint, ""),
             ]),
         )]
         if self._files.has_labels:
@@ -347,13 +392,15 @@ class LineParser:
             "dense_present": present,
             "categorical": fields.gather(fmt.categorical_names),
             "derived": fmt.derived_ids(fields),
+            "passthrough": fields.gather(self._passthrough),
         }
 
 
-def well_formed_line_pattern(text_format, layout):
+def well_formed_line_pattern(text_format, layout, min_fields=None):
     """The regex a well-formed line of `layout` matches in full (the same rules as
-    LineParser._checks): exactly its columns, the label 0 or 1, integers empty or
-    _INTEGER_PATTERN, any other field anything but the delimiter."""
+    LineParser._checks): its columns (at least the first `min_fields` of them, default all), the
+    label 0 or 1, integers empty or _INTEGER_PATTERN, any other field anything but the
+    delimiter."""
     delimiter = "\\t" if text_format.delimiter == "\t" else re.escape(text_format.delimiter)
 
     def column(name):
@@ -363,7 +410,12 @@ def well_formed_line_pattern(text_format, layout):
             return f"(?:{_INTEGER_PATTERN})?"
         return f"[^{delimiter}]*"
 
-    return delimiter.join(column(name) for name in layout.column_names)
+    columns = [column(name) for name in layout.column_names]
+    least = len(columns) if min_fields is None else max(1, int(min_fields))
+    pattern = ""
+    for optional in reversed(columns[least:]):  # each trailing column may end the line
+        pattern = f"(?:{delimiter}{optional}{pattern})?"
+    return delimiter.join(columns[:least]) + pattern
 
 
 def split_fields(lines, delimiter, num_fields):
@@ -377,11 +429,6 @@ def split_fields(lines, delimiter, num_fields):
         lambda: split.to_tensor(default_value="", shape=[None, num_fields]),
     )
     return values, found
-
-
-def is_present(strings):
-    """Whether each field has a value (an empty field is a missing value)."""
-    return tf.strings.length(strings) > 0
 
 
 def _raise_invalid_argument(message):
@@ -406,55 +453,7 @@ def parsed_chunks(files, parser, selection, order, chunk_lines, finish=lambda ra
         parse_chunk, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
-# ----------------------------------------------------------------------------- transforms
-
-def log_transform(values, present):
-    """sign(x) * log1p(|x|), so negative integers keep their sign; missing -> 0."""
-    return tf.where(present, tf.sign(values) * tf.math.log1p(tf.abs(values)), 0.0)
-
-
-def min_max_transform(lows, highs):
-    """(x - min) / (max - min) clipped to [0, 1] with min/max per field from the vocabulary pass;
-    missing, or a field whose min equals its max, -> 0."""
-    lows = tf.constant(lows, tf.float32)
-    spans = tf.constant(highs, tf.float32) - lows
-
-    def transform(values, present):
-        scaled = tf.math.divide_no_nan(values - lows, spans)
-        return tf.where(present, tf.clip_by_value(scaled, 0.0, 1.0), 0.0)
-
-    return transform
-
-
-class HashingEncoder:
-    """Categorical strings -> ids by hashing: row 0 = missing (empty), rows 1..buckets[f] hold the
-    hash buckets of field f (tf.strings.to_hash_bucket_fast, stable across runs)."""
-
-    def __init__(self, buckets):
-        self.buckets = tuple(int(b) for b in buckets)
-        self.sizes = tuple(b + 1 for b in self.buckets)
-        self._buckets = tf.constant(self.buckets, tf.int64)
-
-    def encode(self, strings):
-        hashed = tf.strings.to_hash_bucket_fast(strings, (1 << 63) - 1)
-        return tf.where(is_present(strings), hashed % self._buckets + 1,
-                        tf.constant(MISSING_ID, tf.int64))
-
-    def describe(self):
-        sizes = sorted(set(self.buckets))
-        return f"hashing into {sizes[0] if len(sizes) == 1 else sizes} buckets per field"
-
-
-def hash_buckets_per_field(hash_buckets, names):
-    """A single bucket count or one per field, as a tuple per field (UserError if malformed)."""
-    buckets = [hash_buckets] * len(names) if np.ndim(hash_buckets) == 0 else list(hash_buckets)
-    if len(buckets) != len(names):
-        raise UserError(f"hash_buckets has {len(buckets)} entries for {len(names)} categorical "
-                        "fields; give one number or one per field")
-    if any(int(b) < 1 for b in buckets):
-        raise UserError(f"hash_buckets must be at least 1, got {buckets}")
-    return tuple(int(b) for b in buckets)
-
+# ----------------------------------------------------------------------------- shuffling
 
 def shuffle_seed(seed, epoch):
     """The shuffle seed of one epoch: a fixed function of (seed, epoch), any integers."""
@@ -490,8 +489,9 @@ class DelimitedTextSource(CTRSource):
       vocabulary: a Vocabulary or the path of one saved by `launch.build_vocab`; categorical
         strings are then looked up (row 0 missing, row 1 out of vocabulary, then its values).
       hash_buckets: without a vocabulary, hash each categorical field into this many buckets
-        (one int, or one per field; default DEFAULT_HASH_BUCKETS); ids 1..buckets, 0 = missing.
-        Ignored when there is a vocabulary.
+        (one int, or one per field; default preprocessing.DEFAULT_HASH_BUCKETS); ids
+        1..buckets, 0 = missing. Ignored when there is a vocabulary. (vocabulary, hash_buckets
+        and dense_transform make the source's `preprocessing`, a data.preprocessing.Preprocessing.)
       dense_transform: "log1p" (sign(x) * log1p(|x|)) or "minmax" (needs a vocabulary, which
         records each field's min and max); missing integers are 0 either way.
       shuffle_buffer: 0 reads the train split in file order; otherwise the file order is shuffled
@@ -499,6 +499,9 @@ class DelimitedTextSource(CTRSource):
         both by a seed derived from (seed, epoch), so each epoch is deterministic.
       on_bad_line: "error" stops at the first malformed line with a data error naming file and
         line; "skip" drops malformed lines and counts them (see bad_line_count).
+      on_short_line: "missing" reads the missing trailing fields of a line that holds at least
+        the label and one more field as missing values, counting such lines (see
+        short_line_count); "error" treats such a line as malformed.
       chunk_lines: lines parsed together by one vectorised step.
     """
 
@@ -506,9 +509,10 @@ class DelimitedTextSource(CTRSource):
 
     def __init__(self, train_paths, test_paths=None, *, test_fraction=0.1, vocabulary=None,
                  hash_buckets=None, dense_transform="log1p", shuffle_buffer=0, seed=0,
-                 on_bad_line="error", chunk_lines=CHUNK_LINES):
+                 on_bad_line="error", on_short_line="missing", chunk_lines=CHUNK_LINES):
         fmt = self.FORMAT
         _check_bad_line_policy(on_bad_line)
+        check_short_line_policy(on_short_line)
         self._train = FileSet(fmt, train_paths)
         if not self._train.has_labels:
             raise UserError(f"{self._train.paths[0]}: training files need the "
@@ -518,49 +522,21 @@ class DelimitedTextSource(CTRSource):
             raise UserError(f"test_fraction must be in [0, 1), got {test_fraction}")
         self._test_fraction = None if self._test is not None else float(test_fraction)
         self._skip_bad_lines = on_bad_line == "skip"
+        self.on_short_line = on_short_line
         self._shuffle_buffer = int(shuffle_buffer)
         self._seed = int(seed)
         self._chunk_lines = int(chunk_lines)
-        self._bad_line_counts = {}  # (FileSet, LineSelection) read in skip mode -> count or None
+        # (FileSet, LineSelection) read with lines to count -> (bad, short) lines or None
+        self._line_counts = {}
         self._train_rows_per_shard = {}  # num_shards -> train rows per shard
-        self._vocabulary = self._load_vocabulary(vocabulary)
-        self._encoder = self._categorical_encoder(hash_buckets)
-        self._dense_transform = self._dense_transform_of(dense_transform)
-        self._dense_transform_name = dense_transform
-        self.schema = FeatureSchema(
-            dense_names=tuple(fmt.dense_names),
-            categorical_names=tuple(fmt.categorical_names) + tuple(
-                name for name, _ in fmt.derived_fields),
-            vocabulary_sizes=self._encoder.sizes + tuple(rows for _, rows in fmt.derived_fields),
-        )
+        self.preprocessing = Preprocessing(fmt, vocabulary=vocabulary, hash_buckets=hash_buckets,
+                                           dense_transform=dense_transform)
+        self.schema = self.preprocessing.schema
 
-    # -- construction helpers
-
-    def _load_vocabulary(self, vocabulary):
-        if vocabulary is None:
-            return None
-        if not isinstance(vocabulary, vocabulary_lib.Vocabulary):
-            vocabulary = vocabulary_lib.Vocabulary.load(vocabulary)
-        vocabulary.check_fits(self.FORMAT.name, self.FORMAT.categorical_names,
-                              self.FORMAT.dense_names)
-        return vocabulary
-
-    def _categorical_encoder(self, hash_buckets):
-        names = self.FORMAT.categorical_names
-        if self._vocabulary is not None:
-            return self._vocabulary.encoder(names)
-        buckets = DEFAULT_HASH_BUCKETS if hash_buckets is None else hash_buckets
-        return HashingEncoder(hash_buckets_per_field(buckets, names))
-
-    def _dense_transform_of(self, name):
-        if name == "log1p":
-            return log_transform
-        if name == "minmax":
-            if self._vocabulary is None:
-                raise UserError("dense_transform='minmax' needs a vocabulary (it records each "
-                                "integer field's min and max)")
-            return min_max_transform(*self._vocabulary.dense_bounds(self.FORMAT.dense_names))
-        raise UserError(f"`dense_transform={name!r}`: give one of {', '.join(DENSE_TRANSFORMS)}")
+    @property
+    def train_layout(self):
+        """The LineLayout of the training files."""
+        return self._train.layout
 
     # -- CTRSource
 
@@ -600,7 +576,8 @@ class DelimitedTextSource(CTRSource):
         """Rows per shard of the train split, as an int64 array [num_shards]."""
         selection = LineSelection(self._test_fraction, False, 0, 1)
         order = np.arange(len(self._train.paths))
-        parser = LineParser(self.FORMAT, self._train, skip_bad_lines=True)
+        parser = LineParser(self.FORMAT, self._train, skip_bad_lines=True,
+                            on_short_line=self.on_short_line)
 
         def count_chunk(file_index, first_line, lines):
             numbers = first_line + tf.range(tf.size(lines, out_type=tf.int64))
@@ -621,60 +598,77 @@ class DelimitedTextSource(CTRSource):
         counted once however many epochs read it. The pipelines cannot count (a counter is a
         stateful op, see the module doc), so the first call after a new split or shard was read
         counts its bad lines in a pass of its own; counts are cached."""
-        for (files, selection), count in self._bad_line_counts.items():
-            if count is None:
-                self._bad_line_counts[files, selection] = self._count_bad_lines(files, selection)
-        return sum(self._bad_line_counts.values())
+        return self._line_count(0)
+
+    def short_line_count(self):
+        """Lines missing trailing fields that were read as missing values (on_short_line=
+        "missing") among the lines this process has read, counted as bad_line_count is."""
+        return self._line_count(1)
+
+    def _line_count(self, which):
+        for (files, selection), counts in self._line_counts.items():
+            if counts is None:
+                self._line_counts[files, selection] = self._count_lines(files, selection)
+        return sum(counts[which] for counts in self._line_counts.values())
 
     def describe(self):
         test = (self._test.describe() if self._test
                 else f"{self._test_fraction:g} of the train lines by line hash")
-        encoding = (self._vocabulary.describe() if self._vocabulary
-                    else self._encoder.describe())
-        dense = f"integers {self._dense_transform_name}; " if self.FORMAT.dense_names else ""
         return (f"{type(self).__name__}: train {self._train.describe()}, test {test}; "
-                f"categorical {encoding}; {dense}on bad lines: "
-                f"{'skip' if self._skip_bad_lines else 'error'}")
+                f"{self.preprocessing.describe()}; on bad lines: "
+                f"{'skip' if self._skip_bad_lines else 'error'}, on short lines: "
+                f"{self.on_short_line}")
 
     # -- pipeline
 
     def _rows(self, files, selection, order):
         """Batches of variable size (one per chunk) of the selected lines, as (features, labels)."""
-        if self._skip_bad_lines:
-            self._bad_line_counts.setdefault((files, selection), None)
-        parser = LineParser(self.FORMAT, files, self._skip_bad_lines)
+        if self._skip_bad_lines or self.on_short_line == "missing":
+            self._line_counts.setdefault((files, selection), None)
+        parser = LineParser(self.FORMAT, files, self._skip_bad_lines, self.on_short_line)
         return parsed_chunks(files, parser, selection, order, self._chunk_lines, self._features)
 
     def _features(self, raw):
-        categorical = tf.concat([self._encoder.encode(raw["categorical"]), raw["derived"]], axis=1)
-        features = {
-            "dense": self._dense_transform(raw["dense"], raw["dense_present"]),
-            "categorical": categorical,
-        }
-        return features, tf.expand_dims(raw["labels"], 1)
+        return self.preprocessing.features(raw), tf.expand_dims(raw["labels"], 1)
 
-    def _count_bad_lines(self, files, selection):
-        parser = LineParser(self.FORMAT, files, skip_bad_lines=True)
+    def _count_lines(self, files, selection):
+        """(bad lines, short lines) of one split, in a pass of its own."""
+        parser = LineParser(self.FORMAT, files, skip_bad_lines=True,
+                            on_short_line=self.on_short_line)
         counts = parsed_chunks(files, parser, selection, np.arange(len(files.paths)),
-                               self._chunk_lines, lambda raw: raw["bad_lines"])
-        return int(counts.reduce(np.int64(0), tf.add))
+                               self._chunk_lines,
+                               lambda raw: tf.stack([raw["bad_lines"], raw["short_lines"]]))
+        bad, short = counts.reduce(tf.zeros([2], tf.int64), tf.add).numpy()
+        return int(bad) if self._skip_bad_lines else 0, int(short)
 
     # -- vocabulary
 
     @classmethod
     def build_vocabulary(cls, paths, *, min_count=1, on_bad_line="error",
-                         chunk_lines=4 * CHUNK_LINES):
-        """Count categorical values and integer ranges in one streaming pass over `paths`."""
+                         on_short_line="missing", test_fraction=None,
+                         chunk_lines=4 * CHUNK_LINES, progress=None):
+        """Count categorical values and integer ranges in one streaming pass over `paths` (only
+        the train side of the `test_fraction` split when given, as DelimitedTextSource splits
+        them); `progress(lines counted)` is called now and then."""
         _check_bad_line_policy(on_bad_line)
+        check_short_line_policy(on_short_line)
         files = FileSet(cls.FORMAT, paths)
-        parser = LineParser(cls.FORMAT, files, skip_bad_lines=on_bad_line == "skip")
-        raw = parsed_chunks(files, parser, LineSelection(), np.arange(len(files.paths)),
-                            chunk_lines)
+        parser = LineParser(cls.FORMAT, files, skip_bad_lines=on_bad_line == "skip",
+                            on_short_line=on_short_line)
+        raw = parsed_chunks(files, parser, LineSelection(test_fraction),
+                            np.arange(len(files.paths)), chunk_lines)
         return vocabulary_lib.count_vocabulary(
             raw, format_name=cls.FORMAT.name, categorical_names=cls.FORMAT.categorical_names,
-            dense_names=cls.FORMAT.dense_names, min_count=min_count)
+            dense_names=cls.FORMAT.dense_names, min_count=min_count, progress=progress)
 
 
 def _check_bad_line_policy(on_bad_line):
     if on_bad_line not in BAD_LINE_POLICIES:
         raise UserError(f"`on_bad_line={on_bad_line!r}`: give one of {', '.join(BAD_LINE_POLICIES)}")
+
+
+def check_short_line_policy(on_short_line):
+    """UserError unless `on_short_line` is one of SHORT_LINE_POLICIES."""
+    if on_short_line not in SHORT_LINE_POLICIES:
+        raise UserError(f"`on_short_line={on_short_line!r}`: give one of "
+                        f"{', '.join(SHORT_LINE_POLICIES)}")

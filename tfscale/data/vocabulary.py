@@ -10,6 +10,7 @@ import collections
 import dataclasses
 import json
 import os
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -29,6 +30,8 @@ class Vocabulary:
 
     categorical: field -> list of (value, count), in id order from FIRST_VALUE_ID.
     dense_ranges: field -> (min, max) of the values present, or None if the field was always empty.
+    distinct: field -> distinct values counted (before the min count), when known.
+    sources: what the counted files were (tfscale.data.vocabulary_cache), when it is a cache.
     """
 
     format_name: str
@@ -37,6 +40,8 @@ class Vocabulary:
     categorical: dict
     dense_ranges: dict
     bad_lines_skipped: int = 0
+    distinct: dict = None
+    sources: dict = None
     path: str = dataclasses.field(default=None, compare=False)  # loaded from / saved to
 
     def size(self, name):
@@ -75,6 +80,10 @@ class Vocabulary:
         header = {"kind": _FILE_KIND, "version": _FILE_VERSION, "format": self.format_name,
                   "min_count": self.min_count, "rows": self.rows,
                   "bad_lines_skipped": self.bad_lines_skipped}
+        if self.distinct is not None:
+            header["distinct"] = self.distinct
+        if self.sources is not None:
+            header["sources"] = self.sources
         dense_ranges = {name: None if r is None else [float(r[0]), float(r[1])]
                         for name, r in self.dense_ranges.items()}
         categorical = {name: [[value, count] for value, count in entries]
@@ -121,7 +130,8 @@ class Vocabulary:
                         for name, r in data["dense_ranges"].items()}
         return cls(format_name=str(data["format"]), min_count=int(data["min_count"]),
                    rows=int(data["rows"]), categorical=categorical, dense_ranges=dense_ranges,
-                   bad_lines_skipped=int(data.get("bad_lines_skipped", 0)), path=path)
+                   bad_lines_skipped=int(data.get("bad_lines_skipped", 0)),
+                   distinct=data.get("distinct"), sources=data.get("sources"), path=path)
 
 
 def _json_lines(mapping):
@@ -192,16 +202,19 @@ def _summarise_chunk(raw):
     }
 
 
-def count_vocabulary(raw_chunks, *, format_name, categorical_names, dense_names, min_count):
+def count_vocabulary(raw_chunks, *, format_name, categorical_names, dense_names, min_count,
+                     progress=None, progress_every_seconds=5.0):
     """A Vocabulary from one pass over `raw_chunks` (a tf.data.Dataset of the raw columns of a
     LineParser): values seen at least `min_count` times, integer min/max per field, the rows
-    counted and the malformed lines skipped."""
+    counted, the distinct values per field and the malformed lines skipped. `progress(rows)` is
+    called every `progress_every_seconds` while counting."""
     if int(min_count) < 1:
         raise UserError(f"min_count must be at least 1, got {min_count}")
     totals = [collections.defaultdict(int) for _ in categorical_names]
     lows = np.full(len(dense_names), np.inf)
     highs = np.full(len(dense_names), -np.inf)
     rows = bad_lines = 0
+    last_report = time.monotonic()
     summaries = raw_chunks.map(_summarise_chunk, num_parallel_calls=tf.data.AUTOTUNE,
                                deterministic=True).prefetch(tf.data.AUTOTUNE)
     for summary in summaries.as_numpy_iterator():
@@ -212,13 +225,17 @@ def count_vocabulary(raw_chunks, *, format_name, categorical_names, dense_names,
         highs = np.maximum(highs, summary["highs"])
         rows += int(summary["rows"])
         bad_lines += int(summary["bad_lines"])
+        if progress is not None and time.monotonic() - last_report >= progress_every_seconds:
+            progress(rows)
+            last_report = time.monotonic()
     categorical = {name: _kept_values(total, min_count)
                    for name, total in zip(categorical_names, totals)}
     dense_ranges = {name: None if low > high else (float(low), float(high))
                     for name, low, high in zip(dense_names, lows, highs)}
     return Vocabulary(format_name=format_name, min_count=int(min_count), rows=rows,
                       categorical=categorical, dense_ranges=dense_ranges,
-                      bad_lines_skipped=bad_lines)
+                      bad_lines_skipped=bad_lines,
+                      distinct={name: len(total) for name, total in zip(categorical_names, totals)})
 
 
 def _kept_values(total, min_count):
