@@ -3,7 +3,7 @@ file in order, `launch.export` writes a SavedModel whose graph holds the preproc
 SavedModel, loaded by TensorFlow alone in a fresh process where tfscale cannot be imported,
 gives the probabilities of the trained model (launch.predict's) on the same lines, through both
 signatures. Hashed and vocabulary models, DeepFM and DCN-v2, float32 and mixed_bfloat16, one
-process and two Horovod ranks; Criteo and Avazu."""
+process and two Horovod ranks (replicated and row-sharded tables); Criteo and Avazu."""
 
 import csv
 import os
@@ -133,19 +133,22 @@ def criteo(tmp_path_factory):
     return criteo_files(tmp_path_factory.mktemp("criteo"))
 
 
-@pytest.mark.parametrize("encoding, model, precision, ranks", [
-    ("hash", "deepfm", "float32", 1),
-    ("vocabulary", "dcn_v2", "mixed_bfloat16", 1),
-    ("hash", "dcn_v2", "float32", 1),
-    ("vocabulary", "deepfm", "mixed_bfloat16", 1),
-    ("vocabulary", "deepfm", "float32", 2),
+@pytest.mark.parametrize("encoding, model, precision, ranks, sharding", [
+    ("hash", "deepfm", "float32", 1, "replicated"),
+    ("vocabulary", "dcn_v2", "mixed_bfloat16", 1, "replicated"),
+    ("hash", "dcn_v2", "float32", 1, "replicated"),
+    ("vocabulary", "deepfm", "mixed_bfloat16", 1, "replicated"),
+    ("vocabulary", "deepfm", "float32", 2, "replicated"),
+    # each rank wrote its own rows; predict and export read them all in one process
+    ("vocabulary", "deepfm", "float32", 2, "row"),
 ])
 def test_saved_model_scores_as_the_trained_model(tmp_path, criteo, encoding, model, precision,
-                                                  ranks):
+                                                  ranks, sharding):
     labelled, unlabelled = criteo
     checkpoint_dir = train(tmp_path, "run", ["--data=criteo", f"--train_path={labelled}"],
                            f"--categorical_encoding={encoding}", f"--model={model}",
-                           f"--precision={precision}", ranks=ranks)
+                           f"--precision={precision}", f"--embedding_sharding={sharding}",
+                           ranks=ranks)
     # The trained model, restored by launch.predict, on the unlabelled file.
     predicted = run_module("launch.predict", f"--checkpoint_dir={checkpoint_dir}",
                            f"--input={unlabelled}", f"--output={tmp_path}/p.csv",
