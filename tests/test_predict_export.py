@@ -71,13 +71,12 @@ def read_predictions(path):
 
 LOAD_SCRIPT = textwrap.dedent("""
     import json, sys
+    # tfscale (installed in this environment) and the repository's packages cannot be imported
+    # here: loading needs TensorFlow alone.
+    for blocked in ("tfscale", "models", "launch"):
+        sys.modules[blocked] = None
     import numpy as np
     import tensorflow as tf
-    try:
-        import tfscale
-        raise SystemExit("tfscale is importable: " + tfscale.__file__)
-    except ImportError:
-        pass
     saved_model, lines_path, delimiter, header_lines, out = sys.argv[1:]
     loaded = tf.saved_model.load(saved_model)
     lines = open(lines_path).read().splitlines()[int(header_lines):]
@@ -94,7 +93,8 @@ LOAD_SCRIPT = textwrap.dedent("""
 
 
 def load_in_fresh_process(tmp_path, saved_model, lines_path, delimiter="\\t", header_lines=0):
-    """Runs LOAD_SCRIPT with TensorFlow only: outside the checkout, no PYTHONPATH, isolated."""
+    """Runs LOAD_SCRIPT with TensorFlow only: outside the checkout, no PYTHONPATH, isolated,
+    tfscale's packages blocked."""
     script = tmp_path / "load_saved_model.py"
     script.write_text(LOAD_SCRIPT)
     out = tmp_path / "loaded"

@@ -1,14 +1,16 @@
 """Exact evaluation of a model over a whole (test) split: every prediction is kept, so AUC and
-log loss are exact rather than bucketed. Under Horovod each rank predicts its own shard of the split and the
-predictions and labels of all ranks are gathered, so the AUC is the union's (not a mean of
-per-rank AUCs)."""
+log loss are exact rather than bucketed. Under Horovod each rank predicts its own shard of the
+split and the predictions and labels of all ranks are gathered, so the AUC is the union's (not a
+mean of per-rank AUCs). A model with row-sharded tables looks rows up from the other ranks in
+its forward pass, so there every rank runs as many passes: one whose shard has ended passes
+empty batches until every rank's has."""
 
 import weakref
 
 import numpy as np
 import tensorflow as tf
 
-from tfscale import distributed, metrics
+from tfscale import distributed, metrics, row_sharding
 
 _PREDICT_STEPS = weakref.WeakKeyDictionary()  # model -> its compiled prediction step
 
@@ -23,7 +25,7 @@ def predict_with_labels(model, dataset):
                                             reduce_retracing=True, autograph=False)
     predict_step = _PREDICT_STEPS[model]
     labels, predictions = [np.zeros([0])], [np.zeros([0])]
-    for features, batch_labels in dataset:
+    for features, batch_labels in _in_step_with_other_ranks(model, dataset):
         predictions.append(tf.cast(predict_step(features), tf.float64).numpy().reshape(-1))
         labels.append(batch_labels.numpy().astype(np.float64).reshape(-1))
     # Gathered before the emptiness check: a rank with an empty shard must still take part.
@@ -33,6 +35,23 @@ def predict_with_labels(model, dataset):
     if not labels.size:
         raise ValueError("the evaluation split is empty")
     return labels, predictions
+
+
+def _in_step_with_other_ranks(model, dataset):
+    """`dataset`'s batches; for a row-sharded model under Horovod, followed by empty batches
+    until no rank has any left."""
+    if not (distributed.is_active()
+            and any(row_sharding.shard_of(v) is not None for v in model.variables)):
+        yield from dataset
+        return
+    empty = tf.nest.map_structure(lambda spec: tf.zeros([0, *spec.shape[1:]], spec.dtype),
+                                  dataset.element_spec)
+    batches = iter(dataset)
+    while True:
+        batch = next(batches, None)
+        if not distributed.any_rank(batch is not None, name="tfscale_eval_batches_left"):
+            return
+        yield empty if batch is None else batch
 
 
 def evaluate_exact(model, dataset):

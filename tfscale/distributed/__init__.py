@@ -13,14 +13,16 @@ How a train step uses these collectives is an exchange's business (tfscale.excha
 A single-process run never imports Horovod: every entry point checks `runtime.is_active()`
 first."""
 
-from tfscale.distributed.broadcast import broadcast_from_chief, broadcast_model_and_optimizer
+from tfscale.distributed.broadcast import (any_rank, barrier, broadcast_from_chief,
+                                           broadcast_model_and_optimizer)
 from tfscale.distributed.gather import allgather_array
 from tfscale.distributed.runtime import (COMPRESSIONS, gradient_compression_name, init,
                                          is_active, is_chief, launched_by_horovodrun, rank, size)
 from tfscale.distributed.batch_split import data_shard, local_batch_size
 from tfscale.distributed.topk import SparseSum, gtopk_allreduce, topk_allgather
 
-__all__ = ["COMPRESSIONS", "SparseSum", "allgather_array", "broadcast_from_chief",
+__all__ = ["COMPRESSIONS", "SparseSum", "allgather_array", "any_rank", "barrier",
+           "broadcast_from_chief",
            "broadcast_model_and_optimizer", "data_shard", "gradient_compression_name",
            "gtopk_allreduce", "init", "is_active", "is_chief", "launched_by_horovodrun",
            "local_batch_size", "rank", "size", "topk_allgather"]

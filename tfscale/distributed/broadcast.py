@@ -1,6 +1,7 @@
 """Rank 0's state to every rank: the model's and optimizer's variables (once built, and
 restored when resuming), so all ranks start from the same weights, and small Python values such
-as the position a resumed run starts from; and a barrier."""
+as the position a resumed run starts from; and two small agreements: a barrier, and whether any
+rank says yes."""
 
 import tensorflow as tf
 
@@ -49,3 +50,11 @@ def barrier(name):
     hvd = runtime.horovod()
     if hvd is not None:
         hvd.allreduce(tf.constant(0.0), name=name)
+
+
+def any_rank(flag, name):
+    """Whether `flag` is true on at least one rank (`flag` itself outside Horovod)."""
+    hvd = runtime.horovod()
+    if hvd is None:
+        return bool(flag)
+    return float(hvd.allreduce(tf.constant(float(flag)), op=hvd.Max, name=name)) > 0
