@@ -1,6 +1,8 @@
 """Memory per rank of replicated against row-sharded embedding tables (tfscale.row_sharding):
-DeepFM on the synthetic data at Criteo's full cardinalities (--vocabulary_scale=1, 33.8M ids),
-FusedAdam, a few training steps at a global batch of 8,192:
+DeepFM over the synthetic data's schema at Criteo's full cardinalities (--vocabulary_scale=1,
+33.8M ids), FusedAdam, a few training steps at a global batch of 8,192 on batches of uniformly
+drawn ids (the synthetic generator's planted teacher holds several GB per process at this
+scale, which would hide the tables; a table's memory does not depend on which ids are drawn):
 
     python -m benchmarks.sharding_memory --sharding=replicated                  # P = 1
     horovodrun -np P -H localhost:P --gloo python -m benchmarks.sharding_memory --sharding=row
@@ -26,7 +28,8 @@ from absl import app, flags  # noqa: E402
 import models  # noqa: E402
 from benchmarks.timing import machine_description  # noqa: E402
 from tfscale import distributed, table_checkpoints  # noqa: E402
-from tfscale.data.synthetic import SyntheticCTR  # noqa: E402
+from tfscale.data.schema import FeatureSchema  # noqa: E402
+from tfscale.data.synthetic import scaled_cardinalities  # noqa: E402
 from tfscale.optimizers import FusedAdam  # noqa: E402
 from tfscale.training import build_model_and_optimizer  # noqa: E402
 
@@ -43,26 +46,29 @@ flags.DEFINE_bool("report", False, "Only print the table of --results.")
 def measure():
     """This rank's measurements after FLAGS.steps training steps."""
     ranks, rank = distributed.size(), distributed.rank()
-    source = SyntheticCTR(seed=0, train_rows=FLAGS.batch_size * FLAGS.steps, test_rows=1024,
-                          vocabulary_scale=FLAGS.vocabulary_scale)
+    sizes = tuple(c + 1 for c in scaled_cardinalities(FLAGS.vocabulary_scale))
+    schema = FeatureSchema(tuple(f"I{j}" for j in range(13)),
+                           tuple(f"C{f}" for f in range(len(sizes))), sizes)
     keras.utils.set_random_seed(0)
     started = time.perf_counter()
-    model = models.build_model("deepfm", source.schema, embedding_dim=FLAGS.embedding_dim,
+    model = models.build_model("deepfm", schema, embedding_dim=FLAGS.embedding_dim,
                                embedding_sharding=FLAGS.sharding)
     model.compile(optimizer=FusedAdam(1e-3), loss="binary_crossentropy")
-    build_model_and_optimizer(model, source.schema)
+    build_model_and_optimizer(model, schema)
     build_seconds = time.perf_counter() - started
     local = FLAGS.batch_size // ranks
+    rng = np.random.default_rng(rank)
     step_seconds = []
-    for features, labels in source.train_batches(FLAGS.batch_size).take(FLAGS.steps):
-        features = {k: v[rank * local:(rank + 1) * local] for k, v in features.items()}
+    for _ in range(FLAGS.steps):
+        features = {"dense": rng.normal(size=(local, 13)).astype(np.float32),
+                    "categorical": np.stack([rng.integers(0, n, local) for n in sizes], axis=1)}
         started = time.perf_counter()
-        model.train_on_batch(features, labels[rank * local:(rank + 1) * local])
+        model.train_on_batch(features, rng.integers(0, 2, (local, 1)).astype(np.float32))
         step_seconds.append(time.perf_counter() - started)
     held = table_checkpoints.table_variables(model, model.optimizer)
     return {
         "sharding": FLAGS.sharding, "ranks": ranks, "rank": rank,
-        "embedding_dim": FLAGS.embedding_dim, "ids": int(sum(source.schema.vocabulary_sizes)),
+        "embedding_dim": FLAGS.embedding_dim, "ids": int(sum(sizes)),
         "ids_held": int(max(entry.variable.shape[0] for entry in held)),
         "table_and_slot_bytes": int(sum(np.prod(e.variable.shape) * 4 for e in held)),
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
