@@ -15,7 +15,7 @@ import models
 from tests.horovod_launch import horovodrun, python
 from tests.multiworker import sharded_steps
 from tests.test_distributed import load_state
-from tests.test_launcher import checkpoint_values
+from tests.test_launcher import checkpoint_values, train_scalars
 from tfscale import exchanges, row_sharding
 from tfscale.data.synthetic import SyntheticCTR
 from tfscale.embeddings import FieldEmbedding
@@ -163,10 +163,16 @@ SHARDED_RUN = ["-m", "launch.train", "--embedding_sharding=row", "--train_rows=7
 
 
 def test_sharded_launcher_run_resumes_bitwise_and_continues_on_fewer_ranks(tmp_path):
-    whole = horovodrun(2, [*SHARDED_RUN, f"--checkpoint_dir={tmp_path}/whole"])
+    whole = horovodrun(2, [*SHARDED_RUN, f"--checkpoint_dir={tmp_path}/whole",
+                           f"--logdir={tmp_path}/logs"])
     assert whole.returncode == 0, whole.stdout
     assert re.search(r"tables row-sharded over 2 ranks: 187,200 rows, [0-9,]+ MB with "
                      r"optimizer state per rank", whole.stdout), whole.stdout
+    scalars = train_scalars(f"{tmp_path}/logs")
+    # Rank 0's 93,600 rows of the deep (10 wide) and the wide table, float32.
+    assert scalars["sharding/table_bytes"] == 93_600 * 11 * 4, scalars
+    for name in ("alltoall_bytes_sent", "alltoall_bytes_received", "lookup_seconds"):
+        assert scalars[f"sharding/{name}"] > 0, scalars
     first = horovodrun(2, [*SHARDED_RUN, f"--checkpoint_dir={tmp_path}/split",
                            "--stop_after_steps=15"])
     assert first.returncode == 0, first.stdout
