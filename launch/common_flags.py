@@ -8,7 +8,8 @@ from absl import flags
 
 import models
 from tfscale.data import FILE_FORMATS
-from tfscale.data.text_lines import BAD_LINE_POLICIES, DENSE_TRANSFORMS, SHORT_LINE_POLICIES
+from tfscale.data.preprocessing import DENSE_TRANSFORMS
+from tfscale.data.text_lines import BAD_LINE_POLICIES, SHORT_LINE_POLICIES
 
 FLAGS = flags.FLAGS
 

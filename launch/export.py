@@ -10,13 +10,12 @@ missing; Avazu's columns) and `score_lines` raw lines in the training file's for
 without the label; both return {"probability": float32 [n]}. Loading needs TensorFlow only.
 Bad input ends with a one-paragraph error and exit status 2."""
 
-import sys
 
 from launch import quiet_tf  # noqa: F401  (first: TF's C++ log level is read when TF is imported)
 
 from absl import app, flags, logging  # noqa: E402
 
-from launch.user_errors import run_reporting_user_errors  # noqa: E402
+from launch.user_errors import absl_main  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -48,11 +47,5 @@ def run():
           flush=True)
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    sys.exit(run_reporting_user_errors(run))
-
-
 if __name__ == "__main__":
-    app.run(main)
+    app.run(absl_main(run))

@@ -17,7 +17,7 @@ from launch import quiet_tf  # noqa: F401  (first: TF's C++ log level is read wh
 
 from absl import app, flags, logging  # noqa: E402
 
-from launch.user_errors import run_reporting_user_errors  # noqa: E402
+from launch.user_errors import absl_main  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -85,11 +85,5 @@ def write_csv(predictions, stream):
     return lines, (np.concatenate(labels), np.concatenate(probabilities))
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    sys.exit(run_reporting_user_errors(run))
-
-
 if __name__ == "__main__":
-    app.run(main)
+    app.run(absl_main(run))

@@ -6,7 +6,6 @@ launch.train` it trains data-parallel on P ranks (--batch_size stays the global 
 prints, logs and checkpoints. Bad input (a file, a line in it, a flag) ends with a one-paragraph
 error and a non-zero exit status, never a traceback."""
 
-import sys
 
 from launch import quiet_tf  # noqa: F401  (first: TF's C++ log level is read when TF is imported)
 
@@ -14,7 +13,7 @@ from absl import app, flags, logging  # noqa: E402
 
 from launch import (common_flags, distributed_flags, hybrid_flags,  # noqa: E402
                     optimization_flags, precision_flags, run_record)
-from launch.user_errors import run_reporting_user_errors  # noqa: E402
+from launch.user_errors import absl_main  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -79,11 +78,5 @@ def run():
         common_flags.report(result, source, logdir, checkpoint_dir)
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    sys.exit(run_reporting_user_errors(run))
-
-
 if __name__ == "__main__":
-    app.run(main)
+    app.run(absl_main(run))

@@ -6,6 +6,8 @@ them."""
 import re
 import sys
 
+from absl import app
+
 # Library argument -> the launcher flag that sets it.
 ARGUMENT_FLAGS = {
     "batch_size": "batch_size",
@@ -61,3 +63,15 @@ def run_reporting_user_errors(run):
 def _print_user_error(error):
     print(f"error: {in_flag_terms(str(error))}", file=sys.stderr, flush=True)
     return 2
+
+
+def absl_main(run):
+    """The `main(argv)` for `absl.app.run` of an entry point whose work is `run()`: no
+    positional arguments, the process's exit status from run_reporting_user_errors."""
+
+    def main(argv):
+        if len(argv) > 1:
+            raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+        sys.exit(run_reporting_user_errors(run))
+
+    return main

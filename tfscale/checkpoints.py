@@ -117,23 +117,13 @@ class CheckpointStore:
                             "another `checkpoint_dir`") from error
 
     def restore_latest(self):
-        """Restores the tracked objects from the newest checkpoint and returns its progress dict,
-        or returns None (restoring nothing) when the directory holds no checkpoint. The objects
+        """Restores the model and optimizer from the newest checkpoint and returns its progress
+        dict, or returns None (restoring nothing) when the directory holds no checkpoint. Both
         must already be built (model called once, optimizer built) so every value has a home."""
         progress = self.latest_progress()
-        if progress is None:
-            return None
-        checkpoint_dir = self._latest_dir()
-        prefix = os.path.join(checkpoint_dir, _STATE_PREFIX)
-        try:
-            self._other_state().read(prefix).assert_consumed()
-        except (tf.errors.OpError, AssertionError, ValueError) as error:
-            raise UserError(
-                f"checkpoint {prefix} does not match this model and optimizer ({_first_line(error)}); "
-                "resume with the model, data schema and optimizer it was written with"
-            ) from error
-        table_checkpoints.restore(self._tables(), checkpoint_dir)
-        self._restored_per_rank = self._read_per_rank(checkpoint_dir)
+        if progress is not None:
+            self._restore(self._latest_dir(), weights_only=False)
+            self._restored_per_rank = self._read_per_rank(self._latest_dir())
         return progress
 
     def restore_latest_weights_only(self):
@@ -142,18 +132,27 @@ class CheckpointStore:
         process, whatever number of ranks wrote it (the tables are assembled from every rank's
         rows). Returns its progress dict, or None when there is no checkpoint."""
         progress = self.latest_progress()
-        if progress is None:
-            return None
-        checkpoint_dir = self._latest_dir()
+        if progress is not None:
+            self._restore(self._latest_dir(), weights_only=True)
+        return progress
+
+    def _restore(self, checkpoint_dir, weights_only):
+        """Reads the tables and the other state of `checkpoint_dir`: all of it, or with
+        `weights_only` the model's alone (its variables come first in the checkpoint, the
+        optimizer's after them)."""
         prefix = os.path.join(checkpoint_dir, _STATE_PREFIX)
         try:
-            # The model's variables come first in the checkpoint, the optimizer's after them.
-            self._other_state().read(prefix).expect_partial().assert_existing_objects_matched()
+            status = self._other_state().read(prefix)
+            if weights_only:
+                status.expect_partial().assert_existing_objects_matched()
+            else:
+                status.assert_consumed()
         except (tf.errors.OpError, AssertionError, ValueError) as error:
-            raise UserError(f"checkpoint {prefix} does not match the model of its run record "
-                            f"({_first_line(error)})") from error
+            raise UserError(
+                f"checkpoint {prefix} does not match this model"
+                f"{'' if weights_only else ' and optimizer'} ({_first_line(error)}); use the "
+                "model, data schema and optimizer it was written with") from error
         table_checkpoints.restore(self._tables(), checkpoint_dir)
-        return progress
 
     def finish_restore(self):
         """After rank 0's `restore_latest`, on every rank: the other ranks read their rows of

@@ -19,7 +19,7 @@ import tensorflow as tf
 from tfscale import metrics
 from tfscale.data.schema import MISSING_ID, FeatureSchema
 from tfscale.data.source import CTRSource
-from tfscale.data.text_lines import log_transform
+from tfscale.data.preprocessing import log_transform
 
 # Criteo Kaggle (train.txt) distinct values of C1..C26.
 CRITEO_CARDINALITIES = (

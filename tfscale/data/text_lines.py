@@ -24,8 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfscale.data import vocabulary as vocabulary_lib
-from tfscale.data.preprocessing import (  # noqa: F401 (DENSE_TRANSFORMS, log_transform: re-exported)
-    DENSE_TRANSFORMS, Preprocessing, is_present, log_transform)
+from tfscale.data.preprocessing import Preprocessing, is_present
 from tfscale.data.source import CTRSource
 from tfscale.errors import DATA_ERROR_MARKER, UserError
 

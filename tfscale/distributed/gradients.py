@@ -7,8 +7,6 @@ Average)`, values and indices with duplicates kept, its values divided by P: the
 then the global mean's, and per-id counts are counts over the global batch. A CountedSlices
 (one row per unique id and rank) also allgathers its counts, in rank order like its rows."""
 
-import tensorflow as tf
-
 from tfscale.distributed import runtime
 from tfscale.row_gradients import CountedSlices
 
