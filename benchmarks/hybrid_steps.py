@@ -1,5 +1,7 @@
 """Step time, exchange time and bytes per step of DeepFM with plain and de-duplicated embedding
-lookups, and with synchronous and one-step-stale embedding updates (docs/persia.md):
+lookups, and with synchronous and one-step-stale embedding updates (docs/persia.md), or
+(`--compare=sharding`) with replicated and row-sharded tables (docs/sharding.md), both
+de-duplicated and synchronous:
 
     horovodrun -np P -H localhost:P --gloo python -m benchmarks.hybrid_steps --batch_size=B
 
@@ -11,8 +13,10 @@ one step of each variant in turn, so machine load hits all alike. Per step the t
 records the bytes it exchanged (the exchange's modelled bytes, Gloo ring model), the
 unique-id rate of the rank's batch and the wall time of the exchange (all gradients in one
 grouped collective when synchronous; the embedding gradients alone, overlapping the step's
-computation, when stale). Rank 0 prints one markdown row per variant; times are rank 0's
-medians."""
+computation, when stale); with row-sharded tables the bytes also count the lookup's alltoalls
+and their backward pass, and the exchange time is the lookup's plus the dense allreduce's (the
+backward alltoall is inside the step's backward pass, not timed apart). Rank 0 prints one
+markdown row per variant; times are rank 0's medians."""
 
 import os
 import statistics
@@ -33,19 +37,26 @@ FLAGS = flags.FLAGS
 flags.DEFINE_integer("batch_size", 65536, "Global batch, split evenly over the ranks.")
 flags.DEFINE_integer("warmup_steps", 3, "Untimed steps per variant (the first one traces).")
 flags.DEFINE_integer("rounds", 5, "Timed rounds; each times one step of every variant.")
+flags.DEFINE_enum("compare", "hybrid", ["hybrid", "sharding"],
+                  "hybrid: de-duplication and staleness; sharding: replicated against row-sharded.")
 
-# (de-duplicated lookups, embedding staleness); the first is the baseline.
-VARIANTS = ((False, 0), (False, 1), (True, 0), (True, 1))
+# (de-duplicated lookups, embedding staleness, tables); the first of each is the baseline.
+VARIANTS = {
+    "hybrid": ((False, 0, "replicated"), (False, 1, "replicated"), (True, 0, "replicated"),
+               (True, 1, "replicated")),
+    "sharding": ((True, 0, "replicated"), (True, 0, "row")),
+}
 
 
 class VariantRun:
     """One DeepFM trained with one variant on this rank's fixed batch, and its per-step
     numbers."""
 
-    def __init__(self, deduplicate, staleness, schema, batch):
+    def __init__(self, deduplicate, staleness, sharding, schema, batch):
         keras.utils.set_random_seed(0)
-        self.deduplicate, self.staleness = deduplicate, staleness
-        self.model = models.build_model("deepfm", schema, deduplicate_ids=deduplicate)
+        self.deduplicate, self.staleness, self.sharding = deduplicate, staleness, sharding
+        self.model = models.build_model("deepfm", schema, deduplicate_ids=deduplicate,
+                                        embedding_sharding=sharding)
         self.model.compile(optimizer=FusedAdam(learning_rate=1e-3),
                            loss=keras.losses.BinaryCrossentropy(),
                            embedding_exchange="allgather", embedding_staleness=staleness)
@@ -55,7 +66,7 @@ class VariantRun:
     @property
     def label(self):
         lookups = "de-duplicated" if self.deduplicate else "plain"
-        return f"{lookups} | {self.staleness}"
+        return f"{self.sharding} | {lookups} | {self.staleness}"
 
     def step(self, timed):
         started = time.perf_counter()
@@ -64,8 +75,11 @@ class VariantRun:
         if timed:
             scalars = self.model.summary_scalars()
             exchange = scalars.get("exchange/embedding_seconds", scalars.get("exchange/seconds"))
-            self.records.append((seconds, exchange, scalars["exchange/bytes_sent"]
-                                 + scalars["exchange/bytes_received"],
+            exchange += scalars.get("sharding/lookup_seconds", 0.0)
+            nbytes = sum(scalars.get(name, 0.0) for name in (
+                "exchange/bytes_sent", "exchange/bytes_received",
+                "sharding/alltoall_bytes_sent", "sharding/alltoall_bytes_received"))
+            self.records.append((seconds, exchange, nbytes,
                                  scalars.get("embedding/unique_id_rate")))
 
     def median(self, column):
@@ -79,8 +93,7 @@ def main(argv):
     local_batch = distributed.local_batch_size(FLAGS.batch_size)
     source = SyntheticCTR(seed=0, train_rows=FLAGS.batch_size, test_rows=1024)
     batch = next(iter(source.train_batches(local_batch, **distributed.data_shard())))
-    runs = [VariantRun(deduplicate, staleness, source.schema, batch)
-            for deduplicate, staleness in VARIANTS]
+    runs = [VariantRun(*variant, source.schema, batch) for variant in VARIANTS[FLAGS.compare]]
     for run in runs:
         for _ in range(FLAGS.warmup_steps):
             run.step(timed=False)
@@ -95,13 +108,15 @@ def report(runs, schema, ranks, local_batch):
     """Rank 0's description line, table header and one row per variant."""
     print(f"Machine: {machine_description()}.")
     print(f"DeepFM (embedding 10, DNN 400-400-400, {schema.num_categorical} fields, "
-          f"{sum(schema.vocabulary_sizes):,} ids) with FusedAdam and the allgather exchange; "
+          f"{sum(schema.vocabulary_sizes):,} ids) with FusedAdam and the allgather exchange "
+          "(row-sharded tables: alltoall lookups, the allgather exchange for the rest); "
           f"global batch {FLAGS.batch_size:,} over {ranks} ranks ({local_batch:,} each); "
           f"medians of rank 0 over {FLAGS.rounds} rounds alternating the variants after "
           f"{FLAGS.warmup_steps} warm-up steps each; MB = 10^6 bytes.\n")
-    print("| P | global batch | lookups | staleness | unique-id rate | step (s) | / baseline | "
-          "exchange (s) | exchange / step | MB sent+received per rank per step | / baseline |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| P | global batch | tables | lookups | staleness | unique-id rate | step (s) | "
+          "/ baseline | exchange (s) | exchange / step | MB sent+received per rank per step | "
+          "/ baseline |")
+    print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     base_step, base_bytes = runs[0].median(0), runs[0].median(2)
     for run in runs:
         step, exchange, nbytes, rate = (run.median(column) for column in range(4))
