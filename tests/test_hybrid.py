@@ -11,6 +11,7 @@ from keras import ops
 
 from models import DeepFM
 from tfscale import dedup, exchanges, placement
+from tfscale.checkpoints import CheckpointStore
 from tfscale.data.schema import FeatureSchema
 from tfscale.embeddings import FieldEmbedding
 from tfscale.errors import UserError
@@ -135,9 +136,10 @@ class LinearProbe(TrainStepModel):
     constant of the batch (1/B per occurrence, mean(x) for w), whatever the weights, so a table
     that lags T steps equals the synchronous table T steps earlier, exactly."""
 
-    def __init__(self, **kwargs):
+    def __init__(self, sharding="replicated", **kwargs):
         super().__init__(**kwargs)
-        self.embedding = FieldEmbedding(SCHEMA.vocabulary_sizes, embedding_dim=1)
+        self.embedding = FieldEmbedding(SCHEMA.vocabulary_sizes, embedding_dim=1,
+                                        sharding=sharding)
         self.linear = keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")
 
     def build(self, input_shape=None):
@@ -149,10 +151,10 @@ class LinearProbe(TrainStepModel):
         return rows[:, None] + self.linear(features["dense"])
 
 
-def _probe_tables(staleness, steps, scaled=False):
+def _probe_tables(staleness, steps, scaled=False, sharding="replicated"):
     """The table and kernel after each step, trained with SGD at `staleness`."""
     keras.utils.set_random_seed(0)
-    model = LinearProbe()
+    model = LinearProbe(sharding)
     model.build()
     optimizer = keras.optimizers.SGD(0.5)
     if scaled:
@@ -166,10 +168,12 @@ def _probe_tables(staleness, steps, scaled=False):
     return model, tables, kernels
 
 
+@pytest.mark.parametrize("sharding", ["replicated", "row"])
 @pytest.mark.parametrize("staleness", [1, 2])
-def test_stale_tables_lag_exactly_t_steps_and_dense_weights_none(staleness):
-    _, synchronous, sync_kernels = _probe_tables(0, 6)
-    model, stale, stale_kernels = _probe_tables(staleness, 6)
+def test_stale_tables_lag_exactly_t_steps_and_dense_weights_none(staleness, sharding):
+    """(Row-sharded: the owner queues its shard's gradients; one process owns every row.)"""
+    _, synchronous, sync_kernels = _probe_tables(0, 6, sharding=sharding)
+    model, stale, stale_kernels = _probe_tables(staleness, 6, sharding=sharding)
     for step in range(7):
         np.testing.assert_allclose(stale[step], synchronous[max(step - staleness, 0)],
                                    rtol=1e-6, err_msg=f"step {step}")
@@ -179,8 +183,9 @@ def test_stale_tables_lag_exactly_t_steps_and_dense_weights_none(staleness):
     assert 0 < model.summary_scalars()["embedding/unique_id_rate"] < 1
 
 
-def test_a_skipped_step_keeps_the_queue_and_delays_it():
-    model, _, _ = _probe_tables(1, 3, scaled=True)
+@pytest.mark.parametrize("sharding", ["replicated", "row"])
+def test_a_skipped_step_keeps_the_queue_and_delays_it(sharding):
+    model, _, _ = _probe_tables(1, 3, scaled=True, sharding=sharding)
     queue = {name: v.numpy() for name, v in model.per_rank_variables().items()}
     table = model.embedding.deep_table.embeddings.numpy()
     features, labels = next(batches(1, 32, seed=7))
@@ -221,3 +226,17 @@ def test_a_regularised_table_cannot_be_stale():
     features, labels = next(batches(1, 16))
     with pytest.raises(UserError, match="give the embedding tables no regularizer"):
         model.train_on_batch(features, labels)
+
+
+def test_a_stale_checkpoint_resumes_only_into_its_sharding(tmp_path):
+    """A row-sharded table's queue holds local rows: a replicated stale checkpoint must not fill
+    it (nor the reverse), however many ranks."""
+    replicated, _, _ = _probe_tables(1, 2)
+    CheckpointStore(str(tmp_path), model=replicated, optimizer=replicated.optimizer,
+                    per_rank_variables=replicated.per_rank_variables()).save(2, {})
+    keras.backend.clear_session()  # the same layer names
+    sharded, _, _ = _probe_tables(1, 1, sharding="row")
+    store = CheckpointStore(str(tmp_path), model=sharded, optimizer=sharded.optimizer,
+                            per_rank_variables=sharded.per_rank_variables())
+    with pytest.raises(UserError, match="row-sharded-over-1.*resume with the flags it was"):
+        store.restore_latest()

@@ -1,9 +1,9 @@
 """Row-sharded embedding tables (tfscale.row_sharding, tfscale.exchanges.sharded): P ranks at
 B/P with sharded tables train to the whole tables and optimizer state of one process at B with
-replicated ones (P = 2, 3, 4 under horovodrun, rtol 1e-5), float16 with a loss scaler equals
-replicated tables at the same P (bitwise) and skips an inf step everywhere, the lookup's edge
-cases, and in one process: sharded equals replicated, initial rows do not depend on P,
-refusals."""
+replicated ones (P = 2, 3, 4 under horovodrun, rtol 1e-5; synchronous and 1 step stale),
+float16 with a loss scaler equals replicated tables at the same P (bitwise) and skips an inf
+step everywhere, the lookup's edge cases, and in one process: sharded equals replicated,
+initial rows do not depend on P, refusals."""
 
 import re
 
@@ -41,6 +41,8 @@ def test_sharded_ranks_match_one_replicated_process(reference, tmp_path, num_ran
                         timeout=900)
     assert result.returncode == 0, result.stdout
     assert result.stdout.count("edge cases ok") == num_ranks, result.stdout
+    stale, synchronous = reference["cowclip_scalable_stale1"], reference["cowclip_scalable"]
+    assert any(not np.allclose(a, b) for a, b in zip(stale, synchronous))  # the lag is real
     for run in FLOAT32_RUNS:
         states = [load_state(tmp_path / f"{run}-row-P{num_ranks}-rank{r}.npz")
                   for r in range(num_ranks)]
@@ -120,8 +122,6 @@ def test_refusals_name_the_argument():
     model = models.build_model("deepfm", schema, hidden_units=[8], embedding_sharding="row")
     with pytest.raises(UserError, match="CAME cannot train row-sharded tables"):
         model.compile(CAME(), "binary_crossentropy")
-    with pytest.raises(UserError, match="`embedding_staleness=1` is not built for row-sharded"):
-        model.compile("adam", "binary_crossentropy", embedding_staleness=1)
     with pytest.raises(UserError, match="`embedding_exchange=gtopk` cannot be used with "
                                         "row-sharded tables"):
         model.compile("adam", "binary_crossentropy", embedding_exchange="gtopk")
@@ -163,7 +163,10 @@ SHARDED_RUN = ["-m", "launch.train", "--embedding_sharding=row", "--train_rows=7
 
 
 def test_sharded_launcher_run_resumes_bitwise_and_continues_on_fewer_ranks(tmp_path):
-    whole = horovodrun(2, [*SHARDED_RUN, f"--checkpoint_dir={tmp_path}/whole",
+    """1 step stale at P = 2 (each rank's queues of its shards' gradients are checkpointed with
+    them), synchronous from 3 ranks to 2 (queues belong to their rank's rows)."""
+    stale = [*SHARDED_RUN, "--embedding_staleness=1"]
+    whole = horovodrun(2, [*stale, f"--checkpoint_dir={tmp_path}/whole",
                            f"--logdir={tmp_path}/logs"])
     assert whole.returncode == 0, whole.stdout
     assert re.search(r"tables row-sharded over 2 ranks: 187,200 rows, [0-9,]+ MB with "
@@ -173,16 +176,17 @@ def test_sharded_launcher_run_resumes_bitwise_and_continues_on_fewer_ranks(tmp_p
     assert scalars["sharding/table_bytes"] == 93_600 * 11 * 4, scalars
     for name in ("alltoall_bytes_sent", "alltoall_bytes_received", "lookup_seconds"):
         assert scalars[f"sharding/{name}"] > 0, scalars
-    first = horovodrun(2, [*SHARDED_RUN, f"--checkpoint_dir={tmp_path}/split",
-                           "--stop_after_steps=15"])
+    assert scalars["embedding/staleness"] == 1, scalars
+    first = horovodrun(2, [*stale, f"--checkpoint_dir={tmp_path}/split", "--stop_after_steps=15"])
     assert first.returncode == 0, first.stdout
-    second = horovodrun(2, [*SHARDED_RUN, f"--checkpoint_dir={tmp_path}/split", "--resume"])
+    second = horovodrun(2, [*stale, f"--checkpoint_dir={tmp_path}/split", "--resume"])
     assert second.returncode == 0, second.stdout
     assert "resumed from global step 10: epoch 1, batch 10" in second.stdout, second.stdout
     expected = checkpoint_values(f"{tmp_path}/whole")
     actual = checkpoint_values(f"{tmp_path}/split")
     assert expected.keys() == actual.keys()
     assert any(name.startswith("tables-1-of-2/") for name in expected), list(expected)
+    assert any("staleness" in name for name in expected), list(expected)
     for name in expected:
         np.testing.assert_array_equal(expected[name], actual[name], err_msg=name)
 

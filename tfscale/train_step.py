@@ -67,17 +67,14 @@ class TrainStep:
                             "occurrences in the global batch, which only the allgathered "
                             "embedding gradients carry; use `embedding_exchange=allgather`")
         if any(shard_of(v) is not None for v in self.variables):
-            exchange = self._sharded(exchange, staleness)
+            exchange = self._sharded(exchange)
         if staleness:
             exchange = exchanges.StaleExchange(exchange, staleness, with_counts=with_counts)
         self._embedding_exchange = exchange
         self._step_scalars = StepScalars()
 
-    def _sharded(self, exchange, staleness):
+    def _sharded(self, exchange):
         """`exchange` wrapped for the model's row-sharded tables (built before `compile`)."""
-        if staleness:
-            raise UserError(f"`embedding_staleness={staleness}` is not built for row-sharded "
-                            "tables yet: use `embedding_staleness=0`, or replicated tables")
         if needs_whole_tables(self.optimizer):
             raise UserError("CAME cannot train row-sharded tables: its update reads statistics "
                             "over every row of a table (its column factors and RMS clip), which "

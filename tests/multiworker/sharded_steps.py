@@ -1,7 +1,8 @@
 """Row-sharded tables under horovodrun (any number of ranks) with an output directory.
 
 Each rank trains a small DeepFM with row-sharded tables for STEPS steps on its B/P slice of
-every global batch, for each optimizer of RUNS, gathers the whole tables and their optimizer
+every global batch, for each optimizer of RUNS (a run named *_stale<T> with embedding updates T
+steps stale: the reference is then stale too), gathers the whole tables and their optimizer
 state from the shards (for the comparison only) and writes them with the other variables
 (model variables, then optimizer variables) to OUT_DIR/<run>-row-P<P>-rank<r>.npz; the
 float16 run is also trained with replicated tables (OUT_DIR/<run>-replicated-P<P>-rank<r>.npz),
@@ -34,7 +35,8 @@ from tfscale.training import build_model_and_optimizer  # noqa: E402
 
 GLOBAL_BATCH = 384  # divides over 2, 3 and 4 ranks
 STEPS = 20
-RUNS = ("adam", "cowclip_faithful", "cowclip_scalable", "float16_adam")
+RUNS = ("adam", "cowclip_faithful", "cowclip_scalable", "cowclip_scalable_stale1",
+        "float16_adam")
 
 
 def make_optimizer(run):
@@ -42,7 +44,7 @@ def make_optimizer(run):
         return FusedAdam(learning_rate=1e-3)
     if run == "float16_adam":
         return LossScaleOptimizer(FusedAdam(learning_rate=1e-3))
-    mode = run.split("_")[1]
+    mode = run.split("_")[1]  # cowclip_<mode>[_stale<T>]
     embedding = (FusedAdam if mode == "faithful" else RowSparseAdam)(1e-3, name="embedding")
     # r = 0.05 clips some rows (tests/test_hybrid.py uses the same)
     return CowClip(embedding, FusedAdam(1e-3, name="dense"), r=0.05, l2=1e-4, mode=mode)
@@ -56,7 +58,10 @@ def trained(run, sharding, rank, num_ranks):
     model = models.build_model(
         "deepfm", data.schema, hidden_units=[32, 32], embedding_sharding=sharding,
         dtype="mixed_float16" if run.startswith("float16") else "float32")
-    model.compile(optimizer=make_optimizer(run), loss=keras.losses.BinaryCrossentropy())
+    staleness = int(run.split("_stale")[1]) if "_stale" in run else 0
+    model.compile(optimizer=make_optimizer(run), loss=keras.losses.BinaryCrossentropy(),
+                  embedding_staleness=staleness)
+    assert isinstance(model.embedding_exchange, exchanges.StaleExchange) == bool(staleness)
     build_model_and_optimizer(model, data.schema)
     distributed.broadcast_model_and_optimizer(model, local=row_sharding.local_variables(model))
     model.fit(rank_batches(data, rank, num_ranks), epochs=1, verbose=0, shuffle=False)

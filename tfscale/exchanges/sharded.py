@@ -6,8 +6,10 @@ A shard's gradient already holds every rank's contribution for its rows (the loo
 carried them back, each divided by P): it is the gradient of the global batch's mean loss, so P
 ranks at B/P take the step one process takes at B. It never enters an allreduce or allgather.
 Each rank's shards differ, so the loss scaler's finite check would differ between ranks: one
-4-byte allreduce makes it global, and a step non-finite on any rank hands every rank NaN shard
-gradients, which every loss scaler skips (without a scaler, NonFiniteGuard stops the run)."""
+4-byte allreduce makes it global (`finite_everywhere`), and a step non-finite on any rank hands
+every rank NaN shard gradients, which every loss scaler skips (without a scaler, NonFiniteGuard
+stops the run). It can run stale (tfscale.exchanges.stale): the owner queues its shards'
+gradients, which need no exchange when their turn comes."""
 
 import tensorflow as tf
 
@@ -21,6 +23,8 @@ from tfscale.row_sharding import shard_of
 
 class RowShardedExchange(EmbeddingExchange):
     """`exchange` (an AveragingExchange) for the model's other gradients; shards stay local."""
+
+    can_run_stale = True
 
     def __init__(self, exchange):
         super().__init__()
@@ -39,24 +43,41 @@ class RowShardedExchange(EmbeddingExchange):
         return {**self.inner.summary_scalars(), **self.scalars.summary_scalars()}
 
     def exchange(self, gradients, variables, optimizer):
-        sharded = [i for i, (g, v) in enumerate(zip(gradients, variables))
-                   if g is not None and shard_of(v) is not None]
-        result = self.inner.exchange([None if i in sharded else g
-                                      for i, g in enumerate(gradients)], variables, optimizer)
-        if not sharded:
+        sharded = [g is not None and shard_of(v) is not None
+                   for g, v in zip(gradients, variables)]
+        result = self.inner.exchange([None if s else g for g, s in zip(gradients, sharded)],
+                                     variables, optimizer)
+        if not any(sharded):
             return result
-        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(_values(gradients[i])))
-                                for i in sharded])
-        if distributed.is_active():
-            hvd = distributed.runtime.horovod()
-            finite = hvd.allreduce(tf.cast(finite, tf.float32), op=hvd.Min,
-                                   name="tfscale_shards_finite") > 0.5
-        factor = tf.where(finite, tf.constant(1.0), tf.constant(float("nan")))
-        for i in sharded:
-            gradient = gradients[i]
-            result[i] = with_values(gradient, gradient.values * factor) \
-                if isinstance(gradient, tf.IndexedSlices) else gradient * factor
-        return result
+        factor = nan_unless(finite_everywhere(
+            [g for g, s in zip(gradients, sharded) if s]))
+        return [times(g, factor) if s else r for g, r, s in zip(gradients, result, sharded)]
+
+
+def finite_everywhere(gradients):
+    """Whether every one of `gradients` (this rank's shard gradients) is finite on every rank:
+    the same boolean on every rank, by one 4-byte allreduce under Horovod."""
+    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(_values(g))) for g in gradients])
+    if distributed.is_active():
+        hvd = distributed.runtime.horovod()
+        finite = hvd.allreduce(tf.cast(finite, tf.float32), op=hvd.Min,
+                               name="tfscale_shards_finite") > 0.5
+    return finite
+
+
+def nan_unless(finite):
+    """1.0 where `finite`, NaN otherwise: a factor that hands a skip decision to the loss
+    scaler."""
+    return tf.where(finite, tf.constant(1.0), tf.constant(float("nan")))
+
+
+def times(gradient, factor):
+    """`gradient` (a tensor, IndexedSlices or CountedSlices, or None) times `factor`."""
+    if gradient is None:
+        return None
+    if isinstance(gradient, tf.IndexedSlices):
+        return with_values(gradient, gradient.values * tf.cast(factor, gradient.values.dtype))
+    return gradient * tf.cast(factor, gradient.dtype)
 
 
 def _values(gradient):

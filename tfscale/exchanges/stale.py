@@ -22,7 +22,9 @@ from tfscale import distributed, placement, tables
 from tfscale.distributed.per_rank import PerRankState
 from tfscale.errors import UserError
 from tfscale.exchanges.base import EmbeddingExchange, StepExchange, loss_scale
+from tfscale.exchanges.sharded import RowShardedExchange, finite_everywhere, nan_unless, times
 from tfscale.row_gradients import CountedSlices, occurrence_counts
+from tfscale.row_sharding import shard_of
 
 
 class _TableQueue:
@@ -135,9 +137,14 @@ class StalenessQueues(PerRankState):
             tf.cond(tf.convert_to_tensor(applied), replace, lambda: tf.constant(False))
 
     def per_rank_variables(self):
-        """{name: tf.Variable} of the queues, which differ between ranks (for checkpoints)."""
+        """{name: tf.Variable} of the queues, which differ between ranks (for checkpoints). A
+        row-sharded table's queue holds local rows, so its names say over how many ranks: a
+        checkpoint resumes only into the same sharding."""
         named = {"staleness/origin_steps": self._origin_steps}
         for path, queue in self._queues.items():
+            shard = shard_of(queue.table)
+            if shard is not None:
+                path = f"{path}/row-sharded-over-{shard.num_shards}"
             for part, variable in queue.variables().items():
                 named[f"staleness/{path}/{part}"] = variable
         return named
@@ -145,7 +152,13 @@ class StalenessQueues(PerRankState):
 
 class StaleExchange(EmbeddingExchange):
     """`exchange` (one with `can_run_stale`) with the embedding tables' gradients applied
-    `staleness` steps late; `with_counts`: the optimizer takes counted slices (CowClip)."""
+    `staleness` steps late; `with_counts`: the optimizer takes counted slices (CowClip).
+
+    Row-sharded tables (`exchange` a RowShardedExchange): the owner queues its shards' gradients,
+    which already hold every rank's rows, and applies them `staleness` steps later while that
+    step looks up and computes; they need no exchange. Their finite decision is global (one
+    4-byte allreduce), and a step whose shard gradients are non-finite on any rank hands the
+    optimizer NaN gradients, so that every rank skips it and keeps its queues."""
 
     acts_in_one_process = True
 
@@ -162,6 +175,11 @@ class StaleExchange(EmbeddingExchange):
     def __repr__(self):
         return f"{self.inner!r}, {self.queues.staleness} step(s) stale"
 
+    @property
+    def averaging(self):
+        """The AveragingExchange that moves the gradients which travel between ranks."""
+        return self.inner.inner if isinstance(self.inner, RowShardedExchange) else self.inner
+
     def per_rank_states(self):
         return [self.queues]
 
@@ -169,8 +187,8 @@ class StaleExchange(EmbeddingExchange):
         return {**self.inner.summary_scalars(), **self.scalars.summary_scalars()}
 
     def begin_step(self, variables, optimizer):
-        """Pops the oldest queued table gradients and starts their exchange, which this step's
-        forward pass does not wait for."""
+        """Pops the oldest queued table gradients and starts the exchange of those of replicated
+        tables, which this step's forward pass does not wait for."""
         if not variables:
             raise ValueError("build the model before training it with stale embedding updates "
                              "(the queues need its embedding tables before the first step)")
@@ -179,10 +197,12 @@ class StaleExchange(EmbeddingExchange):
         queued, origin = self.queues.pop(variables, scale)
         self.scalars.record("embedding/staleness",
                             tf.where(origin >= 0, tf.cast(step, tf.int64) - origin, 0))
+        travelling = [q if shard_of(v) is None else None for q, v in zip(queued, variables)]
         pending = queued
-        if distributed.is_active():
-            pending, seconds = self.scalars.timed(
-                queued, lambda: self.inner.average(queued, name_suffix="_stale_embeddings"))
+        if distributed.is_active() and any(t is not None for t in travelling):
+            averaged, seconds = self.scalars.timed(travelling, lambda: self.averaging.average(
+                travelling, name_suffix="_stale_embeddings"))
+            pending = [a if t is not None else q for a, t, q in zip(averaged, travelling, queued)]
             self.scalars.record("exchange/embedding_seconds", seconds)
         return _StaleStep(self, optimizer, scale, step, queued, pending)
 
@@ -202,13 +222,19 @@ class _StaleStep(StepExchange):
 
     def exchange(self, gradients, variables):
         self._fresh, self._variables = gradients, variables
-        inner = self._exchange.inner
+        averaging = self._exchange.averaging
         others = [None if q is not None else g for g, q in zip(gradients, self._queued)]
         if distributed.is_active():
-            inner.record_bytes([q if q is not None else g
-                                for g, q in zip(gradients, self._queued)])
-            others = inner.average(others)
-        return [p if p is not None else g for g, p in zip(others, self._pending)]
+            averaging.record_bytes([None if shard_of(v) is not None else q if q is not None
+                                    else g for g, q, v in zip(gradients, self._queued, variables)])
+            others = averaging.average(others)
+        applied = [p if p is not None else g for g, p in zip(others, self._pending)]
+        shards = [g for g, v in zip(gradients, variables)
+                  if g is not None and shard_of(v) is not None]
+        if shards:
+            factor = nan_unless(finite_everywhere(shards))
+            applied = [times(g, factor) for g in applied]
+        return applied
 
     def finish(self, applied_gradients):
         """Queues this step's table gradients, unless the loss scaler skipped the step."""
