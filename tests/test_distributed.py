@@ -109,8 +109,9 @@ def test_inf_on_one_rank_skips_the_step_on_every_rank(tmp_path):
         np.testing.assert_array_equal(ranks[0][name], ranks[1][name], err_msg=name)
 
 
-def test_a_killed_rank_ends_the_job_with_an_error():
-    result = horovodrun(2, ["tests/multiworker/rank_dies.py"], timeout=300)
+@pytest.mark.parametrize("sharding", ["replicated", "row"])
+def test_a_killed_rank_ends_the_job_with_an_error(sharding):
+    result = horovodrun(2, ["tests/multiworker/rank_dies.py", sharding], timeout=300)
     ended = time.time()
     killed = re.search(r"rank 1: killing itself at ([0-9.]+)", result.stdout)
     assert killed, result.stdout

@@ -16,7 +16,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import models  # noqa: E402
-from tfscale import distributed  # noqa: E402
+from tfscale import distributed, row_sharding  # noqa: E402
 from tfscale.data.synthetic import SyntheticCTR  # noqa: E402
 from tfscale.optimizers import CowClip, FusedAdam  # noqa: E402
 from tfscale.training import build_model_and_optimizer  # noqa: E402
@@ -41,15 +41,17 @@ def make_optimizer(name):
                    FusedAdam(learning_rate=1e-3, name="dense"), l2=1e-4)
 
 
-def compiled_model(schema, optimizer, embedding_exchange="allgather", embedding_staleness=0):
+def compiled_model(schema, optimizer, embedding_exchange="allgather", embedding_staleness=0,
+                   embedding_sharding="replicated"):
     """A small DeepFM, seeded identically on every rank, compiled and built (and, under Horovod,
-    set to rank 0's variables)."""
+    set to rank 0's variables but for row-sharded tables and their state)."""
     keras.utils.set_random_seed(0)
-    model = models.build_model("deepfm", schema, hidden_units=[32, 32])
+    model = models.build_model("deepfm", schema, hidden_units=[32, 32],
+                               embedding_sharding=embedding_sharding)
     model.compile(optimizer=optimizer, loss=keras.losses.BinaryCrossentropy(),
                   embedding_exchange=embedding_exchange, embedding_staleness=embedding_staleness)
     build_model_and_optimizer(model, schema)
-    distributed.broadcast_model_and_optimizer(model)
+    distributed.broadcast_model_and_optimizer(model, local=row_sharding.local_variables(model))
     return model
 
 

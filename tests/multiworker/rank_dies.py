@@ -1,6 +1,7 @@
-"""Run under horovodrun (2 ranks): both ranks train a small DeepFM on an endless stream of
-batches; rank 1 kills itself with SIGKILL at its DIE_AT_STEP-th step. Rank 0 must not wait for
-it forever: the job has to end, with a non-zero status."""
+"""Run under horovodrun (2 ranks) with "replicated" or "row" (the tables' sharding): both ranks
+train a small DeepFM on an endless stream of batches; rank 1 kills itself with SIGKILL at its
+DIE_AT_STEP-th step. Rank 0 must not wait for it forever (in an allgather or a row-sharded
+lookup's alltoall): the job has to end, with a non-zero status."""
 
 import os
 import signal
@@ -25,10 +26,11 @@ class KillRank1(keras.callbacks.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def main():
+def main(sharding):
     distributed.init()
     data = source()
-    model = compiled_model(data.schema, FusedAdam(learning_rate=1e-3))
+    model = compiled_model(data.schema, FusedAdam(learning_rate=1e-3),
+                           embedding_sharding=sharding)
     batches = rank_slice(data.train_batches(GLOBAL_BATCH), distributed.rank(), distributed.size())
     model.fit(batches.repeat(), steps_per_epoch=10_000, epochs=1, verbose=0,
               callbacks=[KillRank1()])
@@ -37,4 +39,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1])
