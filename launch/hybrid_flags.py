@@ -21,8 +21,8 @@ flags.DEFINE_integer("embedding_staleness", 0,
 flags.DEFINE_enum("embedding_sharding", "replicated", list(SHARDINGS),
                   "replicated: every rank holds every embedding table whole; row: each rank holds "
                   "the rows id mod P == rank of every table and their optimizer state, and looks "
-                  "the others up by alltoall (docs/sharding.md). Not with --optimizer=came, "
-                  "--embedding_staleness, or --embedding_comm=topk|gtopk.")
+                  "the others up by alltoall (docs/sharding.md). Not with "
+                  "--embedding_comm=topk|gtopk.")
 
 
 def describe(model):

@@ -25,6 +25,10 @@ from tfscale.loss_scaling import LossScaleOptimizer
 from tfscale.optimizers import CAME, CowClip, FusedAdam, RowSparseAdam
 
 FLOAT32_RUNS = [run for run in sharded_steps.RUNS if not run.startswith("float16")]
+# CAME's column statistics, row-statistics mean and RMS are sums over every row of a table:
+# summed per shard and then over the ranks, they differ from one process's sums in the last
+# bits, which its normalisations amplify to about 1e-5 absolute in its momentum after 20 steps.
+RTOL = {"came": 1e-4}
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +55,8 @@ def test_sharded_ranks_match_one_replicated_process(reference, tmp_path, num_ran
             for rank, state in enumerate(states):
                 if state[i].size == 0:  # a shard's own scalar (CowClip's clip statistics)
                     continue
-                np.testing.assert_allclose(state[i], want, rtol=1e-5, atol=1e-6,
-                                           err_msg=f"{run}, variable {i}, rank {rank}")
+                np.testing.assert_allclose(state[i], want, rtol=RTOL.get(run, 1e-5),
+                                           atol=1e-6, err_msg=f"{run}, variable {i}, rank {rank}")
         moved = [np.abs(a - b).max() for a, b in zip(states[0], _initial_state(run))
                  if a.size and a.shape == b.shape]
         assert max(moved) > 0, run
@@ -85,6 +89,7 @@ def _trained(sharding, optimizer, steps=3, dtype="float32"):
 
 @pytest.mark.parametrize("optimizer", [
     lambda: FusedAdam(1e-2),
+    lambda: CAME(1e-3),
     lambda: CowClip(RowSparseAdam(1e-2, name="embedding"), FusedAdam(1e-2, name="dense"),
                     mode="scalable", r=0.05),
     lambda: CowClip(FusedAdam(1e-2, name="embedding"), FusedAdam(1e-2, name="dense"), l2=1e-4),
@@ -120,8 +125,6 @@ def test_initial_rows_do_not_depend_on_the_number_of_shards(num_shards):
 def test_refusals_name_the_argument():
     schema = SyntheticCTR(seed=0, train_rows=10, test_rows=10, vocabulary_scale=0.002).schema
     model = models.build_model("deepfm", schema, hidden_units=[8], embedding_sharding="row")
-    with pytest.raises(UserError, match="CAME cannot train row-sharded tables"):
-        model.compile(CAME(), "binary_crossentropy")
     with pytest.raises(UserError, match="`embedding_exchange=gtopk` cannot be used with "
                                         "row-sharded tables"):
         model.compile("adam", "binary_crossentropy", embedding_exchange="gtopk")
@@ -133,21 +136,39 @@ def test_refusals_name_the_argument():
         FieldEmbedding([5, 5], sharding="column")
 
 
+def test_an_optimizer_with_undeclared_state_of_a_shard_is_refused():
+    """Keras's Adafactor keeps column statistics of a table that it would not sum over the
+    shards; CAME declares its own and sums them."""
+    model = _trained("row", lambda: keras.optimizers.Adafactor(), steps=0)
+    model.optimizer.build(model.trainable_variables)
+    with pytest.raises(UserError, match="Adafactor keeps adafactor/embeddings of shape .* for the "
+                                        "row-sharded table .*: state that is neither per row"):
+        row_sharding.local_variables(model)
+    model = _trained("row", CAME, steps=0)
+    model.optimizer.build(model.trainable_variables)
+    local = [v.path.split("deep_embedding")[-1] for v in row_sharding.local_variables(model)
+             if "deep_embedding" in v.path]
+    assert local == ["/embeddings", "_embeddings_momentum", "_embeddings_row",
+                     "_embeddings_instability_row"], local
+
+
 def _reshard(num_ranks, mode, sharding, directory):
     args = ["tests/multiworker/reshard_checkpoint.py", mode, sharding, str(directory)]
     result = python(args) if num_ranks == 1 else horovodrun(num_ranks, args)
     assert result.returncode == 0, result.stdout
     if mode == "read":
-        assert result.stdout.count(f"restored {sharding} tables exactly") == num_ranks
+        for optimizer in ("adam", "came"):
+            assert result.stdout.count(
+                f"restored {sharding} tables and {optimizer} state exactly") == num_ranks
 
 
 def test_checkpoints_resume_at_another_number_of_ranks_and_sharding(tmp_path):
     """Each rank writes its own rows; a restore at P = 1, 3 or with replicated tables holds
-    exactly the checkpoint's tables and Adam moments (and every other variable) and trains on;
-    a replicated checkpoint resumes row-sharded."""
+    exactly the checkpoint's tables and Adam moments or CAME statistics (and every other
+    variable) and trains on; a replicated checkpoint resumes row-sharded."""
     sharded, replicated = tmp_path / "sharded", tmp_path / "replicated"
     _reshard(2, "write", "row", sharded)
-    assert sorted(p.name for p in next(sharded.glob("step-*")).glob("tables-*")) == [
+    assert sorted(p.name for p in next(sharded.glob("adam/step-*")).glob("tables-*")) == [
         "tables-0-of-2.npz", "tables-1-of-2.npz"]
     _reshard(3, "read", "row", sharded)
     _reshard(1, "read", "replicated", sharded)

@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfscale import dedup, distributed, placement
+from tfscale.errors import UserError
 from tfscale.tables import is_embedding_table
 
 SHARDINGS = ("replicated", "row")
@@ -66,19 +67,73 @@ def describe(model):
 
 
 def local_variables(model):
-    """`model`'s row-sharded tables and their state in its (built) optimizer: the variables
-    that differ between ranks."""
+    """`model`'s row-sharded tables and their per-row state in its (built) optimizer: the
+    variables that differ between ranks (and are never broadcast). A UserError when the
+    optimizer keeps other state of a shard that it does not declare (see `mark_whole_table`)."""
     shards = [v for v in model.variables if shard_of(v) is not None]
-    return shards + optimizer_state(model.optimizer, shards)
+    local = []
+    for shard in shards:
+        rows = per_row_state(model.optimizer, shard)
+        for slot in optimizer_state(model.optimizer, [shard]):
+            if not (len(slot.shape) == 0 or getattr(slot, "_tfscale_whole_table", False)
+                    or any(slot is row for row in rows)):
+                raise UserError(
+                    f"{type(model.optimizer).__name__} keeps {slot.path} of shape "
+                    f"{tuple(slot.shape)} for the row-sharded table {shard.path}: state that is "
+                    "neither per row nor summed over the shards by the optimizer; use an "
+                    "optimizer tfscale shards (Adam, RowSparseAdam, CowClip, CAME, SGD), or "
+                    "replicated tables")
+        local += [shard] + rows
+    return local
+
+
+def mark_per_row(slot):
+    """Declares that optimizer variable `slot`, whose shape is not its table's, holds one entry
+    per row of its table (e.g. CAME's row statistics): it is sharded and checkpointed with the
+    table's rows."""
+    slot._tfscale_per_row = True
+
+
+def mark_whole_table(slot):
+    """Declares that optimizer variable `slot` spans every row of its table and that its
+    optimizer sums it over the shards itself (e.g. CAME's column statistics): every rank holds
+    it whole, the same, and it is broadcast and checkpointed as a whole."""
+    slot._tfscale_whole_table = True
+
+
+def per_row_state(optimizer, table):
+    """The variables of `optimizer` with one entry per row of `table`: those of the table's
+    shape (Adam's moments) and those marked by `mark_per_row`."""
+    return [slot for slot in optimizer_state(optimizer, [table])
+            if tuple(slot.shape) == tuple(table.shape) or getattr(slot, "_tfscale_per_row", False)]
 
 
 def optimizer_state(optimizer, variables):
-    """The variables of `optimizer` holding state of `variables`, found by Keras's naming of
-    slots, `<variable path with / as _>_<slot>` (add_variable_from_reference; tfscale's
-    optimizers name theirs alike)."""
-    prefixes = tuple(v.path.replace("/", "_") + "_" for v in variables)
-    return [v for v in optimizer.variables
-            if prefixes and v.path.split("/")[-1].startswith(prefixes)]
+    """The variables of `optimizer` (built; a loss scaler's or a MultiOptimizer's inner ones
+    too) holding state of `variables`. A Keras optimizer keeps each kind of state in a list
+    aligned with the variables it was built on (Adam's `_momentums`, Adafactor's `_r`, CAME's
+    `_rows`, ...): this reads those lists, not the slots' names, which Keras does not make
+    unique (Adafactor names its factors after the variable alone)."""
+    wanted = {id(v) for v in variables}
+    state = []
+    for inner in _optimizers(optimizer):
+        built_on = list(getattr(inner, "_trainable_variables", []))
+        for value in vars(inner).values():
+            if not (isinstance(value, list) and value and len(value) == len(built_on)
+                    and all(s is None or isinstance(s, keras.Variable) for s in value)):
+                continue
+            state += [slot for variable, slot in zip(built_on, value)
+                      if slot is not None and slot is not variable and id(variable) in wanted]
+    return state
+
+
+def _optimizers(optimizer):
+    """`optimizer` and every optimizer it wraps, innermost last."""
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return [optimizer, *_optimizers(optimizer.inner_optimizer)]
+    if isinstance(optimizer, keras.optimizers.MultiOptimizer):
+        return [optimizer] + [o for inner in optimizer.optimizers for o in _optimizers(inner)]
+    return [optimizer]
 
 
 @keras.saving.register_keras_serializable(package="tfscale")
@@ -109,7 +164,9 @@ class ShardedTable(keras.layers.Layer):
             self.embeddings = self.add_weight(shape=(shard.rows, self.dim),
                                               initializer=initializer, dtype="float32",
                                               name="embeddings")
-        self.embeddings._tfscale_row_shard = shard
+        # On the Keras variable and on the tf.Variable it holds, which Keras's TensorFlow
+        # optimizers hand to `update_step`.
+        self.embeddings._tfscale_row_shard = self.embeddings.value._tfscale_row_shard = shard
 
     def call(self, local_rows):
         return tf.gather(self.embeddings.value, local_rows)

@@ -39,9 +39,7 @@ def table_variables(model, optimizer=None):
         if not tables.is_row_table(table):
             continue
         shard = row_sharding.shard_of(table) or row_sharding.RowShard(int(table.shape[0]), 1, 0)
-        slots = [] if optimizer is None else [
-            slot for slot in row_sharding.optimizer_state(optimizer, [table])
-            if len(slot.shape) >= 1 and slot.shape[0] == table.shape[0]]
+        slots = [] if optimizer is None else row_sharding.per_row_state(optimizer, table)
         entries += [TableVariable(v.path, v, shard) for v in [table] + slots]
     return entries
 

@@ -21,7 +21,7 @@ from keras.src.models.model import functional_init_arguments
 
 from tfscale import dedup, distributed, exchanges
 from tfscale.errors import UserError
-from tfscale.optimizers.capabilities import needs_whole_tables, takes_counted_slices
+from tfscale.optimizers.capabilities import takes_counted_slices
 from tfscale.row_gradients import densify
 from tfscale.row_sharding import shard_of
 from tfscale.step_scalars import StepScalars, scalars_of
@@ -67,19 +67,11 @@ class TrainStep:
                             "occurrences in the global batch, which only the allgathered "
                             "embedding gradients carry; use `embedding_exchange=allgather`")
         if any(shard_of(v) is not None for v in self.variables):
-            exchange = self._sharded(exchange)
+            exchange = exchanges.RowShardedExchange(exchange)
         if staleness:
             exchange = exchanges.StaleExchange(exchange, staleness, with_counts=with_counts)
         self._embedding_exchange = exchange
         self._step_scalars = StepScalars()
-
-    def _sharded(self, exchange):
-        """`exchange` wrapped for the model's row-sharded tables (built before `compile`)."""
-        if needs_whole_tables(self.optimizer):
-            raise UserError("CAME cannot train row-sharded tables: its update reads statistics "
-                            "over every row of a table (its column factors and RMS clip), which "
-                            "one shard does not hold; use Adam or CowClip, or replicated tables")
-        return exchanges.RowShardedExchange(exchange)
 
     @property
     def embedding_exchange(self):

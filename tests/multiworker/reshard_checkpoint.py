@@ -1,13 +1,17 @@
 """Checkpoints of embedding tables by global row, at any number of ranks (tfscale.checkpoints,
 tfscale.table_checkpoints). Run as one process or under horovodrun:
 
-    reshard_checkpoint.py write SHARDING DIR   trains a small DeepFM (Adam) with SHARDING tables
-        for 3 steps, saves a checkpoint in DIR, and rank 0 writes DIR/expected.npz: every
-        variable, the tables and their Adam moments whole (gathered for the test only);
-    reshard_checkpoint.py read SHARDING DIR    builds the same model with SHARDING tables at this
-        job's number of ranks, restores DIR as the training run does (rank 0 reads, the others
-        finish the restore, rank 0's replicated state is broadcast) and checks that every
-        variable equals DIR/expected.npz exactly, then trains 2 more steps with a finite loss.
+    reshard_checkpoint.py write SHARDING DIR   for each optimizer of OPTIMIZERS, trains a small
+        DeepFM with SHARDING tables for 3 steps, saves a checkpoint in DIR/<optimizer>, and
+        rank 0 writes DIR/<optimizer>/expected.npz: every variable, the tables and their
+        optimizer state whole (gathered for the test only);
+    reshard_checkpoint.py read SHARDING DIR    builds the same models with SHARDING tables at
+        this job's number of ranks, restores DIR/<optimizer> as the training run does (rank 0
+        reads, the others finish the restore, rank 0's replicated state is broadcast) and checks
+        that every variable equals expected.npz exactly, then trains 2 more steps with a finite
+        loss.
+Adam's moments have a row per table row; CAME's row statistics too, and its column statistics,
+which span every row, are whole on every rank.
 """
 
 import os
@@ -22,39 +26,42 @@ from tests.multiworker.sharded_steps import rank_batches, whole_state  # noqa: E
 from tfscale import distributed, row_sharding  # noqa: E402
 from tfscale.checkpoints import CheckpointStore  # noqa: E402
 from tfscale.data.synthetic import SyntheticCTR  # noqa: E402
-from tfscale.optimizers import FusedAdam  # noqa: E402
+from tfscale.optimizers import CAME, FusedAdam  # noqa: E402
 from tfscale.training import build_model_and_optimizer  # noqa: E402
 
+OPTIMIZERS = {"adam": lambda: FusedAdam(learning_rate=1e-2), "came": lambda: CAME(1e-3)}
 
-def build(sharding):
+
+def build(sharding, optimizer):
     data = SyntheticCTR(seed=0, train_rows=384 * 20, test_rows=256, vocabulary_scale=0.002)
     keras.utils.set_random_seed(0)
     model = models.build_model("deepfm", data.schema, hidden_units=[32, 32],
                                embedding_sharding=sharding)
-    model.compile(optimizer=FusedAdam(learning_rate=1e-2), loss="binary_crossentropy")
+    model.compile(optimizer=OPTIMIZERS[optimizer](), loss="binary_crossentropy")
     build_model_and_optimizer(model, data.schema)
     distributed.broadcast_model_and_optimizer(model, local=row_sharding.local_variables(model))
-    return model, data, CheckpointStore(DIRECTORY, model=model, optimizer=model.optimizer)
+    directory = os.path.join(DIRECTORY, optimizer)
+    return model, data, CheckpointStore(directory, model=model, optimizer=model.optimizer)
 
 
-def write(sharding):
-    model, data, store = build(sharding)
+def write(sharding, optimizer):
+    model, data, store = build(sharding, optimizer)
     batches = iter(rank_batches(data, distributed.rank(), distributed.size()))
     for _ in range(3):
         model.train_on_batch(*next(batches))
     store.save(3, {"epoch": 0, "batches_done": 3})
     state = whole_state(model)
     if distributed.is_chief():
-        np.savez(os.path.join(DIRECTORY, "expected.npz"), *state)
+        np.savez(os.path.join(store.directory, "expected.npz"), *state)
 
 
-def read(sharding):
-    model, data, store = build(sharding)
+def read(sharding, optimizer):
+    model, data, store = build(sharding, optimizer)
     distributed.broadcast_from_chief(lambda: store.restore_latest() and None,
                                      name="restore")
     distributed.broadcast_model_and_optimizer(model, local=row_sharding.local_variables(model))
     store.finish_restore()
-    with np.load(os.path.join(DIRECTORY, "expected.npz")) as saved:
+    with np.load(os.path.join(store.directory, "expected.npz")) as saved:
         expected = [saved[f"arr_{i}"] for i in range(len(saved.files))]
     state = whole_state(model)
     assert len(state) == len(expected)
@@ -65,11 +72,12 @@ def read(sharding):
         loss = model.train_on_batch(*next(batches))
         assert np.isfinite(loss), loss
     print(f"rank {distributed.rank()} of {distributed.size()}: restored {sharding} tables "
-          "exactly and trained on", flush=True)
+          f"and {optimizer} state exactly and trained on", flush=True)
 
 
 if __name__ == "__main__":
     MODE, SHARDING, DIRECTORY = sys.argv[1:4]
     if distributed.launched_by_horovodrun():
         distributed.init()
-    {"write": write, "read": read}[MODE](SHARDING)
+    for name in OPTIMIZERS:
+        {"write": write, "read": read}[MODE](SHARDING, name)

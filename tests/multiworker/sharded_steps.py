@@ -30,12 +30,12 @@ import models  # noqa: E402
 from tfscale import distributed, exchanges, row_sharding  # noqa: E402
 from tfscale.data.synthetic import SyntheticCTR  # noqa: E402
 from tfscale.loss_scaling import LossScaleOptimizer  # noqa: E402
-from tfscale.optimizers import CowClip, FusedAdam, RowSparseAdam  # noqa: E402
+from tfscale.optimizers import CAME, CowClip, FusedAdam, RowSparseAdam  # noqa: E402
 from tfscale.training import build_model_and_optimizer  # noqa: E402
 
 GLOBAL_BATCH = 384  # divides over 2, 3 and 4 ranks
 STEPS = 20
-RUNS = ("adam", "cowclip_faithful", "cowclip_scalable", "cowclip_scalable_stale1",
+RUNS = ("adam", "came", "cowclip_faithful", "cowclip_scalable", "cowclip_scalable_stale1",
         "float16_adam")
 
 
@@ -44,6 +44,8 @@ def make_optimizer(run):
         return FusedAdam(learning_rate=1e-3)
     if run == "float16_adam":
         return LossScaleOptimizer(FusedAdam(learning_rate=1e-3))
+    if run == "came":
+        return CAME(learning_rate=1e-4)
     mode = run.split("_")[1]  # cowclip_<mode>[_stale<T>]
     embedding = (FusedAdam if mode == "faithful" else RowSparseAdam)(1e-3, name="embedding")
     # r = 0.05 clips some rows (tests/test_hybrid.py uses the same)
@@ -95,21 +97,24 @@ def check_skip_on_inf(model, data, rank, num_ranks):
 
 
 def whole_state(model):
-    """model_state with every row-sharded table and slot replaced by the whole one (gathered
-    from every rank by global id); per-rank scalars of shards (CowClip's clip statistics of its
-    own rows) as None."""
+    """model_state with every row-sharded table and per-row slot replaced by the whole one
+    (gathered from every rank by global id); per-rank scalars of shards (CowClip's clip
+    statistics of its own rows) as None. State spanning every row (CAME's column statistics)
+    is whole on every rank already."""
     local = row_sharding.local_variables(model)
     shards = {v.path.replace("/", "_") + "_": row_sharding.shard_of(v)
               for v in local if row_sharding.shard_of(v) is not None}
     state = []
     for variable in list(model.variables) + list(model.optimizer.variables):
         shard = row_sharding.shard_of(variable)
-        if shard is None and any(variable is v for v in local):
-            name = variable.path.split("/")[-1]
-            shard = next(s for prefix, s in shards.items() if name.startswith(prefix))
+        name = variable.path.split("/")[-1]
+        slot_of = next((s for prefix, s in shards.items() if name.startswith(prefix)), None)
+        if shard is None and slot_of is not None:
             if len(variable.shape) == 0:
                 state.append(None)
                 continue
+            if any(variable is v for v in local):
+                shard = slot_of
         state.append(variable.numpy() if shard is None else gathered(variable, shard))
     return state
 

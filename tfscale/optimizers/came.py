@@ -12,17 +12,23 @@ Weight decay is Keras's decoupled `weight_decay` (`theta -= lr * wd * theta`, wi
 `exclude_from_weight_decay`). Keras applies it before `update_step`, the reference between
 computing the update and applying it; the update never reads theta, so both orders give the
 same result. IndexedSlices gradients are densified: the factored statistics cover every row.
+
+A row-sharded table (tfscale.row_sharding) holds 1/P of the rows on each rank; its row
+statistics are per row and stay with the shard, while what spans the whole table (the column
+statistics, the row statistics' mean and the update's RMS) is summed over the shards: two
+allreduces of dim + 1 values and one of a scalar per table and step, so P ranks take the step
+one process takes on the whole table.
 """
 
 import keras
 from keras import ops
 
-from tfscale.optimizers.capabilities import NeedsWholeTables
+from tfscale import distributed, row_sharding
 from tfscale.row_gradients import densify
 
 
 @keras.saving.register_keras_serializable(package="tfscale")
-class CAME(NeedsWholeTables, keras.optimizers.Optimizer):
+class CAME(keras.optimizers.Optimizer):
     """Confidence-guided Adaptive Memory Efficient optimizer.
 
     Args:
@@ -83,7 +89,11 @@ class CAME(NeedsWholeTables, keras.optimizers.Optimizer):
                 (self._instability_rows, row_shape, "instability_row"),
                 (self._instability_columns, column_shape, "instability_column"),
             ):
-                slots.append(self._add_state(variable, slot_shape, suffix) if factored else None)
+                slot = self._add_state(variable, slot_shape, suffix) if factored else None
+                if slot is not None and len(shape) == 2:  # a table's: tell its shards how
+                    (row_sharding.mark_per_row if slot_shape == row_shape
+                     else row_sharding.mark_whole_table)(slot)
+                slots.append(slot)
 
     def _add_state(self, variable, shape, suffix):
         prefix = getattr(variable, "path", variable.name).replace("/", "_").replace(":", "_")
@@ -97,26 +107,34 @@ class CAME(NeedsWholeTables, keras.optimizers.Optimizer):
         gradient = ops.cast(densify(gradient), dtype)
         squared = ops.square(gradient) + self.epsilon_1
         factored = len(variable.shape) >= 2
+        whole = _WholeTable(row_sharding.shard_of(variable), f"{self.name}_{index}")
         if factored:
-            row = self._ema(self._rows[index], ops.mean(squared, axis=-1), self.beta_2)
-            column = self._ema(self._columns[index], ops.mean(squared, axis=-2), self.beta_2)
-            update = _inverse_sqrt_of_factored(row, column) * gradient
+            update = self._factored(self._rows[index], self._columns[index], squared,
+                                    self.beta_2, whole, "squares") * gradient
         else:
             velocity = self._ema(self._velocities[index], squared, self.beta_2)
             update = ops.rsqrt(velocity) * gradient
-        update = update / ops.maximum(_rms(update) / self.clip_threshold, 1.0)
+        update = update / ops.maximum(whole.rms(update) / self.clip_threshold, 1.0)
         momentum = self._ema(self._momentums[index], update, self.beta_1)
         if factored:
             instability = ops.square(update - momentum) + self.epsilon_2
-            row = self._ema(self._instability_rows[index], ops.mean(instability, axis=-1),
-                            self.beta_3)
-            column = self._ema(self._instability_columns[index],
-                               ops.mean(instability, axis=-2), self.beta_3)
-            step = _inverse_sqrt_of_factored(row, column) * momentum
+            step = self._factored(self._instability_rows[index],
+                                  self._instability_columns[index], instability, self.beta_3,
+                                  whole, "instability") * momentum
         else:
             step = momentum
         step = ops.cast(learning_rate, dtype) * step
         self.assign_sub(variable, ops.cast(step, variable.dtype))
+
+    def _factored(self, rows, columns, values, beta, whole, name):
+        """Updates the row and column averages of `values` (..., n, m) in the slots `rows` and
+        `columns` and returns 1 / sqrt of their rank-1 estimate
+        V = (row / mean(row))[..., :, None] * column[..., None, :] (means per leading slice)."""
+        row = self._ema(rows, ops.mean(values, axis=-1), beta)
+        column_mean, row_mean = whole.column_and_row_means(values, row, name)
+        column = self._ema(columns, column_mean, beta)
+        row_factor = ops.rsqrt(row / row_mean)
+        return ops.expand_dims(row_factor, -1) * ops.expand_dims(ops.rsqrt(column), -2)
 
     def _ema(self, average, value, beta):
         """Assigns `beta * average + (1 - beta) * value` to `average` and returns it."""
@@ -143,13 +161,31 @@ def state_dtype(variable_dtype):
     return "float64" if keras.backend.standardize_dtype(variable_dtype) == "float64" else "float32"
 
 
-def _rms(x):
-    return ops.sqrt(ops.mean(ops.square(x)))
+class _WholeTable:
+    """Means over every row of a variable: over its own rows, or, for a row shard under Horovod,
+    over every rank's shard (sums allreduced under names that start with `name`)."""
 
+    def __init__(self, shard, name):
+        self._shard = shard if shard is not None and distributed.is_active() else None
+        self._name = name
 
-def _inverse_sqrt_of_factored(row, column):
-    """1 / sqrt(V) for the rank-1 estimate
-    V = (row / mean(row))[..., :, None] * column[..., None, :] (means per leading-axes slice),
-    from the two vectors' inverse square roots."""
-    row_factor = ops.rsqrt(row / ops.mean(row, axis=-1, keepdims=True))
-    return ops.expand_dims(row_factor, -1) * ops.expand_dims(ops.rsqrt(column), -2)
+    def column_and_row_means(self, values, row, name):
+        """The mean of `values` (..., n, m) over its rows (..., m) and of `row` (..., n), with
+        keepdims (..., 1)."""
+        if self._shard is None:
+            return ops.mean(values, axis=-2), ops.mean(row, axis=-1, keepdims=True)
+        sums = self._sum_over_shards(
+            ops.concatenate([ops.sum(values, axis=0), ops.sum(row, keepdims=True)], axis=0),
+            name)
+        return sums[:-1] / self._shard.total_rows, sums[-1:] / self._shard.total_rows
+
+    def rms(self, update):
+        """The root mean square of every element of `update`."""
+        if self._shard is None:
+            return ops.sqrt(ops.mean(ops.square(update)))
+        total = self._shard.total_rows * int(update.shape[-1])
+        return ops.sqrt(self._sum_over_shards(ops.sum(ops.square(update)), "rms") / total)
+
+    def _sum_over_shards(self, value, name):
+        hvd = distributed.runtime.horovod()
+        return hvd.allreduce(value, op=hvd.Sum, name=f"tfscale_came_{self._name}_{name}")
