@@ -231,10 +231,11 @@ def test_a_regularised_table_cannot_be_stale():
 def test_a_stale_checkpoint_resumes_only_into_its_sharding(tmp_path):
     """A row-sharded table's queue holds local rows: a replicated stale checkpoint must not fill
     it (nor the reverse), however many ranks."""
+    keras.backend.clear_session()  # the same layer names in both models
     replicated, _, _ = _probe_tables(1, 2)
     CheckpointStore(str(tmp_path), model=replicated, optimizer=replicated.optimizer,
                     per_rank_variables=replicated.per_rank_variables()).save(2, {})
-    keras.backend.clear_session()  # the same layer names
+    keras.backend.clear_session()
     sharded, _, _ = _probe_tables(1, 1, sharding="row")
     store = CheckpointStore(str(tmp_path), model=sharded, optimizer=sharded.optimizer,
                             per_rank_variables=sharded.per_rank_variables())

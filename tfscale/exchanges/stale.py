@@ -1,6 +1,7 @@
 """Bounded-staleness embedding updates (docs/persia.md): `StaleExchange` wraps an exchange that
-can run stale (allgather, dense) so that each embedding table's gradient of step t is exchanged
-and applied at step t + T, while step t + T computes; the dense part stays synchronous.
+can run stale (allgather, dense, or either around row-sharded tables) so that each embedding
+table's gradient of step t is exchanged (a shard's needs none) and applied at step t + T, while
+step t + T computes; the dense part stays synchronous.
 
 `StalenessQueues` holds, per embedding table and per rank, a queue of the last T steps' local
 gradients (rows, row ids and, for CowClip, occurrence counts), unscaled, in host memory. A step
