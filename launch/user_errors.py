@@ -12,6 +12,7 @@ from absl import app
 ARGUMENT_FLAGS = {
     "batch_size": "batch_size",
     "checkpoint_dir": "checkpoint_dir",
+    "deduplicate": "dedup_ids",
     "dense_transform": "integer_transform",
     "embedding_exchange": "embedding_comm",
     "embedding_staleness": "embedding_staleness",
@@ -21,6 +22,7 @@ ARGUMENT_FLAGS = {
     "on_bad_line": "on_bad_line",
     "on_short_line": "on_short_line",
     "resume": "resume",
+    "sharding": "embedding_sharding",
     "stop_after_steps": "stop_after_steps",
     "vocabulary_cache_dir": "vocabulary_cache_dir",
 }

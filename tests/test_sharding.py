@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import models
+from launch.user_errors import in_flag_terms
 from tests.horovod_launch import horovodrun, python
 from tests.multiworker import sharded_steps
 from tests.test_distributed import load_state
@@ -134,6 +135,10 @@ def test_refusals_name_the_argument():
         FieldEmbedding([5, 5], embeddings_regularizer="l2", sharding="row")
     with pytest.raises(ValueError, match="`sharding='column'`: give one of replicated, row"):
         FieldEmbedding([5, 5], sharding="column")
+    with pytest.raises(UserError, match="`deduplicate=False` cannot be used with `sharding=row`"):
+        FieldEmbedding([5, 5], deduplicate=False, sharding="row")
+    assert in_flag_terms("`deduplicate=False` cannot be used with `sharding=row`") == (
+        "--dedup_ids=False cannot be used with --embedding_sharding=row")
 
 
 def test_an_optimizer_with_undeclared_state_of_a_shard_is_refused():

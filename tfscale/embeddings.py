@@ -39,8 +39,8 @@ class FieldEmbedding(keras.layers.Layer):
             (tfscale.dedup); the gradients then hold one row per unique id. False: one gathered
             row per occurrence (the same outputs and summed gradients).
         sharding: "replicated" (every rank holds the whole tables) or "row" (each Horovod rank
-            holds the rows id mod P == rank and looks the others up by alltoall; always
-            de-duplicated; the initializers must be row-independent: RowSeededNormal, zeros,
+            holds the rows id mod P == rank and looks the others up by alltoall; de-duplicated,
+            so not with `deduplicate=False`; the initializers must be row-independent: RowSeededNormal, zeros,
             constants).
 
     The tables live in host memory (tfscale.placement.embedding_device), where their lookups run.
@@ -74,6 +74,11 @@ class FieldEmbedding(keras.layers.Layer):
         if sharding not in row_sharding.SHARDINGS:
             raise ValueError(f"`sharding={sharding!r}`: give one of "
                              f"{', '.join(row_sharding.SHARDINGS)}")
+        if sharding == "row" and not self.deduplicate:
+            raise UserError("`deduplicate=False` cannot be used with `sharding=row`: a row-sharded "
+                            "lookup sends each unique id of the batch to its owner once (its "
+                            "outputs and summed gradients are those of plain lookups); leave "
+                            "`deduplicate` on")
         self.sharding = sharding
         self.scalars = StepScalars()
         # XLA has no kernels for its lookups (UniqueWithCounts, Horovod's alltoall): Keras's
