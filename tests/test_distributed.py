@@ -38,12 +38,17 @@ def load_state(path):
 
 
 @pytest.fixture(scope="module")
-def two_rank_states(tmp_path_factory):
+def two_rank_dir(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("data_parallel")
     result = horovodrun(2, ["tests/multiworker/data_parallel_steps.py", str(out_dir)])
     assert result.returncode == 0, result.stdout
+    return out_dir
+
+
+@pytest.fixture(scope="module")
+def two_rank_states(two_rank_dir):
     return {(name, exchange, staleness, rank):
-            load_state(out_dir / f"{name}-{exchange}-stale{staleness}-rank{rank}.npz")
+            load_state(two_rank_dir / f"{name}-{exchange}-stale{staleness}-rank{rank}.npz")
             for name, exchange, staleness in data_parallel_steps.RUNS for rank in (0, 1)}
 
 
@@ -54,9 +59,10 @@ def one_process_states(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("one_process")
     result = python(["tests/multiworker/data_parallel_steps.py", str(out_dir)])
     assert result.returncode == 0, result.stdout
-    return {(name, staleness):
-            load_state(out_dir / f"{name}-allgather-stale{staleness}-reference.npz")
-            for name, exchange, staleness in data_parallel_steps.RUNS if exchange == "allgather"}
+    return {(name, staleness, part): load_state(
+                out_dir / f"{name}-allgather-stale{staleness}-reference{part}.npz")
+            for name, exchange, staleness in data_parallel_steps.RUNS if exchange == "allgather"
+            for part in ("", "-initial")}
 
 
 @pytest.mark.parametrize("staleness", [0, 1])
@@ -66,11 +72,27 @@ def test_two_ranks_at_half_batch_match_one_process_at_full_batch(two_rank_states
                                                                  staleness):
     """With de-duplicated lookups (the default): each rank's unique rows and, for CowClip, their
     counts, summed over the ranks, are the global batch's."""
-    expected = one_process_states[(optimizer, staleness)]
+    expected = one_process_states[(optimizer, staleness, "")]
     actual = two_rank_states[(optimizer, "allgather", staleness, 0)]
     assert len(actual) == len(expected)
     for i, (want, got) in enumerate(zip(expected, actual)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"variable {i}")
+    initial = one_process_states[(optimizer, staleness, "-initial")]
+    model_variables = len(data_parallel_steps.compiled_model(
+        data_parallel_steps.source().schema, "adam").variables)
+    unmoved = [i for i, (a, b) in enumerate(zip(expected[:model_variables], initial))
+               if np.array_equal(a, b)]
+    assert not unmoved, unmoved  # every variable of the model was trained
+
+
+def test_two_rank_evaluation_equals_one_pass_on_the_same_weights(two_rank_dir):
+    """Each rank scores its shard of the test split and the AUC is the union's: the same as
+    rank 0 alone scoring the whole split with the same (bitwise identical) weights."""
+    for rank in (0, 1):
+        (gathered, alone) = np.load(two_rank_dir / f"adam-allgather-stale0-rank{rank}"
+                                                   "-evaluations.npy")
+        assert gathered[2] == alone[2] == data_parallel_steps.source().test_rows
+        np.testing.assert_allclose(gathered[:2], alone[:2], rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("optimizer, exchange, staleness", data_parallel_steps.RUNS)

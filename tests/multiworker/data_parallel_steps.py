@@ -2,9 +2,10 @@
 on its slice of every global batch, for each of RUNS (Adam and CowClip with the allgather
 embedding exchange, synchronous and with embedding updates one step stale; Adam with the dense
 and the gTop-k ones), and writes its final model and optimizer variables (in `model_state` order)
-to OUT_DIR/<optimizer>-<exchange>-stale<T>-rank<r>.npz. Run without horovodrun, it trains the
+to OUT_DIR/<optimizer>-<exchange>-stale<T>-rank<r>.npz, the initial ones to ...-initial.npz and
+`evaluations` of the trained model to ...-evaluations.npy. Run without horovodrun, it trains the
 one-process reference of each allgather run on the whole global batches instead and writes
-OUT_DIR/<optimizer>-allgather-stale<T>-reference.npz. Used by tests/test_distributed.py;
+OUT_DIR/<optimizer>-allgather-stale<T>-reference*. Used by tests/test_distributed.py;
 imported by the other multi-process scripts."""
 
 import os
@@ -17,7 +18,9 @@ import tensorflow as tf  # noqa: E402
 
 import models  # noqa: E402
 from tfscale import distributed, row_sharding  # noqa: E402
+from tfscale import metrics  # noqa: E402
 from tfscale.data.synthetic import SyntheticCTR  # noqa: E402
+from tfscale.evaluation import evaluate_exact  # noqa: E402
 from tfscale.optimizers import CowClip, FusedAdam  # noqa: E402
 from tfscale.training import build_model_and_optimizer  # noqa: E402
 
@@ -74,14 +77,31 @@ def model_state(model):
 
 
 def train(optimizer_name, rank, num_ranks, embedding_exchange="allgather", embedding_staleness=0):
-    """Final variables after STEPS steps of rank `rank` of `num_ranks` (1: the reference)."""
+    """(model, its initial state, data) after STEPS steps of rank `rank` of `num_ranks` (1: the
+    reference)."""
     data = source()
     model = compiled_model(data.schema, make_optimizer(optimizer_name), embedding_exchange,
                            embedding_staleness)
+    initial = model_state(model)
     batches = rank_slice(data.train_batches(GLOBAL_BATCH), rank, num_ranks)
     model.fit(batches, epochs=1, verbose=0, shuffle=False)
     assert int(model.optimizer.iterations) == STEPS
-    return model_state(model)
+    return model, initial, data
+
+
+def evaluations(model, data):
+    """[AUC, log loss, examples] of tfscale.evaluation over this rank's test shard (under
+    Horovod: gathered from every rank) and of one pass of this process alone over the whole
+    test split, on the same weights."""
+    gathered = evaluate_exact(model, data.test_batches(256, **distributed.data_shard()))
+    labels, predictions = [], []
+    for features, batch_labels in data.test_batches(256):
+        predictions.append(model(features, training=False).numpy().reshape(-1))
+        labels.append(batch_labels.numpy().reshape(-1))
+    labels, predictions = np.concatenate(labels), np.concatenate(predictions)
+    alone = [metrics.exact_auc(labels, predictions), metrics.log_loss(labels, predictions),
+             labels.size]
+    return np.array([[gathered["auc"], gathered["logloss"], gathered["examples"]], alone])
 
 
 def main(out_dir):
@@ -91,9 +111,12 @@ def main(out_dir):
     else:
         runs, label = [run for run in RUNS if run[1] == "allgather"], "reference"
     for name, exchange, staleness in runs:
-        state = train(name, distributed.rank(), distributed.size(), exchange, staleness)
-        np.savez(os.path.join(out_dir, f"{name}-{exchange}-stale{staleness}-{label}.npz"),
-                 *state)
+        model, initial, data = train(name, distributed.rank(), distributed.size(), exchange,
+                                     staleness)
+        prefix = os.path.join(out_dir, f"{name}-{exchange}-stale{staleness}-{label}")
+        np.savez(f"{prefix}.npz", *model_state(model))
+        np.savez(f"{prefix}-initial.npz", *initial)
+        np.save(f"{prefix}-evaluations.npy", evaluations(model, data))
     print(f"rank {distributed.rank()} of {distributed.size()} done", flush=True)
 
 
