@@ -3,6 +3,8 @@ lookups (same forward values and summed gradients as plain ones, counts kept for
 bounded-staleness embedding updates (staleness 0 is the synchronous step; with T >= 1 the tables
 lag exactly T steps, the dense part not at all; a skipped step keeps the queue)."""
 
+import json
+
 import keras
 import numpy as np
 import pytest
@@ -10,7 +12,8 @@ import tensorflow as tf
 from keras import ops
 
 from models import DeepFM
-from tfscale import dedup, exchanges, placement
+from tests.horovod_launch import python
+from tfscale import dedup, exchanges
 from tfscale.checkpoints import CheckpointStore
 from tfscale.data.schema import FeatureSchema
 from tfscale.embeddings import FieldEmbedding
@@ -35,17 +38,42 @@ def batches(count, size, seed=0, schema=SCHEMA):
         yield features, rng.integers(0, 2, size=(size, 1)).astype(np.float32)
 
 
-def test_tables_and_their_optimizer_state_live_in_host_memory():
+# In a fresh process with two logical CPUs, the model is built under `tf.device("/CPU:1")`,
+# which stands for an accelerator: the tables and their slots must still land on CPU:0.
+PLACEMENT_SCRIPT = """
+import json
+import tensorflow as tf
+cpu, = tf.config.list_physical_devices("CPU")
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import keras
+from models import DeepFM
+from tests.horovod_launch import python
+from tfscale import placement
+from tests.test_hybrid import SCHEMA
+with tf.device("/CPU:1"):
     model = DeepFM(SCHEMA, hidden_units=(8,))
     model.build()
     model.compile(keras.optimizers.Adam(1e-3), "binary_crossentropy")
     model.optimizer.build(model.trainable_variables)
-    table = model.field_embedding.deep_table.embeddings
-    assert table.value.device.endswith("CPU:0"), table.value.device
-    slots = [v for v in model.optimizer.variables if "deep_embedding" in v.path]
-    assert slots and all(v.value.device.endswith("CPU:0") for v in slots), slots
-    assert placement.describe(model).startswith(
-        "placement: embedding tables on CPU:0, dense model on CPU:0 (no accelerator found)")
+print(json.dumps({"line": placement.describe(model),
+                  "gpus": len(tf.config.list_logical_devices("GPU")),
+                  "devices": {v.path: v.value.device.rsplit("device:", 1)[-1]
+                              for v in model.variables + model.optimizer.variables}}))
+"""
+
+
+def test_tables_and_their_optimizer_state_live_in_host_memory():
+    result = python(["-c", PLACEMENT_SCRIPT])
+    assert result.returncode == 0, result.stdout
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    devices = report["devices"]
+    on_host = {path for path in devices if "_embedding" in path}
+    assert len(on_host) == 6, devices  # 2 tables, 2 Adam slots each
+    assert {devices[path] for path in on_host} == {"CPU:0"}, devices
+    assert {d for path, d in devices.items() if path not in on_host} == {"CPU:1"}, devices
+    accelerator = "" if report["gpus"] else " (no accelerator found)"
+    assert report["line"] == ("placement: embedding tables on CPU:0, dense model on CPU:1"
+                              f"{accelerator}")
 
 
 def _lookup_and_gradient(deduplicate, ids, weights):

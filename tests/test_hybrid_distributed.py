@@ -6,6 +6,7 @@ an uninterrupted one, each rank's queue of pending gradients included. (2 ranks 
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from tests.horovod_launch import horovodrun
 from tests.test_distributed import SMALL_RUN
@@ -29,7 +30,9 @@ def whole_run(tmp_path_factory):
 
 def test_launcher_reports_placement_and_embedding_scalars(whole_run):
     out, run_dir = whole_run
-    assert ("placement: embedding tables on CPU:0, dense model on CPU:0 (no accelerator found); "
+    gpus = tf.config.list_logical_devices("GPU")  # the ranks see this machine's devices
+    dense = gpus[0].name.rsplit("device:", 1)[-1] if gpus else "CPU:0 (no accelerator found)"
+    assert (f"placement: embedding tables on CPU:0, dense model on {dense}; "
             "tables replicated: 374,398 rows, 25 MB with optimizer state; "
             "de-duplicated lookups, embedding updates 1 step(s) stale") in out, out
     scalars = train_scalars(f"{run_dir}/logs")
