@@ -46,3 +46,44 @@ def gtopk(candidates, k):
     masks = [np.array([any(e[0] == int(i) and rank in e[2] for e in final) for i in c[0]], bool)
              for rank, c in enumerate(candidates)]
     return indices, values, masks
+
+
+def error_feedback_step(residuals, gradients, density, method, by_rows):
+    """One step of docs/gtopk.md's top-k exchange with error feedback for one variable on every
+    rank. residuals, gradients: per rank, arrays of the variable's shape; by_rows: rank rows of
+    a table by L2 norm (else elements by |value|); method: "gtopk" (the global top-k of the sum)
+    or "topk" (every rank's candidates summed). Returns (the gradient every rank applies, the
+    mean over ranks; the new residual of each rank)."""
+    num_ranks = len(residuals)
+    shape = np.shape(residuals[0])
+    accumulators = [np.array(r, np.float64) + np.array(g, np.float64)
+                    for r, g in zip(residuals, gradients)]
+    if not by_rows:
+        accumulators = [a.reshape(-1) for a in accumulators]
+    count = accumulators[0].shape[0]
+    k = min(max(int(np.ceil(density * count)), 1), count)
+    candidates = []
+    for accumulator in accumulators:
+        magnitude = np.linalg.norm(accumulator, axis=1) if by_rows else np.abs(accumulator)
+        top = np.argsort(-magnitude, kind="stable")[:k]
+        top = top[magnitude[top] > 0]  # zero rows are never sent
+        candidates.append((top, accumulator[top]))
+    if method == "gtopk":
+        indices, sums, masks = gtopk(candidates, k)
+    else:
+        summed = {}
+        for top, values in candidates:
+            for index, value in zip(top, values):
+                summed[int(index)] = summed.get(int(index), 0.0) + value
+        indices = np.array(list(summed), np.int64)
+        sums = np.array(list(summed.values()))
+        masks = [np.ones(len(top), bool) for top, _ in candidates]
+    applied = np.zeros_like(accumulators[0])
+    if len(indices):
+        applied[indices] = sums / num_ranks
+    new_residuals = []
+    for accumulator, (top, _), mask in zip(accumulators, candidates, masks):
+        residual = accumulator.copy()
+        residual[top[mask]] = 0.0
+        new_residuals.append(residual.reshape(shape))
+    return applied.reshape(shape), new_residuals

@@ -24,8 +24,8 @@ def test_collectives_and_error_feedback_under_horovodrun(num_ranks):
     assert result.returncode == 0, result.stdout
     for rank in range(num_ranks):
         assert f"rank {rank} of {num_ranks}: 36 cases match the NumPy butterfly" in result.stdout
-        assert f"rank {rank} of {num_ranks}: exchange steps conserve the gradients" in \
-            result.stdout
+        assert (f"rank {rank} of {num_ranks}: exchange steps match the NumPy error feedback and "
+                "conserve the gradients") in result.stdout
 
 
 def test_one_rank_gtopk_is_its_own_top_k():
@@ -65,6 +65,52 @@ def test_a_loss_scaled_gradient_selects_and_applies_the_same_rows():
         np.testing.assert_array_equal(plain.residuals[table.path].numpy(),
                                       scaled.residuals[table.path].numpy())
     assert len(applied[0].indices) == 5  # ceil(0.1 * 50) rows
+
+
+@pytest.mark.parametrize("method", ["topk", "gtopk"])
+def test_one_process_steps_match_the_numpy_error_feedback(method):
+    """Selection from residual + gradient, the applied gradient and the new residual, over steps
+    whose residuals are non-zero."""
+    table = keras.Variable(np.zeros((50, 4), np.float32), name="embeddings")
+    kernel = keras.Variable(np.zeros((6, 3), np.float32), name="kernel")
+    exchange = exchanges.EXCHANGES[method](density=0.1, dense_gradients=True)
+    residuals = [np.zeros((50, 4)), np.zeros((6, 3))]
+    for step in range(4):
+        table_gradient = _table_and_gradient(step)[1]
+        kernel_gradient = np.random.default_rng(100 + step).normal(size=(6, 3)).astype(np.float32)
+        applied, _, _ = exchange.sparsify([table_gradient, tf.constant(kernel_gradient)],
+                                          [table, kernel], step)
+        for i, (gradient, by_rows) in enumerate(((table_gradient, True),
+                                                 (kernel_gradient, False))):
+            if step:
+                assert np.count_nonzero(residuals[i]), step
+            want, (residuals[i],) = gtopk_reference.error_feedback_step(
+                [residuals[i]], [tf.convert_to_tensor(gradient).numpy()], 0.1, method, by_rows)
+            np.testing.assert_allclose(tf.convert_to_tensor(applied[i]).numpy(), want,
+                                       rtol=1e-6, atol=1e-7)
+            variable = (table, kernel)[i]
+            np.testing.assert_allclose(exchange.residuals[variable.path].numpy(), residuals[i],
+                                       rtol=1e-6, atol=1e-7)
+
+
+def test_density_one_trains_as_the_plain_exchange():
+    source = SyntheticCTR(seed=0, train_rows=768, test_rows=256, vocabulary_scale=0.002)
+    features, labels = next(iter(source.train_batches(256)))
+    trained = []
+    for exchange in ("allgather", exchanges.GTopKExchange(density=1.0)):
+        keras.utils.set_random_seed(0)
+        model = models.build_model("deepfm", source.schema, hidden_units=[8])
+        model.build()
+        model.compile(optimizer=FusedAdam(1e-2), loss="binary_crossentropy",
+                      embedding_exchange=exchange)
+        initial = [v.numpy() for v in model.trainable_variables]
+        for _ in range(3):
+            model.train_on_batch(features, labels)
+        trained.append([v.numpy() for v in model.trainable_variables])
+    plain, topk = trained
+    assert len(plain) > 5 and all(not np.array_equal(a, b) for a, b in zip(initial, plain))
+    for a, b in zip(plain, topk):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
 
 
 def test_density_warmup_keeps_more_rows_first():

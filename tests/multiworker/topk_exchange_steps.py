@@ -1,9 +1,11 @@
 """Run under horovodrun (any number of ranks): STEPS steps of the top-k exchanges (tfscale.exchanges.topk)
 ("topk" and "gtopk", an embedding table by rows and a dense kernel element-wise) on random
-per-rank gradients, checking after every step that every rank applies the same gradient and that
+per-rank gradients, checking after every step that every rank applies the same gradient, that
 error feedback conserves the gradients (summed over ranks: P * applied + change in residuals =
-gradients), and that an inf on one rank leaves every residual unchanged and the applied gradient
-NaN on every rank. Exits non-zero on the first failure."""
+gradients), that the applied gradient and this rank's new residual are those of the NumPy
+statement (tests/gtopk_reference.py, every rank's gradients regenerated from their seeds, the
+residuals non-zero from step 1 on), and that an inf on one rank leaves every residual unchanged
+and the applied gradient NaN on every rank. Exits non-zero on the first failure."""
 
 import os
 
@@ -12,11 +14,13 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from tests import gtopk_reference  # noqa: E402
 from tfscale import distributed, exchanges  # noqa: E402
 
 STEPS = 6
 INF_STEP = 4
 ROWS, WIDTH = 40, 4
+DENSITY = 0.1
 
 
 def gradients(rank, step):
@@ -34,14 +38,28 @@ def dense(gradient):
     return tf.convert_to_tensor(gradient)
 
 
+def expected_step(method, step, reference_residuals, num_ranks):
+    """Per variable, (applied, new residuals of every rank) by the NumPy statement, from every
+    rank's gradients of `step`; updates `reference_residuals` in place."""
+    everyone = [[dense(g).numpy() for g in gradients(rank, step)] for rank in range(num_ranks)]
+    expected = []
+    for i, by_rows in enumerate((True, False)):  # the table by rows, the kernel element-wise
+        applied, residuals = gtopk_reference.error_feedback_step(
+            reference_residuals[i], [g[i] for g in everyone], DENSITY, method, by_rows)
+        reference_residuals[i] = residuals
+        expected.append(applied)
+    return expected
+
+
 def run(method, hvd):
     table = keras.Variable(np.zeros((ROWS, WIDTH), np.float32), name="embeddings")
     kernel = keras.Variable(np.zeros((5, 3), np.float32), name="kernel")
     variables = [table, kernel]
-    exchange = exchanges.EXCHANGES[method](density=0.1, dense_gradients=True)
+    exchange = exchanges.EXCHANGES[method](density=DENSITY, dense_gradients=True)
     exchange.state.build(variables)
     residuals = [exchange.residuals[v.path] for v in variables]
     step_function = tf.function(lambda g, step: exchange.sparsify(g, variables, step))
+    reference_residuals = [[np.zeros(v.shape) for _ in range(hvd.size())] for v in variables]
     for step in range(STEPS):
         grads = gradients(hvd.rank(), step)
         before = [r.numpy() for r in residuals]
@@ -59,6 +77,13 @@ def run(method, hvd):
                 np.testing.assert_array_equal(a, b, err_msg=label)
             continue
         assert float(sent) > 0, label
+        expected = expected_step(method, step, reference_residuals, hvd.size())
+        for i, (a, r) in enumerate(zip(applied, after)):
+            np.testing.assert_allclose(a, expected[i], rtol=1e-5, atol=1e-6, err_msg=label)
+            np.testing.assert_allclose(r, reference_residuals[i][hvd.rank()], rtol=1e-5,
+                                       atol=1e-6, err_msg=label)
+        if step > 0:  # error feedback is exercised: rows carried over from earlier steps
+            assert np.count_nonzero(before[0]), label
         for i, (g, a, b, r) in enumerate(zip(grads, applied, before, after)):
             summed_gradient = hvd.allreduce(dense(g), op=hvd.Sum, name=f"g_{method}_{step}_{i}")
             summed_change = hvd.allreduce(tf.constant(r - b), op=hvd.Sum,
@@ -68,7 +93,7 @@ def run(method, hvd):
                                        err_msg=label)
         kept = np.count_nonzero(np.abs(applied[0]).sum(axis=1))
         if method == "gtopk":
-            assert kept <= int(np.ceil(0.1 * ROWS)), label
+            assert kept <= int(np.ceil(DENSITY * ROWS)), label
 
 
 def main():
@@ -76,7 +101,8 @@ def main():
     hvd = distributed.runtime.horovod()
     for method in ("topk", "gtopk"):
         run(method, hvd)
-    print(f"rank {hvd.rank()} of {hvd.size()}: exchange steps conserve the gradients", flush=True)
+    print(f"rank {hvd.rank()} of {hvd.size()}: exchange steps match the NumPy error feedback and "
+          "conserve the gradients", flush=True)
 
 
 if __name__ == "__main__":
