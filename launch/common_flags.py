@@ -72,7 +72,8 @@ flags.DEFINE_integer("cross_experts", 1, "DCN-v2: low-rank experts per cross lay
 
 # Run.
 flags.DEFINE_integer("batch_size", 16384, "Global batch size.", lower_bound=1)
-flags.DEFINE_integer("seed", 0, "Seed for initialisation and data.")
+flags.DEFINE_integer("seed", 0, "Seed for initialisation and data.", lower_bound=0,
+                     upper_bound=2**32 - 1)
 flags.DEFINE_bool("deterministic", True,
                   "Deterministic TF ops, so a fixed seed repeats a run exactly (on CPU).")
 

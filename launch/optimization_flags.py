@@ -28,22 +28,24 @@ flags.DEFINE_enum("cowclip_mode", "faithful", list(COWCLIP_MODES),
                   "faithful: the official dense update of every table row every step; scalable: "
                   "only the batch's rows (a different algorithm, see README).")
 flags.DEFINE_float("learning_rate", None, "Dense learning rate (default: the rule's, else 2e-4 "
-                   "for came, the reference's README value, and 1e-3 for the others).",
-                   lower_bound=0.0)
+                   "for came, the reference's README value, and 1e-3 for the others).")
 flags.DEFINE_float("embedding_learning_rate", None,
-                   "Embedding learning rate (default: the rule's, else --learning_rate).",
-                   lower_bound=0.0)
+                   "Embedding learning rate (default: the rule's, else --learning_rate).")
 flags.DEFINE_float("l2", None, "L2 strength on the embedding tables, wide tables and the dense "
                    "features' linear kernel (default: the rule's, else 0).", lower_bound=0.0)
 flags.DEFINE_float("zeta", None, "CowClip's lower bound on the row weight norm, in units of "
                    "r*sqrt(d) (default: the preset's).", lower_bound=0.0)
-flags.DEFINE_float("clip_r", None, "CowClip's clip ratio r (default 1).", lower_bound=0.0)
+flags.DEFINE_float("clip_r", None, "CowClip's clip ratio r (default 1; at least twice --l2).")
 flags.DEFINE_float("warmup_epochs", None, "Linear warm-up of the dense learning rate, in epochs "
                    "(default: the rule's 1, else 0).", lower_bound=0.0)
 flags.DEFINE_integer("warmup_steps", None, "The same in steps (overrides --warmup_epochs; needed "
                      "with file data, whose epoch length is unknown).", lower_bound=0)
 flags.DEFINE_float("embedding_init_stddev", None, "Stddev of the normal embedding initialiser "
                    "(default: the rule's 1e-2).", lower_bound=0.0)
+
+for _name in ("learning_rate", "embedding_learning_rate", "clip_r"):
+    flags.register_validator(_name, lambda value: value is None or value > 0,
+                             message=f"--{_name} must be above 0")
 
 # Without a rule: the optimizer's plain defaults.
 _NO_RULE = dict(rule="flags", embedding_learning_rate=None, warmup_epochs=0.0, l2=0.0,
@@ -101,4 +103,8 @@ def build_optimizer(settings, steps_per_epoch):
     if warmup_steps is None:
         raise UserError(f"a warm-up of {settings.warmup_epochs:g} epochs needs the epoch length, "
                         "which this data source does not know: give --warmup_steps")
-    return factory.build_optimizer(settings, FLAGS.optimizer, warmup_steps, FLAGS.cowclip_mode)
+    try:
+        return factory.build_optimizer(settings, FLAGS.optimizer, warmup_steps,
+                                       FLAGS.cowclip_mode)
+    except ValueError as error:  # an optimizer's own argument check, told in flags
+        raise UserError(str(error)) from None

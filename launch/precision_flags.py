@@ -20,6 +20,17 @@ flags.DEFINE_integer("loss_scale_growth_steps", 2000,
                      lower_bound=1)
 
 
+@flags.validator("loss_scale")
+def _known_loss_scale(text):
+    from tfscale.precision import parse_loss_scale
+
+    try:
+        parse_loss_scale(text, "float32")
+    except ValueError as error:
+        raise flags.ValidationError(str(error)) from None
+    return True
+
+
 def dtype_policy():
     """The dtype policy name for the model."""
     from tfscale.precision import dtype_policy as policy
@@ -28,15 +39,12 @@ def dtype_policy():
 
 
 def with_loss_scaling(optimizer):
-    """`optimizer` wrapped in the loss scaling the flags ask for (or unchanged)."""
-    from tfscale.errors import UserError
+    """`optimizer` wrapped in the loss scaling the flags ask for (or unchanged); the flag's
+    value was checked when the flags were parsed."""
     from tfscale.precision import parse_loss_scale, with_loss_scaling as wrap
 
-    try:
-        loss_scale = parse_loss_scale(FLAGS.loss_scale, FLAGS.precision)
-    except ValueError as error:
-        raise UserError(f"--loss_scale={FLAGS.loss_scale}: {error}") from None
-    return wrap(optimizer, loss_scale, FLAGS.loss_scale_growth_steps)
+    return wrap(optimizer, parse_loss_scale(FLAGS.loss_scale, FLAGS.precision),
+                FLAGS.loss_scale_growth_steps)
 
 
 def describe():

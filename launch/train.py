@@ -40,12 +40,13 @@ def run():
     import tensorflow as tf
 
     from tfscale import distributed
-    from tfscale.training import TrainingConfig, train
+    from tfscale.training import TrainingConfig, check_test_split_is_labelled, train
 
     distributed_flags.init_horovod()
     common_flags.seed_everything(FLAGS.seed, FLAGS.deterministic)
     logdir, checkpoint_dir = common_flags.run_directories(FLAGS.logdir, FLAGS.checkpoint_dir)
     source = common_flags.build_source(resumed_run=checkpoint_dir if FLAGS.resume else None)
+    check_test_split_is_labelled(source)  # before anything is written
     settings = optimization_flags.resolve_settings()
     model = common_flags.build_model(source.schema, settings, precision_flags.dtype_policy())
     steps_per_epoch = source.train_steps_per_epoch(

@@ -3,10 +3,11 @@ inside the TF graph) becomes one paragraph on stderr and exit status 2 instead o
 with the library's argument names (written `argument=value`) turned into the flags that set
 them."""
 
+import math
 import re
 import sys
 
-from absl import app
+from absl import app, flags
 
 # Library argument -> the launcher flag that sets it.
 ARGUMENT_FLAGS = {
@@ -17,6 +18,12 @@ ARGUMENT_FLAGS = {
     "embedding_exchange": "embedding_comm",
     "embedding_staleness": "embedding_staleness",
     "epochs": "epochs",
+    "l2": "l2",
+    "mode": "cowclip_mode",
+    "r": "clip_r",
+    "test_fraction": "test_fraction",
+    "test_paths": "test_path",
+    "zeta": "zeta",
     "gradient_compression": "gradient_compression",
     "hash_buckets": "hash_buckets",
     "on_bad_line": "on_bad_line",
@@ -67,9 +74,21 @@ def _print_user_error(error):
     return 2
 
 
+def refuse_non_finite_floats():
+    """Registers, for every float flag defined so far, that nan and inf are refused when the
+    flags are parsed (absl's bounds let nan through)."""
+    for name in flags.FLAGS:
+        flag = flags.FLAGS[name]
+        if flag.name == name and flag.flag_type() == "float":
+            flags.register_validator(name, lambda value: value is None or math.isfinite(value),
+                                     message=f"--{name} must be a finite number")
+
+
 def absl_main(run):
     """The `main(argv)` for `absl.app.run` of an entry point whose work is `run()`: no
-    positional arguments, the process's exit status from run_reporting_user_errors."""
+    positional arguments, the process's exit status from run_reporting_user_errors. Float flags
+    must be finite."""
+    refuse_non_finite_floats()
 
     def main(argv):
         if len(argv) > 1:

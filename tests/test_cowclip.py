@@ -131,6 +131,18 @@ def test_aggregate_rows_sums_and_counts():
     assert counts.numpy().tolist() == [2.0, 1.0]
 
 
+@pytest.mark.parametrize("arguments, message", [
+    (dict(r=0.0), "`r=0.0`: give a finite number above 0"),
+    (dict(zeta=float("nan")), "`zeta=nan`: give a finite number of 0 or more"),
+    (dict(l2=-1e-5), "`l2=-1e-05`: give a finite number of 0 or more"),
+    (dict(r=0.5, l2=0.3), "`l2=0.3` with `r=0.5`: CowClip needs 2\\*l2 <= r"),
+    (dict(mode="fast"), "`mode='fast'`: give one of faithful, scalable"),
+])
+def test_bad_arguments_are_named(arguments, message):
+    with pytest.raises(ValueError, match=message):
+        CowClip(**arguments)
+
+
 def test_dense_gradient_for_a_table_is_a_clear_error():
     optimizer = CowClip()
     table = keras.Variable(np.ones((4, 3), "float32"), name="embeddings")

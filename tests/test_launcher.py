@@ -151,12 +151,30 @@ def test_refuses_to_overwrite_a_run_without_resume(tmp_path):
     (["--optimizer=adam", "--embedding_comm=gtopk", "--embedding_staleness=1"],
      "--embedding_staleness=1 cannot be used with --embedding_comm=gtopk"),
     (["--embedding_comm=dense"], "--embedding_comm=dense cannot be used with CowClip"),
+    (["--clip_r=0"], "--clip_r=0.0: --clip_r must be above 0"),
+    (["--zeta=nan"], "--zeta=nan: --zeta must be a finite number"),
+    (["--l2=1"], "--l2=1.0 with --clip_r=1.0: CowClip needs 2*l2 <= r"),
+    (["--clip_r=0.5", "--l2=0.3"], "lower --l2 or raise --clip_r"),
 ])
 def test_bad_flags_give_a_clear_error(flags, message):
     result = launch(*flags, "--logdir=none", "--checkpoint_dir=none")
     assert result.returncode != 0
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_an_unlabelled_test_file_is_refused_before_anything_is_written(tmp_path):
+    train_file = _criteo_file(tmp_path / "train.txt")
+    unlabelled = tmp_path / "test.txt"  # as Criteo's own test.txt: no label column
+    unlabelled.write_text("".join(line.split("\t", 1)[1]
+                                  for line in train_file.read_text().splitlines(keepends=True)))
+    result = launch(*CRITEO_RUN[:-1], f"--train_path={train_file}", f"--test_path={unlabelled}",
+                    f"--checkpoint_dir={tmp_path}/ckpt")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "the test split has no label column" in result.stderr, result.stderr
+    assert "give labelled --test_path, or none to hold out --test_fraction" in result.stderr
+    assert "Traceback" not in result.stderr and "examples/s" not in result.stdout
+    assert not (tmp_path / "ckpt").exists()
 
 
 def test_library_arguments_are_told_as_flags():

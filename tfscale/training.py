@@ -65,6 +65,17 @@ def build_model_and_optimizer(model, schema):
     model.optimizer.build(model.trainable_variables)
 
 
+def check_test_split_is_labelled(source):
+    """Refuses a source whose test split has no labels (a competition test file given as the
+    test split): training evaluates that split by AUC after every epoch."""
+    if not getattr(source, "test_has_labels", True):
+        raise UserError(
+            f"{source.describe()}: the test split has no label column, and training evaluates "
+            "it by AUC after every epoch; give labelled `test_paths`, or none to hold out "
+            "`test_fraction` of the training lines (unlabelled files are scored after training, "
+            "by tfscale.prediction.FilePredictions)")
+
+
 def restore_trained_weights(model, checkpoint_dir):
     """Restores into the built `model` the weights of the newest checkpoint `train` wrote in
     `checkpoint_dir`, without its optimizer (for prediction and export); returns the
@@ -74,6 +85,7 @@ def restore_trained_weights(model, checkpoint_dir):
 
 def train(model, source, config, print_fn=print):
     """Trains the compiled `model` on `source` as `config` says and returns a TrainingResult."""
+    check_test_split_is_labelled(source)
     chief = distributed.is_chief()
     if not chief:
         print_fn = _silent

@@ -78,12 +78,16 @@ class CowClip(TakesCountedSlices, keras.optimizers.MultiOptimizer):
     def __init__(self, embedding_optimizer=None, dense_optimizer=None, r=1.0, zeta=1e-5, l2=0.0,
                  mode="faithful", embedding_tables=None, loss_scale_factor=None, name="cowclip"):
         if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        if r <= 0 or zeta < 0 or l2 < 0:
-            raise ValueError(f"need r > 0, zeta >= 0, l2 >= 0; got r={r}, zeta={zeta}, l2={l2}")
+            raise ValueError(f"`mode={mode!r}`: give one of {', '.join(MODES)}")
+        for argument, value, allowed in (("r", r, r > 0), ("zeta", zeta, zeta >= 0),
+                                         ("l2", l2, l2 >= 0)):
+            if not (allowed and math.isfinite(value)):
+                raise ValueError(f"`{argument}={value}`: give a finite number "
+                                 f"{'above 0' if argument == 'r' else 'of 0 or more'}")
         if 2 * l2 > r:
-            raise ValueError(f"CowClip needs 2*l2 <= r (got l2={l2}, r={r}): rows absent from a "
-                             "batch are then never clipped, which the faithful update relies on")
+            raise ValueError(f"`l2={l2}` with `r={r}`: CowClip needs 2*l2 <= r (rows absent "
+                             "from a batch are then never clipped, which the faithful update "
+                             "relies on); lower `l2` or raise `r`")
         if embedding_optimizer is None:
             embedding_class = FusedAdam if mode == "faithful" else RowSparseAdam
             embedding_optimizer = embedding_class(learning_rate=1e-4, name="embedding")
