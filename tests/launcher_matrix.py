@@ -92,22 +92,24 @@ def model_facts(model):
     return facts
 
 
-def exchange_facts(exchange):
+def exchange_facts(exchange, model):
+    """The exchange's class; for top-k ones their density settings and, per kind of variable,
+    the rows (elements for dense variables) left in the error-feedback residuals."""
     facts = {"class": type(exchange).__name__}
     if hasattr(exchange, "density_at"):
-        warmup_end = exchange.warmup_steps
+        kinds = {v.path: _kind(v) for v in model.trainable_variables}
+        residual_rows = {}
+        for path, residual in exchange.residuals.items():
+            values = np.abs(residual.numpy()).reshape(residual.shape[0], -1).sum(axis=1)
+            kind = kinds[path]
+            residual_rows[kind] = residual_rows.get(kind, 0) + int(np.count_nonzero(values))
         facts.update(
             density=exchange.density, warmup_density=exchange.warmup_density,
-            warmup_steps=warmup_end, dense_gradients=exchange.dense_gradients,
-            density_at={step: float(exchange.density_at(step)) for step in (0, warmup_end)},
-            residuals={_kind_of_path(path): int(np.count_nonzero(
-                np.abs(residual.numpy()).reshape(residual.shape[0], -1).sum(axis=1)))
-                for path, residual in exchange.residuals.items()})
+            warmup_steps=exchange.warmup_steps, dense_gradients=exchange.dense_gradients,
+            density_at={step: float(exchange.density_at(step))
+                        for step in (0, exchange.warmup_steps)},
+            residual_rows=residual_rows)
     return facts
-
-
-def _kind_of_path(path):
-    return "deep_table" if path.endswith(tables.DEEP_TABLE_NAME + "/embeddings") else path
 
 
 def source_facts(source):
@@ -150,7 +152,7 @@ def run_case(argv):
     scalars = model.summary_scalars()
     return {
         "model": model_facts(model), "optimizer": optimizer_facts(model.optimizer, model),
-        "exchange": exchange_facts(model.embedding_exchange),
+        "exchange": exchange_facts(model.embedding_exchange, model),
         "source": source_facts(captured["source"]),
         "initial": captured["initial"], "initial_table_std": captured["initial_table_std"],
         "initial_table_head": captured["initial_table_head"],

@@ -7,6 +7,7 @@ The runs share one process (tests/launcher_matrix.py, which reports what each ru
 TensorFlow starts once; expected values come from the flags' contract (the scaling rules of
 tfscale.optimizers.scaling, the files' contents), not from earlier output."""
 
+import importlib
 import json
 import math
 import random
@@ -36,7 +37,11 @@ CASES = {
     "seed_1": [*SYNTHETIC, "--seed=1"],
     "nondeterministic": [*SYNTHETIC, "--nodeterministic"],
     "cowclip_scalable": [*SYNTHETIC, "--cowclip_mode=scalable"],
-    "cowclip_rule_batch_256": [*SYNTHETIC, "--scaling_rule=cowclip", "--batch_size=256"],
+    "cowclip_rule_batch_256": [*SYNTHETIC, "--batch_size=256", "--scaling_rule=cowclip",
+                               # the defaults, given
+                               "--data=synthetic", "--optimizer=cowclip", "--model=deepfm",
+                               "--cowclip_mode=faithful", "--embedding_comm=allgather",
+                               "--precision=float32", "--deterministic", "--dedup_ids"],
     "cowclip_avazu_preset": [*SYNTHETIC, "--scaling_preset=avazu"],
     "cowclip_overrides": [*SYNTHETIC, "--learning_rate=0.003", "--embedding_learning_rate=0.0005",
                           "--l2=0.0002", "--clip_r=0.5", "--zeta=0.002", "--warmup_steps=3"],
@@ -59,7 +64,7 @@ CASES = {
     "dcn_v2": [*SYNTHETIC, "--model=dcn_v2", "--cross_layers=1"],
     "dcn_v2_experts": [*SYNTHETIC, "--model=dcn_v2", "--cross_layers=2", "--cross_experts=3"],
     "comm_dense": [*ADAM, "--embedding_comm=dense"],
-    "comm_topk": [*ADAM, "--embedding_comm=topk"],
+    "comm_topk": [*ADAM, "--embedding_comm=topk", "--notopk_dense_gradients"],
     "comm_topk_full_warmup": [*ADAM, "--embedding_comm=topk", "--density_warmup=1.0"],
     "comm_gtopk": [*ADAM, "--embedding_comm=gtopk", "--density=0.01", "--density_warmup=0.05",
                    "--density_warmup_epochs=2", "--topk_dense_gradients"],
@@ -68,20 +73,31 @@ CASES = {
     "float16_fixed_scale": [*SYNTHETIC, "--precision=mixed_float16", "--loss_scale=1024"],
     "float16_no_scale": [*SYNTHETIC, "--precision=mixed_float16", "--loss_scale=none"],
     "float32_dynamic_scale": [*SYNTHETIC, "--loss_scale=dynamic", "--loss_scale_growth_steps=2"],
-    "criteo_vocabulary": [*CRITEO, CRITEO_TEST],
+    "criteo_vocabulary": [*CRITEO, CRITEO_TEST, "--categorical_encoding=vocabulary",
+                          "--integer_transform=log1p"],
     "criteo_vocabulary_file_minmax": [*CRITEO, CRITEO_TEST, "--vocabulary={data}/vocab.json",
                                       "--integer_transform=minmax"],
     "criteo_shuffled": [*CRITEO, CRITEO_TEST, "--shuffle_buffer=256"],
     "criteo_hash": [*CRITEO, CRITEO_TEST, "--categorical_encoding=hash", "--hash_buckets=50",
                     "--nofit_hash_buckets"],
     "criteo_hash_fitted": [*CRITEO, CRITEO_TEST, "--categorical_encoding=hash",
-                           "--hash_buckets=50"],
+                           "--hash_buckets=50", "--fit_hash_buckets"],
     "criteo_split": CRITEO,
     "criteo_split_0.3": [*CRITEO, "--test_fraction=0.3"],
     "avazu": AVAZU,
-    "avazu_hash": [*AVAZU, "--categorical_encoding=hash", "--hash_buckets=20",
-                   "--nofit_hash_buckets"],
+    "avazu_hash_criteo_preset": [*AVAZU, "--categorical_encoding=hash", "--hash_buckets=20",
+                                 "--nofit_hash_buckets", "--scaling_preset=criteo"],
 }
+
+COVERED_FLAGS = (
+    "data", "model", "optimizer", "embedding_comm", "precision", "loss_scale",
+    "categorical_encoding", "vocabulary", "integer_transform", "test_path", "test_fraction",
+    "shuffle_buffer", "seed", "deterministic", "embedding_dim", "cross_layers", "cross_experts",
+    "density", "density_warmup", "density_warmup_epochs", "topk_dense_gradients", "dedup_ids",
+    "clip_r", "zeta", "l2", "learning_rate", "embedding_learning_rate", "embedding_init_stddev",
+    "warmup_epochs", "warmup_steps", "scaling_rule", "scaling_preset", "cowclip_mode",
+    "hash_buckets", "fit_hash_buckets", "loss_scale_growth_steps",
+)
 
 AVAZU_HEADER = ("id,click,hour,C1,banner_pos,site_id,site_domain,site_category,app_id,app_domain,"
                 "app_category,device_id,device_ip,device_model,device_type,device_conn_type,"
@@ -199,6 +215,27 @@ def test_every_case_reported(facts):
     assert sorted(facts) == sorted(CASES)
 
 
+def test_every_flag_and_value_is_given_in_some_case():
+    """Each covered flag appears in a case; each value of an enumerated one (models, optimizers,
+    exchanges, ... from their registries) and both forms of a boolean one."""
+    from absl import flags
+
+    importlib.import_module("launch.train")  # defines the flags
+    given = {}
+    for flag in (flag for case_flags in CASES.values() for flag in case_flags):
+        name, _, value = flag.partition("=")
+        given.setdefault(name, set()).add(value)
+    for name in COVERED_FLAGS:
+        definition = flags.FLAGS[name]
+        if isinstance(definition, flags.BooleanFlag):
+            assert f"--{name}" in given and f"--no{name}" in given, name
+        elif isinstance(definition, flags.EnumFlag):
+            assert given.get(f"--{name}") == set(definition.parser.enum_values), name
+        else:
+            assert f"--{name}" in given, name
+    assert {"dynamic", "none"} < given["--loss_scale"] and len(given["--loss_scale"]) == 3
+
+
 @pytest.mark.parametrize("name, batch, preset", [
     ("default", BATCH, "criteo"),
     ("cowclip_rule_batch_256", 256, "criteo"),
@@ -305,16 +342,13 @@ def test_embedding_learning_rate_alone_splits_the_optimizer(facts):
 
 # ----------------------------------------------------------------------------- the model
 
-@pytest.mark.parametrize("name, model_class", [("default", "DeepFM"), ("wide_deep", "WideDeep"),
-                                               ("dcn", "DCN"), ("dcn_v2", "DCNv2")])
+@pytest.mark.parametrize("name, model_class", [
+    ("default", "DeepFM"), ("cowclip_rule_batch_256", "DeepFM"), ("wide_deep", "WideDeep"),
+    ("dcn", "DCN"), ("dcn_v2", "DCNv2")])
 def test_model_flag_picks_the_model(facts, name, model_class):
     assert run(facts, name)["model"]["class"] == model_class
 
 
-def test_every_registered_model_is_covered():
-    import models
-
-    assert set(models.MODELS) == {"deepfm", "wide_deep", "dcn", "dcn_v2"}
 
 
 def test_cross_layers_and_experts(facts):
@@ -339,8 +373,10 @@ def test_embedding_init_stddev_sets_the_initial_table_spread(facts):
 
 def test_dedup_ids(facts):
     """De-duplicated lookups report the batch's unique-id rate; plain ones do not."""
-    dedup, plain = run(facts, "default"), run(facts, "no_dedup")
-    assert dedup["model"]["deduplicate"] and 0.0 < dedup["unique_id_rate"] < 1.0
+    for name in ("default", "cowclip_rule_batch_256"):
+        dedup = run(facts, name)
+        assert dedup["model"]["deduplicate"] and 0.0 < dedup["unique_id_rate"] < 1.0
+    plain = run(facts, "no_dedup")
     assert not plain["model"]["deduplicate"] and plain["unique_id_rate"] is None
 
 
@@ -355,6 +391,7 @@ def test_seed_sets_the_initial_weights_and_deterministic_repeats_the_run(facts):
 
 def test_deterministic_flag_turns_op_determinism_on(facts):
     assert run(facts, "default")["op_determinism"] is True
+    assert run(facts, "cowclip_rule_batch_256")["op_determinism"] is True
     assert run(facts, "nondeterministic")["op_determinism"] is False
 
 
@@ -362,6 +399,7 @@ def test_deterministic_flag_turns_op_determinism_on(facts):
 
 @pytest.mark.parametrize("name, policy, compute", [
     ("default", "float32", "float32"),
+    ("cowclip_rule_batch_256", "float32", "float32"),
     ("bfloat16", "mixed_bfloat16", "bfloat16"),
     ("float16", "mixed_float16", "float16"),
 ])
@@ -394,6 +432,7 @@ def test_loss_scale(facts, name, scale):
 
 @pytest.mark.parametrize("name, exchange_class", [
     ("default", "AllgatherExchange"),
+    ("cowclip_rule_batch_256", "AllgatherExchange"),
     ("comm_dense", "DenseExchange"),
     ("comm_topk", "TopKAllgatherExchange"),
     ("comm_gtopk", "GTopKExchange"),
@@ -410,13 +449,13 @@ def test_topk_sparsifies_in_one_process(facts):
     assert (sparse["density"], sparse["warmup_density"], sparse["warmup_steps"]) == (
         0.001, None, 0)
     assert sparse["density_at"] == {"0": 0.001}
-    assert sparse["residuals"]["deep_table"] > 0
     assert not sparse["dense_gradients"]
-    assert all("embedding" in path or path == "deep_table" for path in sparse["residuals"])
+    assert set(sparse["residual_rows"]) == {"deep_table", "wide_table"}
+    assert sparse["residual_rows"]["deep_table"] > 0
     full = run(facts, "comm_topk_full_warmup")["exchange"]
     assert full["warmup_steps"] == SYNTHETIC_STEPS  # --density_warmup_epochs defaults to 1
     assert full["density_at"] == {"0": 1.0, str(SYNTHETIC_STEPS): 0.001}
-    assert full["residuals"]["deep_table"] == 0
+    assert full["residual_rows"] == {"deep_table": 0, "wide_table": 0}
 
 
 def test_gtopk_density_warmup_and_dense_gradients(facts):
@@ -425,9 +464,7 @@ def test_gtopk_density_warmup_and_dense_gradients(facts):
     assert exchange["warmup_steps"] == steps
     assert exchange["density_at"] == {"0": 0.05, str(steps): 0.01}
     assert exchange["dense_gradients"]
-    dense_residuals = {path: rows for path, rows in exchange["residuals"].items()
-                       if "embedding" not in path and path != "deep_table"}
-    assert dense_residuals and sum(dense_residuals.values()) > 0
+    assert exchange["residual_rows"]["dense"] > 0  # dense gradients sparsified too
 
 
 # ----------------------------------------------------------------------------- data
@@ -445,6 +482,7 @@ def test_criteo_automatic_vocabulary_and_test_path(facts, data):
                 for counts in _criteo_counts(data)]
     assert case["model"]["vocabulary_sizes"] == expected
     assert case["model"]["deep_table"] == [sum(expected), 10]
+    assert case["source"]["class"] == "CriteoTSV"
     assert case["source"]["train_rows"] == CRITEO_LINES
     assert case["source"]["test_rows"] == CRITEO_TEST_LINES
     first = _rows(f"{data}/criteo.txt")[0]
@@ -505,5 +543,9 @@ def test_avazu(facts, data):
     assert case["optimizer"]["zeta"] == 1e-3
     assert inner(case, "dense")["learning_rate"] == warmup(
         1e-4 * math.sqrt(BATCH / 1024), AVAZU_LINES // BATCH)
-    hashed = run(facts, "avazu_hash")["model"]["vocabulary_sizes"]
-    assert hashed == [21] * len(AVAZU_FIELDS) + AVAZU_DERIVED_SIZES
+    assert case["source"]["class"] == "AvazuCSV"
+    hashed = run(facts, "avazu_hash_criteo_preset")
+    assert hashed["model"]["vocabulary_sizes"] == [21] * len(AVAZU_FIELDS) + AVAZU_DERIVED_SIZES
+    assert hashed["optimizer"]["zeta"] == 1e-5  # --scaling_preset=criteo
+    assert inner(hashed, "dense")["learning_rate"] == warmup(
+        8e-4 * math.sqrt(BATCH / 1024), AVAZU_LINES // BATCH)
