@@ -45,7 +45,8 @@ def optimizer_facts(optimizer, model):
     facts = {"class": type(optimizer).__name__, "name": optimizer.name}
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         facts.update(loss_scale={"initial": float(optimizer.initial_scale),
-                                 "dynamic": bool(optimizer.dynamic),
+                                 # Keras's own scaler (no `dynamic`) is always dynamic
+                                 "dynamic": bool(getattr(optimizer, "dynamic", True)),
                                  "growth_steps": int(optimizer.dynamic_growth_steps),
                                  "final": float(optimizer.dynamic_scale.numpy())},
                      inner=optimizer_facts(optimizer.inner_optimizer, model))

@@ -364,6 +364,7 @@ def test_embedding_dim_sets_the_table_width(facts):
     default, narrow = run(facts, "default")["model"], run(facts, "embedding_dim_4")["model"]
     assert default["deep_table"][1] == 10 and narrow["deep_table"][1] == 4
     assert narrow["deep_table"][0] == default["deep_table"][0] == sum(default["vocabulary_sizes"])
+    assert narrow["wide_table_rows"] == default["wide_table_rows"] == default["deep_table"][0]
 
 
 def test_embedding_init_stddev_sets_the_initial_table_spread(facts):
@@ -419,6 +420,8 @@ def test_precision_sets_the_dtype_policy(facts, name, policy, compute):
     ("float32_dynamic_scale", {"initial": 2.0 ** 15, "dynamic": True, "growth_steps": 2}),
 ])
 def test_loss_scale(facts, name, scale):
+    """--loss_scale's scaler or none (float16 defaults to dynamic; with --loss_scale=none Keras
+    must not add its own)."""
     optimizer = run(facts, name)["optimizer"]
     if scale is None:
         assert optimizer["class"] == "CowClip"
