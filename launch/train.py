@@ -55,9 +55,11 @@ def run():
         optimization_flags.build_optimizer(settings, steps_per_epoch))
     exchange = distributed_flags.embedding_exchange(steps_per_epoch)
     # Under Horovod the model's compile turns XLA off (tfscale.train_step.TrainStep.compile).
+    # The loss scaling is --loss_scale's alone: Keras would wrap a mixed_float16 model's
+    # optimizer in its own dynamic scaler even with --loss_scale=none.
     model.compile(optimizer=optimizer, loss=keras.losses.BinaryCrossentropy(),
                   metrics=[keras.metrics.AUC(name="auc")], embedding_exchange=exchange,
-                  embedding_staleness=FLAGS.embedding_staleness)
+                  embedding_staleness=FLAGS.embedding_staleness, auto_scale_loss=False)
     if distributed.is_chief():
         print(f"model {FLAGS.model} ({model.count_params():,} parameters) on "
               f"{source.describe()}; batch {FLAGS.batch_size}, {FLAGS.epochs} epochs, optimizer "
