@@ -100,13 +100,12 @@ def _tfscale_optimizer(mode):
                    mode=mode.removeprefix("cowclip_"))
 
 
-def run_keras(mode, batches, steps, warmup):
+def build_compiled(mode):
+    """The DeepFM of `mode` (a Keras mode of MODES), compiled, seeded with 0."""
     import keras
-    import tensorflow as tf
 
     import models
     from benchmarks.plain_keras_deepfm import plain_keras_deepfm
-    from benchmarks.timing import StepTimer
 
     keras.utils.set_random_seed(0)
     schema = _schema()
@@ -116,6 +115,15 @@ def run_keras(mode, batches, steps, warmup):
     else:
         model = models.build_model("deepfm", schema)
         model.compile(_tfscale_optimizer(mode), keras.losses.BinaryCrossentropy())
+    return model
+
+
+def run_keras(mode, batches, steps, warmup):
+    import tensorflow as tf
+
+    from benchmarks.timing import StepTimer
+
+    model = build_compiled(mode)
     dataset = tf.data.Dataset.from_tensor_slices(
         ({"dense": batches["dense"], "categorical": batches["categorical"]},
          batches["labels"])).repeat().take(warmup + steps)

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from tfscale.optimizers import CowClip, FusedAdam, RowSparseAdam
-from tfscale.optimizers.cowclip import aggregate_rows
+from tfscale.row_gradients import sum_duplicate_rows
 from tfscale.train_step import FunctionalTrainStepModel
 
 VOCAB, DIM = 12, 4
@@ -123,9 +123,9 @@ def test_dense_weights_use_the_dense_optimizer_unclipped():
     np.testing.assert_allclose(dense, reference.numpy(), rtol=1e-6)
 
 
-def test_aggregate_rows_sums_and_counts():
+def test_sum_duplicate_rows_sums_and_counts():
     slices = tf.IndexedSlices(tf.constant([[1.0], [2.0], [4.0]]), tf.constant([5, 2, 5]))
-    ids, rows, counts = aggregate_rows(slices)
+    ids, rows, counts = sum_duplicate_rows(slices)
     assert ids.numpy().tolist() == [5, 2]
     assert rows.numpy().ravel().tolist() == [5.0, 2.0]
     assert counts.numpy().tolist() == [2.0, 1.0]

@@ -20,7 +20,7 @@ from tfscale.embeddings import FieldEmbedding
 from tfscale.errors import UserError
 from tfscale.loss_scaling import LossScaleOptimizer
 from tfscale.optimizers import CowClip
-from tfscale.optimizers.cowclip import aggregate_rows
+from tfscale.row_gradients import sum_duplicate_rows
 from tfscale.row_gradients import CountedSlices
 from tfscale.train_step import TrainStepModel
 
@@ -102,8 +102,8 @@ def test_deduplicated_lookup_gives_the_plain_values_and_summed_gradients_with_co
     assert not plain[3].tables
     counted = dedup.attach_counts(deduplicated[2], deduplicated[4], deduplicated[3])
     assert all(isinstance(g, CountedSlices) for g in counted)
-    ids_plain, rows_plain, counts_plain = aggregate_rows(plain[2][0])
-    ids_dedup, rows_dedup, counts_dedup = aggregate_rows(counted[0])
+    ids_plain, rows_plain, counts_plain = sum_duplicate_rows(plain[2][0])
+    ids_dedup, rows_dedup, counts_dedup = sum_duplicate_rows(counted[0])
     order_plain, order_dedup = np.argsort(ids_plain), np.argsort(ids_dedup)
     np.testing.assert_array_equal(np.asarray(ids_plain)[order_plain],
                                   np.asarray(ids_dedup)[order_dedup])

@@ -14,6 +14,7 @@ import threading
 import tensorflow as tf
 
 from tfscale.row_gradients import CountedSlices
+from tfscale.tables import lookup_rows
 
 
 _local = threading.local()
@@ -67,12 +68,12 @@ def record(table, unique_rows, counts):
 
 
 def lookup(table_layer, rows):
-    """`table_layer(rows)` (a keras.layers.Embedding) computed on the unique rows only: one gather
-    of the unique rows, gathered back to `rows`' shape. Recorded for the step when inside
-    `recording()`."""
+    """The rows `rows` of `table_layer`'s table (a keras.layers.Embedding's `embeddings`) read
+    once per unique row (tfscale.tables.lookup_rows), gathered back to `rows`' shape. Recorded
+    for the step when inside `recording()`."""
     flat = tf.reshape(rows, [-1])
     unique_rows, position, counts = tf.unique_with_counts(flat, out_idx=tf.int64)
-    vectors = table_layer(unique_rows)
+    vectors = lookup_rows(table_layer.embeddings, unique_rows)
     record(table_layer.embeddings, unique_rows, counts)
     shape = tf.concat([tf.shape(rows, out_type=tf.int64), tf.shape(vectors, out_type=tf.int64)[1:]],
                       axis=0)
@@ -97,5 +98,5 @@ def attach_counts(gradients, variables, record):
         with tf.control_dependencies([check]):
             counts = tf.identity(counts)
         result.append(CountedSlices(gradient.values, gradient.indices, gradient.dense_shape,
-                                    counts))
+                                    counts, unique_ids=True))
     return result

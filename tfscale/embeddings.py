@@ -13,7 +13,7 @@ from tfscale import dedup, placement, row_sharding
 from tfscale.errors import DATA_ERROR_MARKER, UserError
 from tfscale.initializers import RowSeededNormal, is_row_independent
 from tfscale.step_scalars import StepScalars
-from tfscale.tables import DEEP_TABLE_NAME, WIDE_TABLE_NAME
+from tfscale.tables import DEEP_TABLE_NAME, WIDE_TABLE_NAME, lookup_rows
 
 @keras.saving.register_keras_serializable(package="tfscale")
 class FieldEmbedding(keras.layers.Layer):
@@ -84,6 +84,9 @@ class FieldEmbedding(keras.layers.Layer):
         # XLA has no kernels for its lookups (UniqueWithCounts, Horovod's alltoall): Keras's
         # "auto" then keeps XLA off, also on a GPU host.
         self.supports_jit = False
+        # Tables are read as variables (tfscale.tables.lookup_rows), never autocast: the
+        # outputs are cast to the compute dtype instead.
+        self.autocast = False
         if embeddings_initializer is None:
             embeddings_initializer = RowSeededNormal(stddev=0.01)
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
@@ -168,7 +171,9 @@ class FieldEmbedding(keras.layers.Layer):
             return embeddings, tf.cast(linear, self.compute_dtype)
 
     def _lookup(self, table_layer, rows):
-        return dedup.lookup(table_layer, rows) if self.deduplicate else table_layer(rows)
+        if self.deduplicate:
+            return dedup.lookup(table_layer, rows)
+        return lookup_rows(table_layer.embeddings, rows)
 
     def _assert_ids_in_range(self, ids):
         column_ok = tf.reduce_all((ids >= 0) & (ids < self._sizes), axis=0)

@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from tfscale import dedup, distributed, placement
 from tfscale.errors import UserError
-from tfscale.tables import is_embedding_table
+from tfscale.tables import is_embedding_table, lookup_rows
 
 SHARDINGS = ("replicated", "row")
 
@@ -142,9 +142,9 @@ class ShardedTable(keras.layers.Layer):
     dim] (float32, host memory), initialised by `initializer.rows(global ids)` or, for a
     row-independent Keras initializer (zeros, constants), by the initializer itself.
 
-    Call: local rows (int64 [n]) -> their values (float32 [n, dim]), read in float32 whatever
-    the model's dtype policy (a float32 layer: Keras casts variables read in a mixed-precision
-    layer's call)."""
+    Call: local rows (int64 [n]) -> their values (float32 [n, dim]), read as its optimizer
+    updates it (tfscale.tables.lookup_rows) in float32 whatever the model's dtype policy (the variable is
+    not autocast)."""
 
     def __init__(self, total_rows, dim, initializer, **kwargs):
         kwargs["dtype"] = "float32"
@@ -163,13 +163,13 @@ class ShardedTable(keras.layers.Layer):
         with tf.device(placement.embedding_device()):
             self.embeddings = self.add_weight(shape=(shard.rows, self.dim),
                                               initializer=initializer, dtype="float32",
-                                              name="embeddings")
+                                              autocast=False, name="embeddings")
         # On the Keras variable and on the tf.Variable it holds, which Keras's TensorFlow
         # optimizers hand to `update_step`.
         self.embeddings._tfscale_row_shard = self.embeddings.value._tfscale_row_shard = shard
 
     def call(self, local_rows):
-        return tf.gather(self.embeddings.value, local_rows)
+        return lookup_rows(self.embeddings, local_rows)
 
 
 def lookup(tables, rows, name, scalars=None):

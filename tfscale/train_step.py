@@ -10,8 +10,8 @@ Why override Keras's step:
 - an embedding lookup's gradient arrives as rows (IndexedSlices), which Keras's built-in
   optimizers densify inside every arithmetic op of their update, squaring each occurrence instead
   of the id's summed gradient in Adam's second moment. They are densified once here, after the
-  exchange, except for optimizers that take counted slices (CowClip), which get them with
-  per-id counts (tfscale.dedup records de-duplicated lookups' counts)."""
+  exchange, except for optimizers that take row slices (RowSparseAdam; CowClip, which also
+  needs per-id counts: tfscale.dedup records de-duplicated lookups' counts)."""
 
 import keras
 import tensorflow as tf
@@ -19,9 +19,10 @@ import tensorflow as tf
 # `Model(inputs, outputs)` from a subclassed one.
 from keras.src.models.model import functional_init_arguments
 
-from tfscale import dedup, distributed, exchanges
+from tfscale import dedup, distributed, exchanges, tables
 from tfscale.errors import UserError
-from tfscale.optimizers.capabilities import takes_counted_slices
+from tfscale.optimizers.capabilities import (takes_counted_slices, takes_row_slices,
+                                              updates_rows_in_place)
 from tfscale.row_gradients import densify
 from tfscale.row_sharding import shard_of
 from tfscale.step_scalars import StepScalars, scalars_of
@@ -103,6 +104,9 @@ class TrainStep:
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        for variable in self.trainable_variables:  # at tracing: how the lookups read the tables
+            if tables.is_row_table(variable):
+                tables.mark_row_updates(variable, updates_rows_in_place(self.optimizer, variable))
         exchange = self._embedding_exchange.begin_step(self.trainable_variables, self.optimizer)
 
         # Forward pass
@@ -116,7 +120,7 @@ class TrainStep:
         # Gradients
         variables = self.trainable_variables  # complete now, also for a model built by the call
         gradients = tape.gradient(loss, variables)
-        takes_slices = takes_counted_slices(self.optimizer)
+        takes_slices = takes_row_slices(self.optimizer)
         if takes_slices:
             gradients = dedup.attach_counts(gradients, variables, lookups)
         if lookups.tables:

@@ -4,11 +4,11 @@ training."""
 
 from tfscale.loss_scaling import LossScaleOptimizer
 from tfscale.optimizers.came import CAME
-from tfscale.optimizers.capabilities import TakesCountedSlices
+from tfscale.optimizers.capabilities import TakesCountedSlices, TakesRowSlices
 from tfscale.optimizers.cowclip import CowClip
 from tfscale.optimizers.fused_adam import FusedAdam
 from tfscale.optimizers.row_sparse_adam import RowSparseAdam
 from tfscale.optimizers.scaling import LargeBatchSettings, large_batch_settings
 
 __all__ = ["CAME", "CowClip", "FusedAdam", "LargeBatchSettings", "LossScaleOptimizer",
-           "RowSparseAdam", "TakesCountedSlices", "large_batch_settings"]
+           "RowSparseAdam", "TakesCountedSlices", "TakesRowSlices", "large_batch_settings"]

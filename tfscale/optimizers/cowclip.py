@@ -23,23 +23,13 @@ import keras
 import tensorflow as tf
 
 from tfscale import tables
-from tfscale.optimizers.capabilities import TakesCountedSlices
+from tfscale.tables import lookup_rows
+from tfscale.optimizers.capabilities import TakesCountedSlices, updates_rows_in_place
 from tfscale.optimizers.fused_adam import FusedAdam
 from tfscale.optimizers.row_sparse_adam import RowSparseAdam
-from tfscale.row_gradients import densify, occurrence_counts, with_values
+from tfscale.row_gradients import CountedSlices, densify, sum_duplicate_rows, with_values
 
 MODES = ("faithful", "scalable")
-
-
-def aggregate_rows(gradient):
-    """(unique row ids int64, the gradient summed per id, occurrence counts float32) of an
-    IndexedSlices gradient whose rows stand for one occurrence each, or of a CountedSlices
-    (tfscale.row_gradients) whose rows carry their counts; an id may repeat (e.g. once per rank)."""
-    ids, position = tf.unique(tf.cast(gradient.indices, tf.int64))
-    num_ids = tf.shape(ids)[0]
-    rows = tf.math.unsorted_segment_sum(gradient.values, position, num_ids)
-    counts = tf.math.unsorted_segment_sum(occurrence_counts(gradient), position, num_ids)
-    return ids, rows, counts
 
 
 def clip_factors(gradient_rows, weight_rows, counts, r, zeta):
@@ -117,6 +107,10 @@ class CowClip(TakesCountedSlices, keras.optimizers.MultiOptimizer):
         """Embedding tables wider than 1 are clipped; 1-wide linear tables are not."""
         return self.is_embedding_table(variable) and len(variable.shape) == 2 and variable.shape[-1] > 1
 
+    def updates_rows_in_place(self, variable):
+        return (self.mode == "scalable" and self.is_embedding_table(variable)
+                and updates_rows_in_place(self.embedding_optimizer, variable))
+
     def _optimizer_for(self, variable):
         return self.embedding_optimizer if self.is_embedding_table(variable) else self.dense_optimizer
 
@@ -152,23 +146,23 @@ class CowClip(TakesCountedSlices, keras.optimizers.MultiOptimizer):
                 "ids and their counts) but got a dense tensor: give the table no regularizer (pass "
                 "l2= to CowClip instead) and look it up with a gather (keras.layers.Embedding)")
         gradient = with_values(gradient, tf.cast(gradient.values, table.dtype))
-        ids, rows, counts = aggregate_rows(gradient)
-        weights = tf.convert_to_tensor(table)
-        weight_rows = tf.gather(weights, ids)
+        ids, rows, counts = sum_duplicate_rows(gradient)
+        weight_rows = lookup_rows(table, ids)
         if self.l2:
             rows += 2 * self.l2 * weight_rows
         if self.is_clipped_table(table):
             factors = clip_factors(rows, weight_rows, counts, self.r, self.zeta)
             rows *= factors[:, None]
             self._record_statistics(table, factors)
-        shape = tf.shape(weights, out_type=tf.int64)
+        shape = tf.constant(list(table.shape), tf.int64)
         if self.mode == "scalable":
-            return tf.IndexedSlices(rows, ids, shape)
+            return CountedSlices(rows, ids, shape, counts, unique_ids=True)
         if not self.l2:
             return tf.scatter_nd(ids[:, None], rows, shape)
         # Every other row's gradient is its L2 term alone, 2*l2*w with count 1, which is never
         # clipped since 2*l2 <= r (checked in __init__): ||2*l2*w|| <= r*max(||w||, floor).
-        return tf.tensor_scatter_nd_update(2 * self.l2 * weights, ids[:, None], rows)
+        return tf.tensor_scatter_nd_update(2 * self.l2 * tf.convert_to_tensor(table),
+                                           ids[:, None], rows)
 
     def _record_statistics(self, table, batch_row_factors):
         fraction, mean_factor = self._clip_statistics[table.path]

@@ -1,0 +1,180 @@
+"""RowSparseAdam: lazy Adam on a table's rows against a NumPy restatement; `compile(optimizer=
+RowSparseAdam())` takes the row-sparse path (only the batch's rows and moments move); and tables
+are read the way their optimizer updates them (in place by row, or whole), which decides whether
+TensorFlow copies a whole table every step (tfscale.tables)."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfscale import tables
+from tfscale.embeddings import FieldEmbedding
+from tfscale.optimizers import CowClip, FusedAdam, RowSparseAdam
+from tfscale.row_gradients import CountedSlices, sum_duplicate_rows
+from tfscale.train_step import FunctionalTrainStepModel
+
+VOCAB, DIM = 10, 3
+# Betas exact in float32, so the float64 restatement differs only by rounding.
+LR, BETA_1, BETA_2, EPSILON = 1e-2, 0.875, 1 - 2.0 ** -10, 1e-7
+
+
+def numpy_lazy_adam(weights, m, v, step, ids, grads):
+    """One lazy Adam step: each id's occurrences summed, only those rows and moments updated."""
+    unique, position = np.unique(ids, return_inverse=True)
+    gradient = np.zeros((len(unique), weights.shape[1]))
+    np.add.at(gradient, position, grads)
+    weights, m, v = weights.copy(), m.copy(), v.copy()
+    m[unique] = BETA_1 * m[unique] + (1 - BETA_1) * gradient
+    v[unique] = BETA_2 * v[unique] + (1 - BETA_2) * gradient ** 2
+    alpha = LR * np.sqrt(1 - BETA_2 ** step) / (1 - BETA_1 ** step)
+    weights[unique] -= alpha * m[unique] / (np.sqrt(v[unique]) + EPSILON)
+    return weights, m, v
+
+
+def _batches(steps):
+    rng = np.random.default_rng(3)
+    for _ in range(steps):
+        ids = rng.choice([0, 0, 1, 2, 2, 2, 5, 7], size=6)  # 3, 4, 6, 8, 9 never occur
+        yield ids, rng.normal(0, 1, (6, DIM)).astype("float32").astype("float64")
+
+
+def _run(make_gradient, steps=4):
+    optimizer = RowSparseAdam(LR, beta_1=BETA_1, beta_2=BETA_2, epsilon=EPSILON)
+    initial = np.random.default_rng(0).normal(0, 0.1, (VOCAB, DIM))
+    table = keras.Variable(initial.astype("float32"), name="embeddings")
+
+    @tf.function
+    def step(ids, grads):
+        optimizer.apply([make_gradient(ids, grads)], [table])
+
+    history = []
+    for ids, grads in _batches(steps):
+        step(tf.constant(ids, tf.int64), tf.constant(grads, tf.float32))
+        history.append((ids, grads))
+    moments = [optimizer._momentums[0].numpy(), optimizer._velocities[0].numpy()]
+    return initial, history, table.numpy(), moments
+
+
+def _occurrence_slices(ids, grads):
+    return tf.IndexedSlices(grads, ids, tf.constant([VOCAB, DIM], tf.int64))
+
+
+def test_matches_numpy_lazy_adam_and_leaves_absent_rows_alone():
+    initial, history, table, (m, v) = _run(_occurrence_slices)
+    weights, m_ref, v_ref = initial, np.zeros_like(initial), np.zeros_like(initial)
+    for step, (ids, grads) in enumerate(history, start=1):
+        weights, m_ref, v_ref = numpy_lazy_adam(weights, m_ref, v_ref, step, ids, grads)
+    np.testing.assert_allclose(table, weights, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(m, m_ref, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(v, v_ref, rtol=1e-5, atol=1e-9)
+    never = [3, 4, 6, 8, 9]
+    np.testing.assert_array_equal(table[never], initial[never].astype("float32"))
+    assert not m[never].any() and not v[never].any()
+
+
+def test_counted_slices_of_unique_ids_take_the_same_step():
+    def unique_counted(ids, grads):
+        unique, position, counts = tf.unique_with_counts(ids)
+        summed = tf.math.unsorted_segment_sum(grads, position, tf.size(unique))
+        return CountedSlices(summed, unique, tf.constant([VOCAB, DIM], tf.int64),
+                             tf.cast(counts, tf.float32), unique_ids=True)
+
+    _, _, by_occurrence, _ = _run(_occurrence_slices)
+    _, _, by_unique_id, _ = _run(unique_counted)
+    np.testing.assert_allclose(by_unique_id, by_occurrence, rtol=1e-6)
+
+
+def test_sum_duplicate_rows_trusts_only_counted_slices_marked_unique():
+    repeated = CountedSlices(tf.constant([[1.0], [2.0], [4.0]]), tf.constant([5, 2, 5]),
+                             tf.constant([8, 1]), tf.constant([2.0, 1.0, 3.0]))
+    ids, rows, counts = sum_duplicate_rows(repeated)
+    assert ids.numpy().tolist() == [5, 2]
+    assert rows.numpy().ravel().tolist() == [5.0, 2.0]
+    assert counts.numpy().tolist() == [5.0, 1.0]
+    unique = CountedSlices(tf.constant([[1.0], [2.0]]), tf.constant([5, 2]), tf.constant([8, 1]),
+                           tf.constant([2.0, 1.0]), unique_ids=True)
+    ids, rows, counts = sum_duplicate_rows(unique)
+    assert ids.numpy().tolist() == [5, 2] and counts.numpy().tolist() == [2.0, 1.0]
+
+
+# ----- on a model, through compile and fit
+
+SIZES = (40, 30, 50)
+
+
+def _model(deduplicate=True):
+    keras.utils.set_random_seed(1)
+    ids = keras.Input((len(SIZES),), dtype="int64")
+    embeddings, linear = FieldEmbedding(SIZES, embedding_dim=4, use_wide=True,
+                                        deduplicate=deduplicate, name="fields")(ids)
+    logits = keras.layers.Dense(1)(keras.layers.Flatten()(embeddings)) + linear
+    return FunctionalTrainStepModel(ids, keras.layers.Activation("sigmoid")(logits))
+
+
+def _data():
+    rng = np.random.default_rng(5)
+    ids = np.stack([rng.integers(0, 10, 64) for _ in SIZES], axis=1)  # rows >= 10 never seen
+    return ids, rng.integers(0, 2, (64, 1)).astype("float32")
+
+
+def _trained_tables(optimizer, deduplicate=True, epochs=2):
+    model = _model(deduplicate)
+    model.compile(optimizer=optimizer, loss="binary_crossentropy")
+    initial = [np.array(t) for t in _tables(model)]
+    model.fit(*_data(), batch_size=16, epochs=epochs, shuffle=False, verbose=0)
+    return model, initial, [np.array(t) for t in _tables(model)]
+
+
+def _tables(model):
+    return [v for v in model.trainable_variables if tables.is_row_table(v)]
+
+
+@pytest.mark.parametrize("deduplicate", [True, False])
+def test_compiled_it_moves_only_the_rows_looked_up(deduplicate):
+    model, initial, trained = _trained_tables(RowSparseAdam(1e-2), deduplicate)
+    seen = np.zeros(sum(SIZES), bool)
+    offsets = np.concatenate([[0], np.cumsum(SIZES)[:-1]])
+    seen[(_data()[0] + offsets).ravel()] = True
+    for before, after in zip(initial, trained):
+        np.testing.assert_array_equal(after[~seen], before[~seen])
+        assert (after[seen] != before[seen]).any(axis=1).all()
+    for table in _tables(model):
+        m = model.optimizer._momentums[model.optimizer._get_variable_index(table)]
+        assert not np.asarray(m)[~seen].any()
+
+
+def test_compiled_it_gives_the_same_tables_with_and_without_deduplication():
+    _, _, deduplicated = _trained_tables(RowSparseAdam(1e-2), deduplicate=True)
+    _, _, plain = _trained_tables(RowSparseAdam(1e-2), deduplicate=False)
+    for a, b in zip(deduplicated, plain):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def _ops_on(graph, variable):
+    """The types of the ops in `graph` that take `variable`'s handle."""
+    handle = variable.value.handle
+    inner = [internal for external, internal in graph.captures if external is handle]
+    return {op.type for op in graph.get_operations()
+            if any(tensor is placeholder for tensor in op.inputs for placeholder in inner)}
+
+
+@pytest.mark.parametrize("optimizer, by_row", [
+    (lambda: RowSparseAdam(1e-2), True),
+    (lambda: CowClip(mode="scalable"), True),
+    (lambda: FusedAdam(1e-2), False),
+    (lambda: CowClip(mode="faithful"), False),
+], ids=["row_sparse_adam", "cowclip_scalable", "fused_adam", "cowclip_faithful"])
+def test_tables_are_read_as_their_optimizer_updates_them(optimizer, by_row):
+    model = _model()
+    model.compile(optimizer=optimizer(), loss="binary_crossentropy")
+    ids, labels = _data()
+    model.fit(ids, labels, batch_size=16, epochs=1, verbose=0)  # builds the optimizer
+    step = tf.function(model.train_step).get_concrete_function(
+        (tf.constant(ids[:16]), tf.constant(labels[:16])))
+    for table in _tables(model):
+        ops = _ops_on(step.graph, table)
+        if by_row:
+            assert "ResourceGather" in ops and "ReadVariableOp" not in ops, (table.path, ops)
+        else:
+            assert "ReadVariableOp" in ops and "ResourceGather" not in ops, (table.path, ops)
