@@ -3,11 +3,14 @@ paths against the PyTorch DeepFM (benchmarks.torch_deepfm: sparse tables, Sparse
 a plain Keras 3 DeepFM (benchmarks.plain_keras_deepfm), on identical batches.
 
     python -m benchmarks.small_batch [--batch_sizes=1024,8192,65536] [--rounds=2]
+        [--before=/path/to/an/earlier/checkout --before_modes=row_sparse_adam,...]
 
 The batches (the synthetic data's, 1,802,049 ids at the default vocabulary scale) are written
 once to a file; every (mode, batch size) then runs in a fresh process of its own, in an order
 that alternates from round to round, and reports examples/s over `--steps` timed steps after
 `--warmup_steps`. The table shows every round's figure and the ratio of the medians to PyTorch.
+With --before, the --before_modes also run from another checkout (MODE@before), so a change is
+measured against the code before it in the same run.
 
 Modes:
   torch             the PyTorch DeepFM (one step: zero_grad, forward, backward, two optimizers)
@@ -39,6 +42,10 @@ flags.DEFINE_integer("steps", 0, "Timed steps (0: 2^21 examples' worth, 8 to 200
 flags.DEFINE_integer("warmup_steps", 5, "Untimed steps first (tracing, allocation).")
 flags.DEFINE_float("vocabulary_scale", 1 / 20, "Synthetic vocabulary scale (default: the "
                    "launcher's, 1,802,049 ids).")
+flags.DEFINE_string("before", None, "Another checkout of tfscale (e.g. a git worktree of an "
+                    "earlier commit): each tfscale mode of --before_modes is also run from there, "
+                    "as MODE@before, on the same batches.")
+flags.DEFINE_list("before_modes", [], "Modes to run from --before too.")
 flags.DEFINE_string("worker", None, "Internal: run one mode on --batch_file and print JSON.")
 flags.DEFINE_string("batch_file", None, "Internal: the batches' .npz file.")
 
@@ -146,11 +153,14 @@ def worker(mode, batch_file):
 
 
 def measure(mode, batch_file):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    """Examples/s of `mode` (MODE@before: from the --before checkout) in a fresh process."""
+    mode, _, where = mode.partition("@")
+    checkout = FLAGS.before if where else os.getcwd()
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=checkout)
     done = subprocess.run([sys.executable, "-m", "benchmarks.small_batch", f"--worker={mode}",
                            f"--batch_file={batch_file}", f"--warmup_steps={FLAGS.warmup_steps}",
                            f"--steps={FLAGS.steps}", f"--vocabulary_scale={FLAGS.vocabulary_scale}"],
-                          capture_output=True, text=True, env=env, check=False)
+                          capture_output=True, text=True, env=env, cwd=checkout, check=False)
     if done.returncode:
         raise RuntimeError(f"{mode} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])["examples_per_second"]
@@ -162,25 +172,29 @@ def main(argv):
         return worker(FLAGS.worker, FLAGS.batch_file)
     from benchmarks.timing import machine_description
 
-    unknown = set(FLAGS.modes) - set(MODES)
+    unknown = set(FLAGS.modes + FLAGS.before_modes) - set(MODES)
     if unknown:
-        raise app.UsageError(f"--modes: unknown {sorted(unknown)}; give some of {MODES}")
+        raise app.UsageError(f"--modes, --before_modes: unknown {sorted(unknown)}; give some of "
+                             f"{MODES}")
+    if bool(FLAGS.before) != bool(FLAGS.before_modes):
+        raise app.UsageError("--before and --before_modes go together")
+    modes = FLAGS.modes + [f"{mode}@before" for mode in FLAGS.before_modes]
     print(f"machine: {machine_description()}")
     print("examples/s per round (processes alternate), and the ratio of medians to torch")
-    header = " | ".join(FLAGS.modes)
-    print(f"| batch | {header} |\n|---|{'---|' * len(FLAGS.modes)}")
+    header = " | ".join(modes)
+    print(f"| batch | {header} |\n|---|{'---|' * len(modes)}")
     with tempfile.TemporaryDirectory() as directory:
         for batch_size in (int(b) for b in FLAGS.batch_sizes):
             batch_file = os.path.join(directory, f"batches-{batch_size}.npz")
             num_batches = min(FLAGS.warmup_steps + _steps(batch_size), max(4, 2**20 // batch_size))
             write_batches(batch_file, batch_size, num_batches)
-            rates = {mode: [] for mode in FLAGS.modes}
+            rates = {mode: [] for mode in modes}
             for round_index in range(FLAGS.rounds):
-                order = FLAGS.modes if round_index % 2 == 0 else FLAGS.modes[::-1]
+                order = modes if round_index % 2 == 0 else modes[::-1]
                 for mode in order:
                     rates[mode].append(measure(mode, batch_file))
             cells = []
-            for mode in FLAGS.modes:
+            for mode in modes:
                 figures = " / ".join(f"{rate:,.0f}" for rate in rates[mode])
                 ratio = ""
                 if "torch" in rates and mode != "torch":

@@ -8,7 +8,7 @@ Runs `model.fit` on the synthetic data's batches (the small-batch benchmark's), 
 next's, on the trace's clock): the wall time; per part of the step the summed op time (ops can
 run side by side on the two cores, so the parts may add up to more than the step); and the time
 in which no op ran (the fit loop, the step function's call, waits between ops). The parts are
-told by op type and, for the optimizer's table updates, by the table's name; see PARTS.
+told by the Keras name scopes in the op's name (`_part`).
 """
 
 import collections
@@ -27,29 +27,31 @@ flags.DEFINE_string("mode", "row_sparse_adam", "An update path of benchmarks.sma
 flags.DEFINE_integer("batch_size", 1024, "Examples per step.")
 flags.DEFINE_integer("top", 25, "Op types listed.")
 
-# (part, pattern on "name:type") in order; the first match decides.
-PARTS = (
-    ("id check", r"FieldEmbedding.*(Assert|All|ArgMin|GreaterEqual|Less|LogicalAnd|Min|Max)"
-                 r"|.*:(Assert)$"),
-    ("unique ids", r".*:(Unique|UniqueWithCounts|UniqueV2|UniqueWithCountsV2)$"),
-    ("table row gather (forward)", r".*:(ResourceGather)$"),
-    ("optimizer: table rows and slots", r".*(embedding|deep_table|wide_table|embeddings).*:"
-                                         r"(ResourceScatter\w*|ResourceGather|GatherV2|"
-                                         r"ResourceApplyAdam|UnsortedSegmentSum|ScatterNd|"
-                                         r"TensorScatter\w*)$"),
-    ("optimizer: fused Adam", r".*:(ResourceApplyAdam)$"),
-    ("dense layers", r".*:(_\w*MatMul\w*|MatMul|BatchMatMulV2|BiasAdd|BiasAddGrad|Relu|ReluGrad)$"),
-    ("gather back / reshape", r".*:(GatherV2|Reshape|ConcatV2|Pack|Slice|StridedSlice)$"),
-    ("sparse gradient assembly", r".*:(UnsortedSegmentSum|ScatterNd|TensorScatter\w*|"
-                                 r"SparseSegment\w*)$"),
-    ("element-wise and reductions", r".*:(Mul|AddV2|Sub|RealDiv|Square|Sqrt|Rsqrt|Sum|Mean|"
-                                    r"Maximum|Minimum|Neg|Exp|Log1p|Sigmoid|SigmoidGrad|Select\w*|"
-                                    r"Cast|Pow|Abs|Greater|Less|Equal|NotEqual|Tile|"
-                                    r"BroadcastTo|Prod|ZerosLike|OnesLike|Fill|AddN|Log|"
-                                    r"SquaredDifference|DivNoNan|Relu6|Sign|Reciprocal)$"),
-    ("variable reads and writes", r".*:(ReadVariableOp|AssignVariableOp|AssignAddVariableOp|"
-                                  r"AssignSubVariableOp|VarHandleOp|ResourceScatter\w*)$"),
-)
+TABLE_IO = re.compile(r"ResourceGather|ResourceScatter\w*")
+SUMS = re.compile(r"UnsortedSegmentSum|Unique\w*")
+
+
+def _part(name):
+    """The part of the step the op event `name` ("scope/.../op_name:OpType") belongs to, told by
+    the Keras name scopes in its name (the model's layers, the loss, the tape's gradients)."""
+    op_type = name.rsplit(":", 1)[1]
+    backward = "gradient_tape/" in name
+    if op_type == "ResourceApplyAdam":
+        return "optimizer: fused Adam (dense weights; whole tables)"
+    if "field_embedding" in name:
+        return ("embedding backward (rows summed per unique id)" if backward else
+                "embedding lookup (id check, unique ids, row gathers, gather back)")
+    if "compile_loss" in name:
+        return "loss"
+    if backward:
+        return "DNN, FM and linear part: backward"
+    if "deepfm" in name:
+        return "DNN, FM and linear part: forward"
+    if TABLE_IO.fullmatch(op_type):
+        return "optimizer: table and moment rows read and written"
+    if SUMS.fullmatch(op_type):
+        return "row gradients summed into dense tables (dense path) or per repeated id"
+    return "optimizer: other ops (Adam on rows, CowClip's norms, clip and L2, step counters)"
 
 
 STEP = "step"  # the event name _xplane_events gives the start of each step's function
@@ -96,13 +98,6 @@ def _busy_ps(intervals):
             busy += end - reached
             reached = end
     return busy
-
-
-def _part(name):
-    for part, pattern in PARTS:
-        if re.fullmatch(pattern, name):
-            return part
-    return "other"
 
 
 def main(argv):
