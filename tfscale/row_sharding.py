@@ -143,8 +143,8 @@ class ShardedTable(keras.layers.Layer):
     row-independent Keras initializer (zeros, constants), by the initializer itself.
 
     Call: local rows (int64 [n]) -> their values (float32 [n, dim]), read as its optimizer
-    updates it (tfscale.tables.lookup_rows) in float32 whatever the model's dtype policy (the variable is
-    not autocast)."""
+    updates it (tfscale.tables.lookup_rows), in float32 whatever the model's dtype policy (the
+    variable is not autocast)."""
 
     def __init__(self, total_rows, dim, initializer, **kwargs):
         kwargs["dtype"] = "float32"

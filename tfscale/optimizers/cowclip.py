@@ -23,11 +23,11 @@ import keras
 import tensorflow as tf
 
 from tfscale import tables
-from tfscale.tables import lookup_rows
 from tfscale.optimizers.capabilities import TakesCountedSlices, updates_rows_in_place
 from tfscale.optimizers.fused_adam import FusedAdam
 from tfscale.optimizers.row_sparse_adam import RowSparseAdam
 from tfscale.row_gradients import CountedSlices, densify, sum_duplicate_rows, with_values
+from tfscale.tables import lookup_rows
 
 MODES = ("faithful", "scalable")
 

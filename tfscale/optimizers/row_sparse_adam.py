@@ -41,8 +41,12 @@ class RowSparseAdam(TakesRowSlices, FusedAdam):
             1 - tf.pow(beta_1, local_step))
 
         m_rows = beta_1 * tables.gather_rows(m, ids, in_place=True) + (1 - beta_1) * values
-        v_rows = beta_2 * tables.gather_rows(v, ids, in_place=True) + (1 - beta_2) * tf.square(values)
+        v_rows = (beta_2 * tables.gather_rows(v, ids, in_place=True)
+                  + (1 - beta_2) * tf.square(values))
         self.assign(m, tf.IndexedSlices(m_rows, ids))
         self.assign(v, tf.IndexedSlices(v_rows, ids))
         step = alpha * m_rows / (tf.sqrt(v_rows) + tf.cast(self.epsilon, dtype))
-        self.assign_sub(variable, tf.IndexedSlices(step, ids))
+        # Read, subtract, write back: TensorFlow's CPU scatter-subtract costs several times a
+        # gather plus a scatter-assign of the same rows (the same subtraction, bitwise).
+        new_rows = tables.gather_rows(variable, ids, in_place=True) - step
+        self.assign(variable, tf.IndexedSlices(new_rows, ids))
