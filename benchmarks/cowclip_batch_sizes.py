@@ -23,6 +23,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 import models  # noqa: E402
+from benchmarks.id_rarity import rare_row_mask  # noqa: E402
 from tfscale.data.synthetic import SyntheticCTR  # noqa: E402
 from tfscale.evaluation import predict_with_labels  # noqa: E402
 from tfscale.metrics import exact_auc  # noqa: E402
@@ -76,19 +77,6 @@ def ablation_label():
     changed = [f"{name} {getattr(FLAGS, name):g}" for name in ("l2", "embedding_learning_rate")
                if getattr(FLAGS, name) is not None]
     return f" ({', '.join(changed)})" if changed else ""
-
-
-def rare_row_mask(source):
-    """Test rows whose ids are rarer than the median row's: a row's rarity is the mean over its
-    present fields of log(expected occurrences of the id in the training rows)."""
-    categorical = np.concatenate([batch["categorical"].numpy() for batch in source.rows(
-        source.train_rows, source.test_rows, 65536, keys=("categorical",))])
-    expected = np.stack([source.id_probability(f, categorical[:, f]) * source.train_rows
-                         for f in range(categorical.shape[1])], axis=1)
-    present = categorical != 0
-    log_count = np.where(present, np.log(np.maximum(expected, 1e-12)), 0.0)
-    row_score = log_count.sum(axis=1) / np.maximum(present.sum(axis=1), 1)
-    return row_score < np.median(row_score)
 
 
 def train_once(source, model_name, batch, rule, rare_rows):
@@ -187,7 +175,8 @@ def main(argv):
     del argv
     os.makedirs(os.path.dirname(FLAGS.results), exist_ok=True)
     source = SyntheticCTR(seed=FLAGS.seed, train_rows=FLAGS.train_rows, test_rows=FLAGS.test_rows)
-    rare_rows = None if FLAGS.report_only else rare_row_mask(source)
+    rare_rows = None if FLAGS.report_only else rare_row_mask(
+        source, source.train_rows, source.test_rows, source.train_rows)
     done = load_results()
     records = []
     for model_name, batch, rule in planned_runs():

@@ -3,7 +3,7 @@ scaling baselines."""
 
 import pytest
 
-from tfscale.optimizers.scaling import large_batch_settings
+from tfscale.optimizers.scaling import Preset, large_batch_settings
 
 
 @pytest.mark.parametrize("preset, batch, dense_lr, l2, zeta", [
@@ -30,6 +30,18 @@ def test_baseline_rules_scale_both_learning_rates(rule, factor):
     assert settings.dense_learning_rate == pytest.approx(8e-4 * factor)
     assert settings.embedding_learning_rate == pytest.approx(1e-4 * factor)
     assert settings.l2 == 1e-5 and not settings.clip
+
+
+def test_a_preset_of_your_own_is_scaled_by_the_same_rules():
+    base = Preset(dense_learning_rate=1e-3, embedding_learning_rate=3e-3, l2=1e-6,
+                  embedding_init_stddev=1e-3)
+    cowclip = large_batch_settings(4096, "cowclip", base)
+    assert (cowclip.embedding_learning_rate, cowclip.l2) == (3e-3, pytest.approx(4e-6))
+    assert cowclip.dense_learning_rate == pytest.approx(2e-3)
+    assert cowclip.embedding_init_stddev == 1e-3
+    linear = large_batch_settings(4096, "linear", base)
+    assert (linear.embedding_learning_rate, linear.dense_learning_rate, linear.l2) == (
+        pytest.approx(12e-3), pytest.approx(4e-3), 1e-6)
 
 
 def test_bad_arguments():

@@ -54,7 +54,8 @@ class LargeBatchSettings:
 
 
 def large_batch_settings(batch_size, rule="cowclip", preset="criteo"):
-    """The hyper-parameters of `rule` at `batch_size` for a preset ("criteo" or "avazu").
+    """The hyper-parameters of `rule` at `batch_size` from a preset's base: "criteo", "avazu"
+    or a `Preset` of your own (e.g. one tuned at batch 1024 on your data).
 
     "cowclip" is CowClip's rule (module docstring). "none", "sqrt" and "linear" are the
     baselines: no clipping, the base L2, and both learning rates multiplied by 1, sqrt(s) or s."""
@@ -62,9 +63,9 @@ def large_batch_settings(batch_size, rule="cowclip", preset="criteo"):
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
-    if preset not in PRESETS:
-        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
-    base = PRESETS[preset]
+    if not isinstance(preset, Preset) and preset not in PRESETS:
+        raise ValueError(f"preset must be one of {sorted(PRESETS)} or a Preset, got {preset!r}")
+    base = preset if isinstance(preset, Preset) else PRESETS[preset]
     s = batch_size / BASE_BATCH_SIZE
     common = dict(rule=rule, batch_size=batch_size, warmup_epochs=1.0,
                   embedding_init_stddev=base.embedding_init_stddev, r=base.r,
