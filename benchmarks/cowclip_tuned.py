@@ -36,7 +36,8 @@ from tfscale.errors import NonFiniteTraining  # noqa: E402
 from tfscale.evaluation import predict_with_labels  # noqa: E402
 from tfscale.metrics import exact_auc, log_loss  # noqa: E402
 from tfscale.optimizers import factory  # noqa: E402
-from tfscale.optimizers.scaling import PRESETS, Preset, large_batch_settings  # noqa: E402
+from tfscale.optimizers.scaling import (  # noqa: E402
+    BASE_BATCH_SIZE, PRESETS, Preset, large_batch_settings)
 from tfscale.training import TrainingConfig, train  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -54,7 +55,6 @@ flags.DEFINE_list("two_seed_batch_sizes", ["1024", "65536"],
 flags.DEFINE_string("results", "benchmarks/results/cowclip_tuned_runs.jsonl", "Runs, one a line.")
 flags.DEFINE_string("plot", "benchmarks/results/cowclip_tuned_auc.png", "Scale stage's plot.")
 
-BASE_BATCH_SIZE = 1024
 # (hyper-parameter, multiplicative step) in the coordinate search's order.
 SEARCH_STEPS = (("embedding_learning_rate", math.sqrt(10)), ("dense_learning_rate", math.sqrt(10)),
                 ("l2", 10.0), ("embedding_init_stddev", 10.0))

@@ -63,9 +63,9 @@ def large_batch_settings(batch_size, rule="cowclip", preset="criteo"):
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
-    if not isinstance(preset, Preset) and preset not in PRESETS:
+    base = preset if isinstance(preset, Preset) else PRESETS.get(preset)
+    if base is None:
         raise ValueError(f"preset must be one of {sorted(PRESETS)} or a Preset, got {preset!r}")
-    base = preset if isinstance(preset, Preset) else PRESETS[preset]
     s = batch_size / BASE_BATCH_SIZE
     common = dict(rule=rule, batch_size=batch_size, warmup_epochs=1.0,
                   embedding_init_stddev=base.embedding_init_stddev, r=base.r,
