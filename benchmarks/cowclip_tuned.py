@@ -9,13 +9,16 @@ rows). The last --validation_rows training rows are held out as the validation s
 train on the others. Every run trains until its validation AUC has not improved for --patience
 epochs (at most --max_epochs) and is reported at its best validation epoch: test AUC and log
 loss, test AUC over the rarer and the more frequent half of the test rows (benchmarks.id_rarity),
-and training seconds up to that epoch. Tuning and stopping look at validation AUC only.
+and training seconds up to that epoch, with the CPU seconds other processes took meanwhile (a
+speed is only read from runs that had the machine to themselves). Tuning and stopping look at
+validation AUC only.
 
 Tuning is a coordinate search from the Criteo preset: for each of the embedding and dense learning
 rates (steps of sqrt(10)), L2 and the embedding init's stddev (steps of 10) in turn, step up while
 the best validation AUC improves, else down, so the chosen value's neighbours both score lower.
-The scale stage takes the best base and applies each rule (tfscale.optimizers.scaling) at each
-batch size. Finished runs are appended to --results, one JSON line each, and never rerun, so an
+The scale stage takes the best base of --base_model (tuning it first if
+its search has not finished) and applies each rule (tfscale.optimizers.scaling) at each batch
+size to --model. Finished runs are appended to --results, one JSON line each, and never rerun, so an
 interrupted stage resumes at its first unfinished run."""
 
 import dataclasses
@@ -31,6 +34,7 @@ from absl import app, flags  # noqa: E402
 
 import models  # noqa: E402
 from benchmarks.id_rarity import rare_row_mask  # noqa: E402
+from benchmarks.timing import OtherProcessesCPU  # noqa: E402
 from tfscale.data.synthetic import SyntheticCTR  # noqa: E402
 from tfscale.errors import NonFiniteTraining  # noqa: E402
 from tfscale.evaluation import predict_with_labels  # noqa: E402
@@ -43,6 +47,8 @@ from tfscale.training import TrainingConfig, train  # noqa: E402
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("stage", "report", ["tune", "scale", "report"], "What to run (module docstring).")
 flags.DEFINE_string("model", "deepfm", "Model of every run.")
+flags.DEFINE_string("base_model", None, "Scale stage and report: the model whose tuned base is "
+                    "scaled (default: --model).")
 flags.DEFINE_integer("train_rows", 4_000_000, "Synthetic training rows, validation rows included.")
 flags.DEFINE_integer("validation_rows", 200_000, "The last training rows, held out for selection.")
 flags.DEFINE_integer("test_rows", 200_000, "Synthetic test rows.")
@@ -53,7 +59,8 @@ flags.DEFINE_list("rules", ["none", "sqrt", "linear", "cowclip"], "Scale stage: 
 flags.DEFINE_list("two_seed_batch_sizes", ["1024", "65536"],
                   "Scale stage: batch sizes run with initialisation seeds 0 and 1 (others: 0).")
 flags.DEFINE_string("results", "benchmarks/results/cowclip_tuned_runs.jsonl", "Runs, one a line.")
-flags.DEFINE_string("plot", "benchmarks/results/cowclip_tuned_auc.png", "Scale stage's plot.")
+flags.DEFINE_string("plot", None, "Report's plot (default: "
+                    "benchmarks/results/cowclip_tuned_auc_<model>.png).")
 
 # (hyper-parameter, multiplicative step) in the coordinate search's order.
 SEARCH_STEPS = (("embedding_learning_rate", math.sqrt(10)), ("dense_learning_rate", math.sqrt(10)),
@@ -63,8 +70,10 @@ DATA_SEED = 0
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-    """One training run: a base (the batch-1024 hyper-parameters), a rule, a batch, a seed."""
+    """One training run: a model, a base (the batch-1024 hyper-parameters), a rule, a batch, a
+    seed."""
 
+    model: str
     embedding_learning_rate: float
     dense_learning_rate: float
     l2: float
@@ -75,13 +84,15 @@ class Run:
 
     def key(self):
         base = ",".join(f"{getattr(self, name):.3g}" for name, _ in SEARCH_STEPS)
-        return (f"{FLAGS.model}|base {base}|{self.rule}|{self.batch_size}|seed {self.seed}|"
+        return (f"{self.model}|base {base}|{self.rule}|{self.batch_size}|seed {self.seed}|"
                 f"{FLAGS.train_rows}-{FLAGS.validation_rows}-{FLAGS.test_rows}|"
                 f"{FLAGS.max_epochs}-{FLAGS.patience}")
 
     @classmethod
     def of(cls, record):
-        return cls(**{field.name: record[field.name] for field in dataclasses.fields(cls)})
+        model = record.get("model", record["key"].split("|")[0])  # older records: in the key
+        return cls(**{field.name: record[field.name] for field in dataclasses.fields(cls)
+                      if field.name != "model"}, model=model)
 
     def base(self):
         return Preset(dense_learning_rate=self.dense_learning_rate,
@@ -133,7 +144,7 @@ class Experiment:
         optimizer_name = "cowclip" if run.rule == "cowclip" else "adam"
         settings = large_batch_settings(run.batch_size, run.rule, run.base())
         model = models.build_model(
-            FLAGS.model, self.training.schema,
+            run.model, self.training.schema,
             embeddings_initializer=keras.initializers.RandomNormal(
                 stddev=settings.embedding_init_stddev),
             **factory.model_regularization(settings, optimizer_name))
@@ -143,6 +154,7 @@ class Experiment:
             keras.losses.BinaryCrossentropy())
         epochs, diverged = [], None
         for epoch in range(FLAGS.max_epochs):
+            others = OtherProcessesCPU()
             try:  # one epoch a call: train() evaluates the validation split after it
                 trained = train(model, self.training,
                                 TrainingConfig(batch_size=run.batch_size, epochs=1,
@@ -152,7 +164,8 @@ class Experiment:
                 diverged = f"epoch {epoch + 1}: {error}"
                 break
             epochs.append(dict(self._test(model), validation_auc=trained["auc"],
-                               train_seconds=trained["train_seconds"]))
+                               train_seconds=trained["train_seconds"],
+                               other_cpu_seconds=others.seconds()))
             print(f"{run.key()}: epoch {epoch + 1}: validation AUC {trained['auc']:.4f}, "
                   f"test AUC {epochs[-1]['test_auc']:.4f} ({trained['train_seconds']:.0f} s)",
                   flush=True)
@@ -176,15 +189,16 @@ class Experiment:
                 "test_auc_frequent_half": exact_auc(labels[~rare], predictions[~rare])}
 
 
-def criteo_base():
+def criteo_base(model):
     preset = PRESETS["criteo"]
-    return Run(preset.embedding_learning_rate, preset.dense_learning_rate, preset.l2,
+    return Run(model, preset.embedding_learning_rate, preset.dense_learning_rate, preset.l2,
                preset.embedding_init_stddev)
 
 
-def coordinate_search(experiment):
-    """The module docstring's search from the Criteo preset; returns the best base run."""
-    centre = criteo_base()
+def coordinate_search(experiment, model):
+    """The module docstring's search from the Criteo preset for `model`; returns the best base
+    run."""
+    centre = criteo_base(model)
     for name, step in SEARCH_STEPS:
         best = experiment.score(centre)
         for factor in (step, 1 / step):
@@ -201,27 +215,34 @@ def coordinate_search(experiment):
     return centre
 
 
-def tuning_records(experiment):
-    """The finished runs of the tune stage with this model, data and stopping rule."""
-    return [r for r in experiment.done.values() if Run.of(r).key() == r["key"]
+def tuning_records(experiment, model):
+    """The finished runs of the tune stage of `model` with this data and stopping rule."""
+    return [r for r in experiment.done.values()
+            if Run.of(r).model == model and Run.of(r).key() == r["key"]
             and (r["batch_size"], r["rule"], r["seed"]) == (BASE_BATCH_SIZE, "none", 0)]
 
 
-def best_tuned_so_far(experiment):
-    """The finished tuning run with the best validation AUC (the search's result once the tune
-    stage has finished), as a Run."""
-    best = max(tuning_records(experiment), key=lambda r: r["best_validation_auc"] or -math.inf)
+def best_tuned_so_far(experiment, model):
+    """The finished tuning run of `model` with the best validation AUC (the search's result once
+    the tune stage has finished), as a Run."""
+    best = max(tuning_records(experiment, model),
+               key=lambda r: r["best_validation_auc"] or -math.inf)
     return Run.of(best)
 
 
-def scaled_runs(base):
-    """The scale stage's runs from the tuned `base`, in order."""
+def scaled_runs(tuned):
+    """The scale stage's runs of --model from the `tuned` base, in order: the base itself at
+    batch 1024 (already run when --model is the tuned model), every rule at every batch, then
+    the second seeds."""
+    base = dataclasses.replace(tuned, model=FLAGS.model)
     two_seeds = {int(b) for b in FLAGS.two_seed_batch_sizes}
-    runs = [dataclasses.replace(base, seed=1)] if BASE_BATCH_SIZE in two_seeds else []
-    for batch in map(int, FLAGS.batch_sizes):
-        for seed in (0, 1) if batch in two_seeds else (0,):
-            runs += [dataclasses.replace(base, batch_size=batch, rule=rule, seed=seed)
-                     for rule in FLAGS.rules]
+    runs = []
+    for seed in (0, 1):
+        if seed == 0 or BASE_BATCH_SIZE in two_seeds:
+            runs.append(dataclasses.replace(base, seed=seed))
+        runs += [dataclasses.replace(base, batch_size=batch, rule=rule, seed=seed)
+                 for batch in map(int, FLAGS.batch_sizes) if seed == 0 or batch in two_seeds
+                 for rule in FLAGS.rules]
     return runs
 
 
@@ -231,6 +252,15 @@ def at_best_epoch(record):
     return dict(epochs[-1], seconds=sum(e["train_seconds"] for e in epochs))
 
 
+def timing_mark(record, epochs):
+    """"" if the machine ran nothing else over the record's first `epochs` epochs, "*" if other
+    processes took over a tenth of the training seconds in CPU time, "?" if not recorded."""
+    epochs = record["epochs"][:epochs]
+    if any("other_cpu_seconds" not in e for e in epochs):
+        return "?"
+    return "*" if any(e["other_cpu_seconds"] > 0.1 * e["train_seconds"] for e in epochs) else ""
+
+
 def seconds_to_reach(record, auc):
     """Training seconds until the first epoch with a test AUC of at least `auc` (None: never)."""
     seconds = np.cumsum([e["train_seconds"] for e in record["epochs"]])
@@ -238,10 +268,10 @@ def seconds_to_reach(record, auc):
     return float(seconds[hits[0]]) if hits else None
 
 
-def print_tuning(experiment, best):
+def print_tuning(experiment, model, best):
     print("\n| embedding lr | dense lr | L2 | init stddev | best epoch | validation AUC "
           "| test AUC | validation AUC after each epoch |\n|---|---|---|---|---|---|---|---|")
-    for record in tuning_records(experiment):
+    for record in tuning_records(experiment, model):
         chosen = "**" if Run.of(record) == best else ""
         curve = ", ".join(f"{e['validation_auc']:.4f}" for e in record["epochs"])
         if record["diverged"]:
@@ -254,34 +284,44 @@ def print_tuning(experiment, best):
               f"{validation} | {test} | {curve} |")
 
 
-def print_scaling(experiment, base):
+def print_scaling(experiment, tuned):
     """Per batch and rule: test AUC at the best validation epoch (seeds' mean and each seed), its
     difference to the 1K baseline's mean, AUC by id frequency, epochs and seconds to the best
     epoch, and the speed-up to equal AUC: the baseline's training seconds to a test AUC within
-    0.001 of its own, over the run's."""
+    0.001 of its own, over the run's. Returns the baseline AUC and each rule's points, or None
+    before the baseline has run."""
     groups = {}
-    for run in [base] + scaled_runs(base):
+    for run in scaled_runs(tuned):
         if run.key() in experiment.done:
             groups.setdefault((run.batch_size, run.rule), []).append(experiment.done[run.key()])
-    baseline_records = groups[(BASE_BATCH_SIZE, "none")]
+    baseline_records = groups.get((BASE_BATCH_SIZE, "none"))
+    if not baseline_records:
+        print(f"\nno {FLAGS.model} run at batch {BASE_BATCH_SIZE} from this base yet")
+        return None
     baseline_auc = float(np.mean([at_best_epoch(r)["test_auc"] for r in baseline_records]))
-    # Both sides of the speed-up: training seconds until a test AUC within 0.001 of the baseline.
-    baseline_seconds = float(np.mean([seconds_to_reach(r, baseline_auc - 0.001)
-                                      for r in baseline_records]))
+    # Both sides of the speed-up: training seconds until a test AUC within 0.001 of the baseline
+    # (a seed below it never gets there: the mean is over the seeds that do).
+    target = baseline_auc - 0.001
+    reached = [(seconds_to_reach(r, target), timing_mark(r, len(r["epochs"])))
+               for r in baseline_records if seconds_to_reach(r, target) is not None]
+    baseline_seconds = float(np.mean([seconds for seconds, _ in reached]))
     print(f"\n1K baseline: test AUC {baseline_auc:.4f} (mean of {len(baseline_records)} "
           f"seed{'s' if len(baseline_records) > 1 else ''}), reached within 0.001 after "
-          f"{baseline_seconds:.0f} s of training; teacher ceiling "
-          f"{experiment.full.teacher_auc():.4f}")
+          f"{baseline_seconds:.0f} s of training ({len(reached)} of {len(baseline_records)} "
+          f"seeds; timing {', '.join(mark or 'alone' for _, mark in reached)}); teacher "
+          f"ceiling {experiment.full.teacher_auc():.4f}")
     print("| batch | rule | test AUC (each seed) | vs 1K | AUC rarer half | AUC frequent half "
-          "| best epoch | s to best epoch | speed-up to equal AUC |\n|---|---|---|---|---|---|---|---|---|")
+          "| best epoch | s to best epoch | speed-up to equal AUC |\n"
+          "|---|---|---|---|---|---|---|---|---|")
     points = {}
-    for (batch, rule), records in groups.items():
+    for (batch, rule), records in sorted(groups.items(), key=lambda group: group[0][0]):
         converged = [r for r in records if r["best_epoch"]]
         if not converged:
             print(f"| {batch:,} | {rule} | diverged: {records[0]['diverged']} | | | | | | |")
             continue
         best = [at_best_epoch(r) for r in converged]
-        seconds_to_best = [e["seconds"] for e in best]
+        seconds_to_best = [f"{e['seconds']:.0f}{timing_mark(r, r['best_epoch'])}"
+                           for e, r in zip(best, converged)]
         auc = float(np.mean([e["test_auc"] for e in best]))
         points.setdefault(rule, []).append((batch, auc))
         reach = [seconds_to_reach(r, baseline_auc - 0.001) for r in converged]
@@ -292,8 +332,10 @@ def print_scaling(experiment, base):
               + " | ".join(f"{np.mean([e[k] for e in best]):.4f}"
                            for k in ("test_auc_rarer_half", "test_auc_frequent_half"))
               + f" | {', '.join(str(r['best_epoch']) for r in converged)} | "
-              + f"{', '.join(f'{seconds:.0f}' for seconds in seconds_to_best)} | "
+              + f"{', '.join(seconds_to_best)} | "
               + f"{', '.join(reach)} |")
+    print("Seconds marked * ran beside other work (over a tenth of their training time in other "
+          "processes' CPU), ? where that was not recorded: not speeds.")
     return baseline_auc, points
 
 
@@ -315,27 +357,34 @@ def plot_scaling(baseline_auc, points):
     axis.set_title(f"{FLAGS.model}, synthetic data, base tuned at batch 1,024")
     axis.legend()
     figure.tight_layout()
-    figure.savefig(FLAGS.plot, dpi=120)
+    figure.savefig(plot_path(), dpi=120)
+
+
+def plot_path():
+    return FLAGS.plot or f"benchmarks/results/cowclip_tuned_auc_{FLAGS.model}.png"
 
 
 def main(argv):
     del argv
     os.makedirs(os.path.dirname(FLAGS.results), exist_ok=True)
     experiment = Experiment()
+    base_model = FLAGS.base_model or FLAGS.model
     if FLAGS.stage == "tune":
-        best = coordinate_search(experiment)
+        best = coordinate_search(experiment, FLAGS.model)
         print(f"tuned base: {best}")
     elif FLAGS.stage == "scale":
-        for run in scaled_runs(coordinate_search(experiment)):
+        for run in scaled_runs(coordinate_search(experiment, base_model)):
             experiment.result(run)
-    elif not tuning_records(experiment):
-        print(f"no finished tuning run in {FLAGS.results} yet")
+    elif not tuning_records(experiment, base_model):
+        print(f"no finished {base_model} tuning run in {FLAGS.results} yet")
     else:
-        base = best_tuned_so_far(experiment)
-        print_tuning(experiment, base)
-        print(f"tuned base: {base}")
-        plot_scaling(*print_scaling(experiment, base))
-        print(f"plot: {FLAGS.plot}")
+        base = best_tuned_so_far(experiment, base_model)
+        print_tuning(experiment, base_model, base)
+        print(f"tuned base (best so far): {base}")
+        scaling = print_scaling(experiment, base)
+        if scaling:
+            plot_scaling(*scaling)
+            print(f"plot: {plot_path()}")
 
 
 if __name__ == "__main__":

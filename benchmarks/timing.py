@@ -1,5 +1,6 @@
 """Timing a model's training steps from inside `model.fit`, the machine line every benchmark
-prints, and the start of the benchmarks that run under horovodrun."""
+prints, the CPU time other processes took meanwhile, and the start of the benchmarks that run
+under horovodrun."""
 
 import os
 import pathlib
@@ -18,6 +19,30 @@ def machine_description():
                        if line.startswith("model name")), platform.machine())
     return (f"{model_name}, {os.cpu_count()} cores (shared with other work), Python "
             f"{platform.python_version()}, TensorFlow {tf.__version__}, Keras {keras.__version__}")
+
+
+class OtherProcessesCPU:
+    """CPU seconds the rest of the machine used since construction: every core's busy time
+    (/proc/stat) less this process's own, so a timed interval can say whether it ran alone."""
+
+    def __init__(self):
+        self._start = self._machine_busy() - self._own()
+
+    def seconds(self):
+        return self._machine_busy() - self._own() - self._start
+
+    @staticmethod
+    def _machine_busy():
+        with open("/proc/stat") as stat:
+            fields = [int(value) for value in stat.readline().split()[1:]]
+        idle, iowait = fields[3], fields[4]
+        busy = sum(fields[:8]) - idle - iowait  # user..steal; guest time is inside user
+        return busy / os.sysconf("SC_CLK_TCK")
+
+    @staticmethod
+    def _own():
+        times = os.times()
+        return times.user + times.system
 
 
 class StepDurations(keras.callbacks.Callback):
