@@ -327,11 +327,12 @@ def print_scaling(experiment, tuned):
                            for e, r in zip(best, converged)]
         auc = float(np.mean([e["test_auc"] for e in best]))
         points.setdefault(rule, []).append((batch, auc))
-        reach = [seconds_to_reach(r, baseline_auc - 0.001) for r in converged]
-        reach = [f"{baseline_seconds / seconds:.1f}x" if seconds else "not reached"
-                 for seconds in reach]
+        reach = [(seconds_to_reach(r, target), r) for r in converged]
+        reach = [f"{baseline_seconds / seconds:.1f}x{timing_mark(r, len(r['epochs']))}"
+                 if seconds else "not reached" for seconds, r in reach]
         print(f"| {batch:,} | {rule} | {auc:.4f} ("
-              + ", ".join(f"{e['test_auc']:.4f}" for e in best) + f") | {auc - baseline_auc:+.4f} | "
+              + ", ".join(f"{e['test_auc']:.4f}" for e in best)
+              + f") | {auc - baseline_auc:+.4f} | "
               + " | ".join(f"{np.mean([e[k] for e in best]):.4f}"
                            for k in ("test_auc_rarer_half", "test_auc_frequent_half"))
               + f" | {', '.join(str(r['best_epoch']) for r in converged)} | "
