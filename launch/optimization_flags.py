@@ -22,8 +22,9 @@ flags.DEFINE_enum("scaling_rule", None, list(RULES),
                   "other optimizers no rule, only the flags below (none/sqrt/linear scale both "
                   "learning rates by 1, sqrt(s) or s, s = batch/1024).")
 flags.DEFINE_enum("scaling_preset", None, list(PRESETS),
-                  "Base hyper-parameters of the rule (default: avazu for --data=avazu, else "
-                  "criteo).")
+                  "Batch-1024 base of the rule (default: the one named as --data: criteo and "
+                  "avazu are CowClip's published bases for the real data sets, synthetic the "
+                  "base tuned on the built-in data).")
 flags.DEFINE_enum("cowclip_mode", "faithful", list(COWCLIP_MODES),
                   "faithful: the official dense update of every table row every step; scalable: "
                   "only the batch's rows (a different algorithm, see README).")
@@ -41,7 +42,7 @@ flags.DEFINE_float("warmup_epochs", None, "Linear warm-up of the dense learning 
 flags.DEFINE_integer("warmup_steps", None, "The same in steps (overrides --warmup_epochs; needed "
                      "with file data, whose epoch length is unknown).", lower_bound=0)
 flags.DEFINE_float("embedding_init_stddev", None, "Stddev of the normal embedding initialiser "
-                   "(default: the rule's 1e-2).", lower_bound=0.0)
+                   "(default: the preset's).", lower_bound=0.0)
 
 for _name in ("learning_rate", "embedding_learning_rate", "clip_r"):
     flags.register_validator(_name, lambda value: value is None or value > 0,
@@ -72,7 +73,7 @@ def resolve_settings():
             batch_size=FLAGS.batch_size,
             dense_learning_rate=_DEFAULT_LEARNING_RATE.get(FLAGS.optimizer, 1e-3), **_NO_RULE)
     else:
-        preset = FLAGS.scaling_preset or ("avazu" if FLAGS.data == "avazu" else "criteo")
+        preset = FLAGS.scaling_preset or FLAGS.data
         settings = large_batch_settings(FLAGS.batch_size, rule, preset)
     overrides = {field: getattr(FLAGS, flag) for flag, field in _OVERRIDES.items()
                  if getattr(FLAGS, flag) is not None}

@@ -17,6 +17,7 @@ import sys
 import pytest
 
 from tests.horovod_launch import REPO_ROOT, python
+from tfscale.optimizers.scaling import PRESETS
 
 BATCH = 128
 SYNTHETIC = ["--train_rows=512", "--test_rows=256", "--synthetic_vocabulary_scale=0.002",
@@ -41,8 +42,10 @@ CASES = {
                                # the defaults, given
                                "--data=synthetic", "--optimizer=cowclip", "--model=deepfm",
                                "--cowclip_mode=faithful", "--embedding_comm=allgather",
+                               "--scaling_preset=synthetic",
                                "--precision=float32", "--deterministic", "--dedup_ids"],
     "cowclip_avazu_preset": [*SYNTHETIC, "--scaling_preset=avazu"],
+    "cowclip_criteo_preset": [*SYNTHETIC, "--scaling_preset=criteo"],
     "cowclip_overrides": [*SYNTHETIC, "--learning_rate=0.003", "--embedding_learning_rate=0.0005",
                           "--l2=0.0002", "--clip_r=0.5", "--zeta=0.002", "--warmup_steps=3"],
     "warmup_half_epoch": [*SYNTHETIC, "--warmup_epochs=0.5"],
@@ -237,30 +240,45 @@ def test_every_flag_and_value_is_given_in_some_case():
 
 
 @pytest.mark.parametrize("name, batch, preset", [
-    ("default", BATCH, "criteo"),
-    ("cowclip_rule_batch_256", 256, "criteo"),
+    ("default", BATCH, "synthetic"),
+    ("cowclip_rule_batch_256", 256, "synthetic"),
     ("cowclip_avazu_preset", BATCH, "avazu"),
+    ("cowclip_criteo_preset", BATCH, "criteo"),
 ])
 def test_cowclip_rule(facts, name, batch, preset):
-    """s = batch/1024: embedding lr kept (1e-4), dense lr x sqrt(s) warmed up over one epoch,
-    L2 1e-5 x s on CowClip (the model keeps only the dense features' share), r 1, the preset's
-    zeta below batch 4096."""
+    """s = batch/1024: the preset's embedding lr kept, its dense lr x sqrt(s) warmed up over one
+    epoch, its L2 x s on CowClip (the model keeps only the dense features' share), r 1, its zeta
+    below batch 4096. The synthetic data's own preset unless another is named."""
     case = run(facts, name)
     s = batch / 1024
-    dense_rate = {"criteo": 8e-4, "avazu": 1e-4}[preset] * math.sqrt(s)
+    base = PRESETS[preset]
     optimizer = case["optimizer"]
     assert optimizer["class"] == "CowClip" and optimizer["mode"] == "faithful"
     assert optimizer["by_variable"] == {"deep_table": "embedding", "wide_table": "embedding",
                                         "dense": "dense"}
-    assert inner(case, "embedding") == {"class": "FusedAdam", "name": "embedding",
-                                        "learning_rate": pytest.approx(1e-4, rel=1e-6)}
-    assert inner(case, "dense")["learning_rate"] == warmup(dense_rate, 512 // batch)
-    assert optimizer["l2"] == pytest.approx(1e-5 * s)
+    assert inner(case, "embedding") == {
+        "class": "FusedAdam", "name": "embedding",
+        "learning_rate": pytest.approx(base.embedding_learning_rate, rel=1e-6)}
+    assert inner(case, "dense")["learning_rate"] == warmup(
+        base.dense_learning_rate * math.sqrt(s), 512 // batch)
+    assert optimizer["l2"] == pytest.approx(base.l2 * s)
     assert optimizer["r"] == 1.0
-    assert optimizer["zeta"] == {"criteo": 1e-5, "avazu": 1e-3}[preset]
+    assert optimizer["zeta"] == base.zeta_small_batch
     assert case["model"]["l2"] == {"embedding": 0.0, "wide": 0.0,
-                                   "linear": pytest.approx(1e-5 * s)}
+                                   "linear": pytest.approx(base.l2 * s)}
     assert not case["model"]["deep_table_regularized"]
+
+
+def test_criteo_and_avazu_presets_are_cowclips_published_bases():
+    """The official commands' bases (README of the CowClip code): Criteo embedding lr 1e-4,
+    dense 8e-4, L2 1e-5, zeta 1e-5; Avazu dense 1e-4, zeta 1e-3 below batch 4096, 1e-4 above."""
+    criteo, avazu = PRESETS["criteo"], PRESETS["avazu"]
+    assert (criteo.embedding_learning_rate, criteo.dense_learning_rate, criteo.l2) == (
+        1e-4, 8e-4, 1e-5)
+    assert (criteo.zeta(1024), criteo.zeta(65536)) == (1e-5, 1e-5)
+    assert (avazu.embedding_learning_rate, avazu.dense_learning_rate, avazu.l2) == (
+        1e-4, 1e-4, 1e-5)
+    assert (avazu.zeta(2048), avazu.zeta(4096)) == (1e-3, 1e-4)
 
 
 def test_cowclip_scalable_mode_updates_tables_with_row_sparse_adam(facts):
@@ -283,12 +301,14 @@ def test_optimizer_flags_override_the_rule(facts):
                                          ("default", SYNTHETIC_STEPS)])
 def test_warmup_epochs_set_the_schedule_length(facts, name, steps):
     dense = inner(run(facts, name), "dense")["learning_rate"]
-    assert dense == warmup(8e-4 * math.sqrt(BATCH / 1024), steps)
+    assert dense == warmup(PRESETS["synthetic"].dense_learning_rate * math.sqrt(BATCH / 1024),
+                           steps)
 
 
 def test_no_warmup_gives_a_constant_dense_rate(facts):
     dense = inner(run(facts, "no_warmup"), "dense")["learning_rate"]
-    assert dense == pytest.approx(8e-4 * math.sqrt(BATCH / 1024), rel=1e-6)
+    assert dense == pytest.approx(
+        PRESETS["synthetic"].dense_learning_rate * math.sqrt(BATCH / 1024), rel=1e-6)
 
 
 @pytest.mark.parametrize("name, optimizer_class, rate", [
@@ -316,18 +336,21 @@ def test_optimizer_without_rule_is_one_optimizer_at_its_default_rate(facts, name
     ("adam_rule_linear", BATCH / 1024),
 ])
 def test_baseline_rules_give_an_optimizer_map(facts, name, factor):
-    """none/sqrt/linear scale both criteo base rates (embedding 1e-4, dense 8e-4) by 1, sqrt(s)
-    or s, the dense one warmed up over an epoch: a MultiOptimizer over an OptimizerMap sends
-    the tables to the embedding Adam. The base L2 (1e-5) is on the model."""
+    """none/sqrt/linear scale both base rates of the synthetic preset by 1, sqrt(s) or s, the
+    dense one warmed up over an epoch: a MultiOptimizer over an OptimizerMap sends the tables to
+    the embedding Adam. The base L2 is on the model."""
     case = run(facts, name)
+    base = PRESETS["synthetic"]
     optimizer = case["optimizer"]
     assert optimizer["class"] == "MultiOptimizer"
     assert optimizer["by_variable"] == {"deep_table": "embedding", "wide_table": "embedding",
                                         "dense": "dense"}
     assert inner(case, "embedding") == {"class": "FusedAdam", "name": "embedding",
-                                        "learning_rate": pytest.approx(1e-4 * factor, rel=1e-6)}
-    assert inner(case, "dense")["learning_rate"] == warmup(8e-4 * factor, SYNTHETIC_STEPS)
-    assert case["model"]["l2"] == {"embedding": 1e-5, "wide": 1e-5, "linear": 1e-5}
+                                        "learning_rate": pytest.approx(
+                                            base.embedding_learning_rate * factor, rel=1e-6)}
+    assert inner(case, "dense")["learning_rate"] == warmup(
+        base.dense_learning_rate * factor, SYNTHETIC_STEPS)
+    assert case["model"]["l2"] == {"embedding": base.l2, "wide": base.l2, "linear": base.l2}
     assert case["model"]["deep_table_regularized"]
 
 
@@ -368,7 +391,8 @@ def test_embedding_dim_sets_the_table_width(facts):
 
 
 def test_embedding_init_stddev_sets_the_initial_table_spread(facts):
-    assert run(facts, "default")["initial_table_std"] == pytest.approx(1e-2, rel=0.02)
+    assert run(facts, "default")["initial_table_std"] == pytest.approx(
+        PRESETS["synthetic"].embedding_init_stddev, rel=0.02)
     assert run(facts, "init_stddev")["initial_table_std"] == pytest.approx(5e-2, rel=0.02)
 
 

@@ -141,7 +141,10 @@ def parsed():
 
 
 def test_cowclip_takes_the_rule_for_the_batch_and_the_data(parsed):
-    assert parsed("--batch_size=8192") == large_batch_settings(8192, "cowclip", "criteo")
+    assert parsed("--batch_size=8192") == large_batch_settings(8192, "cowclip", "synthetic")
+    FLAGS.unparse_flags()
+    assert parsed("--batch_size=8192", "--data=criteo") == large_batch_settings(
+        8192, "cowclip", "criteo")
     FLAGS.unparse_flags()
     assert parsed("--batch_size=8192", "--data=avazu") == large_batch_settings(
         8192, "cowclip", "avazu")
@@ -160,7 +163,7 @@ def test_cowclip_takes_the_rule_for_the_batch_and_the_data(parsed):
     ("embedding_init_stddev", 0.05, "embedding_init_stddev"),
 ])
 def test_each_flag_overrides_its_value_only(parsed, flag, value, field):
-    rule = large_batch_settings(8192, "cowclip")
+    rule = large_batch_settings(8192, "cowclip", "synthetic")  # the default --data
     assert parsed("--batch_size=8192", f"--{flag}={value}") == dataclasses.replace(
         rule, **{field: value})
 
@@ -176,7 +179,7 @@ def test_without_a_rule_one_rate_no_warmup_no_l2(parsed, optimizer, dense_rate):
 
 def test_a_baseline_rule_for_another_optimizer(parsed):
     assert parsed("--optimizer=adam", "--scaling_rule=linear", "--batch_size=2048") == \
-        large_batch_settings(2048, "linear")
+        large_batch_settings(2048, "linear", "synthetic")
 
 
 @pytest.mark.parametrize("argv", [["--optimizer=adam", "--scaling_rule=cowclip"],

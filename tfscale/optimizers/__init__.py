@@ -8,7 +8,8 @@ from tfscale.optimizers.capabilities import TakesCountedSlices, TakesRowSlices
 from tfscale.optimizers.cowclip import CowClip
 from tfscale.optimizers.fused_adam import FusedAdam
 from tfscale.optimizers.row_sparse_adam import RowSparseAdam
-from tfscale.optimizers.scaling import LargeBatchSettings, large_batch_settings
+from tfscale.optimizers.scaling import PRESETS, LargeBatchSettings, Preset, large_batch_settings
 
-__all__ = ["CAME", "CowClip", "FusedAdam", "LargeBatchSettings", "LossScaleOptimizer",
-           "RowSparseAdam", "TakesCountedSlices", "TakesRowSlices", "large_batch_settings"]
+__all__ = ["CAME", "CowClip", "FusedAdam", "LargeBatchSettings", "LossScaleOptimizer", "PRESETS",
+           "Preset", "RowSparseAdam", "TakesCountedSlices", "TakesRowSlices",
+           "large_batch_settings"]

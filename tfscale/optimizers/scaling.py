@@ -1,6 +1,7 @@
 """Large-batch hyper-parameter rules as functions of the batch size: CowClip's rule
-(docs/cowclip.md) with its published Criteo and Avazu presets, and the plain
-no / sqrt / linear learning-rate scaling rules it is compared against.
+(docs/cowclip.md) and the plain no / sqrt / linear learning-rate scaling rules it is compared
+against, from a preset's batch-1024 base: CowClip's published Criteo and Avazu bases (for those
+real data sets) or the base tuned on tfscale's built-in synthetic data (benchmarks.cowclip_tuned).
 
 With s = batch / 1024, CowClip keeps the embedding learning rate (1e-4), scales L2 linearly
 (1e-5 * s), the dense learning rate by sqrt(s) (with a linear warm-up over the first epoch), and
@@ -32,8 +33,12 @@ class Preset:
 
 
 PRESETS = {
+    # CowClip's published bases, tuned on the real data sets.
     "criteo": Preset(dense_learning_rate=8e-4),
     "avazu": Preset(dense_learning_rate=1e-4, zeta_small_batch=1e-3, zeta_large_batch=1e-4),
+    # The built-in synthetic data (tfscale.data.synthetic): the coordinate search of
+    # benchmarks.cowclip_tuned at batch 1024 (README, "CowClip from a tuned base"); zeta Criteo's.
+    "synthetic": Preset(dense_learning_rate=2.5e-3, embedding_learning_rate=1e-3),
 }
 
 
@@ -55,7 +60,8 @@ class LargeBatchSettings:
 
 def large_batch_settings(batch_size, rule="cowclip", preset="criteo"):
     """The hyper-parameters of `rule` at `batch_size` from a preset's base: "criteo", "avazu"
-    or a `Preset` of your own (e.g. one tuned at batch 1024 on your data).
+    (CowClip's published bases for those data sets), "synthetic" (tfscale's built-in data) or a
+    `Preset` of your own (e.g. one tuned at batch 1024 on your data).
 
     "cowclip" is CowClip's rule (module docstring). "none", "sqrt" and "linear" are the
     baselines: no clipping, the base L2, and both learning rates multiplied by 1, sqrt(s) or s."""
