@@ -3,7 +3,7 @@
 against, from a preset's batch-1024 base: CowClip's published Criteo and Avazu bases (for those
 real data sets) or the base tuned on tfscale's built-in synthetic data (benchmarks.cowclip_tuned).
 
-With s = batch / 1024, CowClip keeps the embedding learning rate (1e-4), scales L2 linearly
+With s = batch / 1024, CowClip keeps the embedding learning rate (Criteo: 1e-4), scales L2 linearly
 (1e-5 * s), the dense learning rate by sqrt(s) (with a linear warm-up over the first epoch), and
 clips per id with r = 1 and the preset's zeta. (The official README's table lists l2 = 1e-4 * s
 while its commands use 1e-5 * s; the contract, and this module, use 1e-5 * s.)"""
@@ -29,7 +29,9 @@ class Preset:
     zeta_switch_batch: int = 4096
 
     def zeta(self, batch_size):
-        return self.zeta_small_batch if batch_size < self.zeta_switch_batch else self.zeta_large_batch
+        if batch_size < self.zeta_switch_batch:
+            return self.zeta_small_batch
+        return self.zeta_large_batch
 
 
 PRESETS = {
