@@ -16,10 +16,10 @@ validation AUC only.
 Tuning is a coordinate search from the Criteo preset: for each of the embedding and dense learning
 rates (steps of sqrt(10)), L2 and the embedding init's stddev (steps of 10) in turn, step up while
 the best validation AUC improves, else down, so the chosen value's neighbours both score lower.
-The scale stage takes the best base of --base_model (tuning it first if
-its search has not finished) and applies each rule (tfscale.optimizers.scaling) at each batch
-size to --model. Finished runs are appended to --results, one JSON line each, and never rerun, so an
-interrupted stage resumes at its first unfinished run."""
+The scale stage takes the best base of --base_model (tuning it first if its search has not
+finished) and applies each rule (tfscale.optimizers.scaling) at each batch size to --model.
+Finished runs are appended to --results, one JSON line each, and never rerun, so an interrupted
+stage resumes at its first unfinished run."""
 
 import dataclasses
 import json
@@ -310,9 +310,9 @@ def print_scaling(experiment, tuned):
     print(f"\n1K baseline: test AUC {baseline_auc:.4f} (mean of {len(baseline_records)} "
           f"seed{'s' if len(baseline_records) > 1 else ''}), reached within 0.001 after "
           f"{baseline_seconds:.0f} s of training (mean of {len(alone) or len(reached)} of "
-          f"{len(baseline_records)} seeds, timed {'alone' if alone else 'not known to be alone'}); "
-          f"teacher "
-          f"ceiling {experiment.full.teacher_auc():.4f}")
+          f"{len(baseline_records)} seeds, timed "
+          f"{'alone' if alone else 'not known to be alone'}); teacher ceiling "
+          f"{experiment.full.teacher_auc():.4f}")
     print("| batch | rule | test AUC (each seed) | vs 1K | AUC rarer half | AUC frequent half "
           "| best epoch | s to best epoch | speed-up to equal AUC |\n"
           "|---|---|---|---|---|---|---|---|---|")
