@@ -218,7 +218,7 @@ def coordinate_search(experiment, model):
 def tuning_records(experiment, model):
     """The finished runs of the tune stage of `model` with this data and stopping rule."""
     return [r for r in experiment.done.values()
-            if Run.of(r).model == model and Run.of(r).key() == r["key"]
+            if (Run.of(r).model, Run.of(r).key()) == (model, r["key"])
             and (r["batch_size"], r["rule"], r["seed"]) == (BASE_BATCH_SIZE, "none", 0)]
 
 
@@ -261,11 +261,15 @@ def timing_mark(record, epochs):
     return "*" if any(e["other_cpu_seconds"] > 0.1 * e["train_seconds"] for e in epochs) else ""
 
 
-def seconds_to_reach(record, auc):
-    """Training seconds until the first epoch with a test AUC of at least `auc` (None: never)."""
-    seconds = np.cumsum([e["train_seconds"] for e in record["epochs"]])
+def time_to_reach(record, auc):
+    """Training seconds until the first epoch with a test AUC of at least `auc`, and that epoch's
+    timing mark; None if no epoch gets there."""
     hits = [i for i, e in enumerate(record["epochs"]) if e["test_auc"] >= auc]
-    return float(seconds[hits[0]]) if hits else None
+    if not hits:
+        return None
+    epochs = hits[0] + 1
+    return (sum(e["train_seconds"] for e in record["epochs"][:epochs]),
+            timing_mark(record, epochs))
 
 
 def print_tuning(experiment, model, best):
@@ -303,8 +307,7 @@ def print_scaling(experiment, tuned):
     # (a seed below it never gets there: the mean is over the seeds that do, and over those that
     # had the machine to themselves if any did).
     target = baseline_auc - 0.001
-    reached = [(seconds_to_reach(r, target), timing_mark(r, len(r["epochs"])))
-               for r in baseline_records if seconds_to_reach(r, target) is not None]
+    reached = [time for time in (time_to_reach(r, target) for r in baseline_records) if time]
     alone = [seconds for seconds, mark in reached if not mark]
     baseline_seconds = float(np.mean(alone or [seconds for seconds, _ in reached]))
     print(f"\n1K baseline: test AUC {baseline_auc:.4f} (mean of {len(baseline_records)} "
@@ -327,9 +330,9 @@ def print_scaling(experiment, tuned):
                            for e, r in zip(best, converged)]
         auc = float(np.mean([e["test_auc"] for e in best]))
         points.setdefault(rule, []).append((batch, auc))
-        reach = [(seconds_to_reach(r, target), r) for r in converged]
-        reach = [f"{baseline_seconds / seconds:.1f}x{timing_mark(r, len(r['epochs']))}"
-                 if seconds else "not reached" for seconds, r in reach]
+        reach = [time_to_reach(r, target) for r in converged]
+        reach = [f"{baseline_seconds / time[0]:.1f}x{time[1]}" if time else "not reached"
+                 for time in reach]
         print(f"| {batch:,} | {rule} | {auc:.4f} ("
               + ", ".join(f"{e['test_auc']:.4f}" for e in best)
               + f") | {auc - baseline_auc:+.4f} | "
