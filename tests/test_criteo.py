@@ -110,6 +110,13 @@ def test_gzip_reads_the_same_as_plain(tmp_path):
             np.testing.assert_array_equal(a, b)
 
 
+def test_batches_come_without_tf_data_autotuning(tmp_path):
+    """Its thread makes deleting an iterator wait (tfscale.data.pipeline)."""
+    source = CriteoTSV(write(tmp_path / "a.txt", numbered_lines(30)), test_fraction=0.2)
+    assert source.train_batches(4).options().autotune.enabled is False
+    assert source.test_batches(4).options().autotune.enabled is False
+
+
 def test_test_file_without_labels(tmp_path):
     train = write(tmp_path / "train.txt", numbered_lines(8))
     test = write(tmp_path / "test.txt", numbered_lines(8, label=False))

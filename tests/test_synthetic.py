@@ -92,6 +92,12 @@ def test_train_batches_drop_the_remainder_and_epochs_repeat(data):
     assert_same(collect(batches), collect(data.train_batches(7000, epoch=3)))
 
 
+def test_batches_come_without_tf_data_autotuning(data):
+    """Its thread makes deleting an iterator wait (tfscale.data.pipeline)."""
+    assert data.train_batches(7000).options().autotune.enabled is False
+    assert data.test_batches(7000).options().autotune.enabled is False
+
+
 def test_test_shards_cover_the_split_and_keep_the_remainder(data):
     split = collect(data.rows(data.train_rows, data.test_rows, 4096, keys=("categorical", "label")))
     shards = [collect(data.test_batches(2048, shard_index=s, num_shards=3)) for s in range(3)]

@@ -11,6 +11,7 @@ prediction file has a row for every input line, so no line can be skipped.
 import numpy as np
 import tensorflow as tf
 
+from tfscale.data.pipeline import without_autotuning
 from tfscale.data.text_lines import (CHUNK_LINES, FileSet, LineParser, LineSelection,
                                      parsed_chunks)
 
@@ -56,7 +57,7 @@ class FilePredictions:
 
         batches = parsed_chunks(self._files, self._parser, LineSelection(),
                                 np.arange(len(self._files.paths)), self._chunk_lines, finish)
-        batches = batches.rebatch(self._batch_size).prefetch(tf.data.AUTOTUNE)
+        batches = without_autotuning(batches.rebatch(self._batch_size).prefetch(tf.data.AUTOTUNE))
         for features, labels, passthrough in batches:
             yield (self._predict(features).numpy(),
                    labels.numpy() if self.has_labels else None, passthrough.numpy())

@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from tfscale import metrics
 from tfscale.data.schema import MISSING_ID, FeatureSchema
+from tfscale.data.pipeline import without_autotuning
 from tfscale.data.source import CTRSource
 from tfscale.data.preprocessing import log_transform
 
@@ -201,7 +202,8 @@ class SyntheticCTR(CTRSource):
 
         blocks = tf.data.Dataset.range(first_block, end_block).map(
             block_slice, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        return blocks.rebatch(batch_size, drop_remainder=drop_remainder).prefetch(tf.data.AUTOTUNE)
+        return without_autotuning(
+            blocks.rebatch(batch_size, drop_remainder=drop_remainder).prefetch(tf.data.AUTOTUNE))
 
     def _block(self, block):
         """All values of rows [block * BLOCK_ROWS, (block + 1) * BLOCK_ROWS), as ROW_KEYS."""

@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfscale.data import vocabulary as vocabulary_lib
+from tfscale.data.pipeline import without_autotuning
 from tfscale.data.preprocessing import Preprocessing, is_present
 from tfscale.data.source import CTRSource
 from tfscale.errors import DATA_ERROR_MARKER, UserError
@@ -553,13 +554,13 @@ class DelimitedTextSource(CTRSource):
         if self._shuffle_buffer:
             rows = shuffle_windows(rows, self._shuffle_buffer, shuffle_seed(self._seed, epoch))
         batches = rows.rebatch(batch_size, drop_remainder=True)
-        return batches.skip(skip_batches).prefetch(tf.data.AUTOTUNE)
+        return without_autotuning(batches.skip(skip_batches).prefetch(tf.data.AUTOTUNE))
 
     def test_batches(self, batch_size, *, shard_index=0, num_shards=1):
         files = self._test or self._train
         selection = LineSelection(self._test_fraction, True, shard_index, num_shards)
         rows = self._rows(files, selection, np.arange(len(files.paths)))
-        return rows.rebatch(batch_size).prefetch(tf.data.AUTOTUNE)
+        return without_autotuning(rows.rebatch(batch_size).prefetch(tf.data.AUTOTUNE))
 
     def train_steps_per_epoch(self, batch_size, num_shards=1):
         """Full batches per epoch that every shard can read (the smallest shard's count), from

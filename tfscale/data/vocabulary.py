@@ -15,6 +15,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from tfscale.data.pipeline import without_autotuning
 from tfscale.data.schema import MISSING_ID
 from tfscale.errors import UserError
 
@@ -215,8 +216,9 @@ def count_vocabulary(raw_chunks, *, format_name, categorical_names, dense_names,
     highs = np.full(len(dense_names), -np.inf)
     rows = bad_lines = 0
     last_report = time.monotonic()
-    summaries = raw_chunks.map(_summarise_chunk, num_parallel_calls=tf.data.AUTOTUNE,
-                               deterministic=True).prefetch(tf.data.AUTOTUNE)
+    summaries = without_autotuning(raw_chunks.map(
+        _summarise_chunk, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+    ).prefetch(tf.data.AUTOTUNE))
     for summary in summaries.as_numpy_iterator():
         for total, values, counts in zip(totals, summary["values"], summary["counts"]):
             for value, count in zip(values.tolist(), counts.tolist()):
