@@ -7,9 +7,12 @@ DeepFM (Adam) trains one epoch of the built-in data's training pipeline per `fit
 dataset cut to its known length as `tfscale.training` does, the two settings alternating
 --repeats times. "Wait" is the time from the end of the epoch's last step to
 `fit` returning: Keras deleting the epoch's iterator, plus its callbacks' epoch end (the same in
-both settings)."""
+both settings). What autotuning off costs is read on the Criteo reader, whose parse map it leaves
+at a fixed default parallelism: its rows/s over a Criteo-format file written by the generator, the
+settings alternating."""
 
 import os
+import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -21,15 +24,20 @@ from absl import app, flags  # noqa: E402
 
 import models  # noqa: E402
 from benchmarks.timing import OtherProcessesCPU, machine_description  # noqa: E402
+from tfscale.data.criteo import CriteoTSV  # noqa: E402
 from tfscale.data.synthetic import SyntheticCTR  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("repeats", 2, "Epochs per setting.")
 flags.DEFINE_integer("batch_size", 65536, "Rows per batch.")
 flags.DEFINE_integer("train_rows", 4_000_000, "Rows per epoch (the launcher's default data).")
+flags.DEFINE_integer("reader_rows", 400_000, "Rows in the Criteo-format file for the reader.")
+flags.DEFINE_integer("reader_repeats", 3, "Reader passes per setting.")
 
 
 class LastStepTime(keras.callbacks.Callback):
+    """Keeps the time the last training step ended."""
+
     def on_train_batch_end(self, batch, logs=None):
         self.time = time.perf_counter()
 
@@ -49,6 +57,24 @@ def timed_epoch(model, source, autotune):
     model.fit(dataset, epochs=1, verbose=0, callbacks=[last_step])
     ended = time.perf_counter()
     return ended - started, ended - last_step.time, others.seconds()
+
+
+def reader_rates(num_rows, repeats, batch_size=65536):
+    """{autotune: [rows/s of each pass]} of the Criteo reader (hashed ids) over one file."""
+    rates = {True: [], False: []}
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "train.txt")
+        SyntheticCTR(seed=1, train_rows=num_rows, test_rows=1).write_criteo_tsv(path, 0, num_rows)
+        reader = CriteoTSV([path], test_fraction=0.0)
+        for _ in range(repeats):
+            for autotune in (True, False):
+                options = tf.data.Options()
+                options.autotune.enabled = autotune
+                started, rows = time.perf_counter(), 0
+                for _, labels in reader.train_batches(batch_size).with_options(options):
+                    rows += int(labels.shape[0])
+                rates[autotune].append(rows / (time.perf_counter() - started))
+    return rates
 
 
 def main(argv):
@@ -72,6 +98,13 @@ def main(argv):
               + " | ".join(", ".join(f"{value:.1f}" for value in column)
                            for column in (epochs, waits, others))
               + f" | {np.mean(epochs):.1f} |")
+    rates = reader_rates(FLAGS.reader_rows, FLAGS.reader_repeats)
+    print(f"\nCriteo reader over {FLAGS.reader_rows:,} rows, settings alternating\n"
+          "| autotune | rows/s, each pass | median |\n|---|---|---|")
+    for autotune in (True, False):
+        print(f"| {'on (TF default)' if autotune else 'off (tfscale)'} | "
+              + ", ".join(f"{rate:,.0f}" for rate in rates[autotune])
+              + f" | {np.median(rates[autotune]):,.0f} |")
 
 
 if __name__ == "__main__":
