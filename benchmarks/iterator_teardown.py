@@ -42,15 +42,20 @@ class LastStepTime(keras.callbacks.Callback):
         self.time = time.perf_counter()
 
 
+def with_autotuning(dataset, enabled):
+    """`dataset` with tf.data's autotuning set to `enabled` (tfscale's sources turn it off)."""
+    options = tf.data.Options()
+    options.autotune.enabled = enabled
+    return dataset.with_options(options)
+
+
 def timed_epoch(model, source, autotune):
     """(epoch seconds, seconds from the last step's end to `fit` returning, other processes' CPU
     seconds) of one epoch."""
-    options = tf.data.Options()
-    options.autotune.enabled = autotune
     steps = source.train_steps_per_epoch(FLAGS.batch_size)
     # As tfscale.training hands an epoch to Keras: with a known length, so Keras stops after the
     # last step rather than at the end of the data.
-    dataset = source.train_batches(FLAGS.batch_size).with_options(options).take(steps).apply(
+    dataset = with_autotuning(source.train_batches(FLAGS.batch_size), autotune).take(steps).apply(
         tf.data.experimental.assert_cardinality(steps))
     last_step, others = LastStepTime(), OtherProcessesCPU()
     started = time.perf_counter()
@@ -68,10 +73,8 @@ def reader_rates(num_rows, repeats, batch_size=65536):
         reader = CriteoTSV([path], test_fraction=0.0)
         for _ in range(repeats):
             for autotune in (True, False):
-                options = tf.data.Options()
-                options.autotune.enabled = autotune
                 started, rows = time.perf_counter(), 0
-                for _, labels in reader.train_batches(batch_size).with_options(options):
+                for _, labels in with_autotuning(reader.train_batches(batch_size), autotune):
                     rows += int(labels.shape[0])
                 rates[autotune].append(rows / (time.perf_counter() - started))
     return rates
