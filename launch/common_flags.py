@@ -101,9 +101,9 @@ def run_directories(logdir, checkpoint_dir):
             None if checkpoint_dir in ("", "none") else checkpoint_dir)
 
 
-def build_model(schema, settings, dtype_policy="float32"):
+def build_model(schema, settings, optimizer_name, dtype_policy="float32"):
     """The --model over `schema`, initialised and regularised as `settings` (LargeBatchSettings)
-    say, computing in `dtype_policy`."""
+    say for the optimizer `optimizer_name`, computing in `dtype_policy`."""
     from tfscale.initializers import RowSeededNormal
     from tfscale.optimizers.factory import model_regularization
 
@@ -112,7 +112,7 @@ def build_model(schema, settings, dtype_policy="float32"):
         embeddings_initializer=RowSeededNormal(stddev=settings.embedding_init_stddev),
         dtype=dtype_policy, deduplicate_ids=FLAGS.dedup_ids,
         embedding_sharding=FLAGS.embedding_sharding,
-        **model_regularization(settings, FLAGS.optimizer),
+        **model_regularization(settings, optimizer_name),
         **_model_specific_config())
 
 

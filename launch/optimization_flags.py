@@ -12,15 +12,19 @@ from tfscale.optimizers.scaling import PRESETS, RULES
 
 FLAGS = flags.FLAGS
 
-flags.DEFINE_enum("optimizer", "cowclip", list(OPTIMIZERS),
+flags.DEFINE_enum("optimizer", None, list(OPTIMIZERS),
                   "cowclip: CowClip over Adam (tfscale.optimizers.CowClip); adam: Keras's Adam "
                   "computed by TF's fused kernel (tfscale.optimizers.FusedAdam); came: CAME "
-                  "(tfscale.optimizers.CAME; embedding gradients densified).")
+                  "(tfscale.optimizers.CAME; embedding gradients densified). Default: the one "
+                  "--scaling_rule goes with (cowclip for cowclip, else adam).")
 flags.DEFINE_enum("scaling_rule", None, list(RULES),
                   "Large-batch rule giving the hyper-parameters for --batch_size (see "
-                  "tfscale.optimizers.scaling). Default: cowclip with --optimizer=cowclip; for "
-                  "other optimizers no rule, only the flags below (none/sqrt/linear scale both "
-                  "learning rates by 1, sqrt(s) or s, s = batch/1024).")
+                  "tfscale.optimizers.scaling): cowclip (CowClip's, with --optimizer=cowclip "
+                  "only) or none/sqrt/linear (both learning rates x 1, sqrt(s) or s, s = "
+                  "batch/1024). Default: with --optimizer unset, the preset's (the rule that "
+                  "kept AUC best on its data: cowclip for criteo and avazu, sqrt for synthetic); "
+                  "with --optimizer=cowclip, cowclip; with another optimizer, no rule, only the "
+                  "flags below.")
 flags.DEFINE_enum("scaling_preset", None, list(PRESETS),
                   "Batch-1024 base of the rule (default: the one named as --data: criteo and "
                   "avazu are CowClip's published bases for the real data sets, synthetic the "
@@ -58,23 +62,42 @@ _OVERRIDES = {"learning_rate": "dense_learning_rate",
               "embedding_init_stddev": "embedding_init_stddev"}
 
 
+def _preset():
+    return FLAGS.scaling_preset or FLAGS.data
+
+
+def _rule():
+    """--scaling_rule, or its default (the flag's help)."""
+    if FLAGS.scaling_rule is not None:
+        return FLAGS.scaling_rule
+    if FLAGS.optimizer is None:
+        return PRESETS[_preset()].rule
+    return "cowclip" if FLAGS.optimizer == "cowclip" else None
+
+
+def optimizer_name():
+    """--optimizer, or the one the rule goes with."""
+    if FLAGS.optimizer is not None:
+        return FLAGS.optimizer
+    return "cowclip" if _rule() == "cowclip" else "adam"
+
+
 def resolve_settings():
     """The LargeBatchSettings of this run: the rule's for --batch_size, with every flag given
     replacing its value."""
     from tfscale.errors import UserError
     from tfscale.optimizers.scaling import LargeBatchSettings, large_batch_settings
 
-    rule = FLAGS.scaling_rule or ("cowclip" if FLAGS.optimizer == "cowclip" else None)
-    if (rule == "cowclip") != (FLAGS.optimizer == "cowclip"):
+    rule, optimizer = _rule(), optimizer_name()
+    if (rule == "cowclip") != (optimizer == "cowclip"):
         raise UserError(f"--scaling_rule={rule} goes with --optimizer=cowclip and only with it "
-                        f"(got --optimizer={FLAGS.optimizer})")
+                        f"(got --optimizer={optimizer})")
     if rule is None:
         settings = LargeBatchSettings(
             batch_size=FLAGS.batch_size,
-            dense_learning_rate=_DEFAULT_LEARNING_RATE.get(FLAGS.optimizer, 1e-3), **_NO_RULE)
+            dense_learning_rate=_DEFAULT_LEARNING_RATE.get(optimizer, 1e-3), **_NO_RULE)
     else:
-        preset = FLAGS.scaling_preset or FLAGS.data
-        settings = large_batch_settings(FLAGS.batch_size, rule, preset)
+        settings = large_batch_settings(FLAGS.batch_size, rule, _preset())
     overrides = {field: getattr(FLAGS, flag) for flag, field in _OVERRIDES.items()
                  if getattr(FLAGS, flag) is not None}
     settings = dataclasses.replace(settings, **overrides)
@@ -105,7 +128,7 @@ def build_optimizer(settings, steps_per_epoch):
         raise UserError(f"a warm-up of {settings.warmup_epochs:g} epochs needs the epoch length, "
                         "which this data source does not know: give --warmup_steps")
     try:
-        return factory.build_optimizer(settings, FLAGS.optimizer, warmup_steps,
+        return factory.build_optimizer(settings, optimizer_name(), warmup_steps,
                                        FLAGS.cowclip_mode)
     except ValueError as error:  # an optimizer's own argument check, told in flags
         raise UserError(str(error)) from None

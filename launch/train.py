@@ -48,7 +48,8 @@ def run():
     source = common_flags.build_source(resumed_run=checkpoint_dir if FLAGS.resume else None)
     check_test_split_is_labelled(source)  # before anything is written
     settings = optimization_flags.resolve_settings()
-    model = common_flags.build_model(source.schema, settings, precision_flags.dtype_policy())
+    model = common_flags.build_model(source.schema, settings, optimization_flags.optimizer_name(),
+                                     precision_flags.dtype_policy())
     steps_per_epoch = source.train_steps_per_epoch(
         distributed.local_batch_size(FLAGS.batch_size), distributed.size())
     optimizer = precision_flags.with_loss_scaling(
@@ -63,7 +64,7 @@ def run():
     if distributed.is_chief():
         print(f"model {FLAGS.model} ({model.count_params():,} parameters) on "
               f"{source.describe()}; batch {FLAGS.batch_size}, {FLAGS.epochs} epochs, optimizer "
-              f"{FLAGS.optimizer}, {optimization_flags.describe(settings)}; "
+              f"{optimization_flags.optimizer_name()}, {optimization_flags.describe(settings)}; "
               f"{precision_flags.describe()}; {distributed_flags.describe(exchange)}; TensorFlow "
               f"{tf.__version__}", flush=True)
         print(hybrid_flags.describe(model), flush=True)
