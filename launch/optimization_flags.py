@@ -90,8 +90,8 @@ def resolve_settings():
 
     rule, optimizer = _rule(), optimizer_name()
     if (rule == "cowclip") != (optimizer == "cowclip"):
-        raise UserError(f"--scaling_rule={rule} goes with --optimizer=cowclip and only with it "
-                        f"(got --optimizer={optimizer})")
+        raise UserError("--optimizer=cowclip and --scaling_rule=cowclip go together (got "
+                        f"--optimizer={optimizer}, --scaling_rule={rule})")
     if rule is None:
         settings = LargeBatchSettings(
             batch_size=FLAGS.batch_size,

@@ -158,7 +158,8 @@ def test_refuses_to_overwrite_a_run_without_resume(tmp_path):
     (["--optimizer=cowclip", "--l2=1"], "--l2=1.0 with --clip_r=1.0: CowClip needs 2*l2 <= r"),
     (["--optimizer=cowclip", "--clip_r=0.5", "--l2=0.3"], "lower --l2 or raise --clip_r"),
     (["--optimizer=cowclip", "--scaling_rule=sqrt"],
-     "--scaling_rule=sqrt goes with --optimizer=cowclip and only with it"),
+     "--optimizer=cowclip and --scaling_rule=cowclip go together (got --optimizer=cowclip, "
+     "--scaling_rule=sqrt)"),
 ])
 def test_bad_flags_give_a_clear_error(flags, message):
     result = launch(*flags, "--logdir=none", "--checkpoint_dir=none")
