@@ -25,6 +25,16 @@ flags.DEFINE_enum("embedding_sharding", "replicated", list(SHARDINGS),
                   "--embedding_comm=topk|gtopk.")
 
 
+def row_gradient_flags():
+    """The flags given that need the tables' gradients as rows (IndexedSlices)."""
+    given = []
+    if FLAGS.embedding_sharding == "row":
+        given.append("--embedding_sharding=row")
+    if FLAGS.embedding_staleness:
+        given.append(f"--embedding_staleness={FLAGS.embedding_staleness}")
+    return given
+
+
 def describe(model):
     """A few words on the embedding half: placement, how the tables are held, de-duplication,
     staleness."""

@@ -106,6 +106,23 @@ def resolve_settings():
     return settings
 
 
+def check_table_l2(settings, row_gradient_flags):
+    """Refuses L2 on the tables as a Keras regularizer (every optimizer but CowClip, which
+    applies it to the batch's rows), whose dense gradient `row_gradient_flags` cannot take."""
+    from tfscale.errors import UserError
+    from tfscale.optimizers.factory import model_regularization
+
+    optimizer = optimizer_name()
+    if row_gradient_flags and model_regularization(settings, optimizer)["l2_embedding"] > 0:
+        source = "" if FLAGS.l2 is not None else f" (the {settings.rule} rule's)"
+        verb = "needs" if len(row_gradient_flags) == 1 else "need"
+        raise UserError(
+            f"{' and '.join(row_gradient_flags)} {verb} the tables' gradients as rows, and "
+            f"--l2={settings.l2:g}{source} with --optimizer={optimizer} is a regularizer on "
+            "whole tables: give --optimizer=cowclip (which applies --l2 to the batch's rows) "
+            "or --l2=0")
+
+
 def describe(settings):
     """One line naming every resolved hyper-parameter."""
     text = (f"rule {settings.rule}: embedding lr {settings.embedding_learning_rate:g}, dense lr "

@@ -45,9 +45,10 @@ def run():
     distributed_flags.init_horovod()
     common_flags.seed_everything(FLAGS.seed, FLAGS.deterministic)
     logdir, checkpoint_dir = common_flags.run_directories(FLAGS.logdir, FLAGS.checkpoint_dir)
+    settings = optimization_flags.resolve_settings()
+    optimization_flags.check_table_l2(settings, hybrid_flags.row_gradient_flags())
     source = common_flags.build_source(resumed_run=checkpoint_dir if FLAGS.resume else None)
     check_test_split_is_labelled(source)  # before anything is written
-    settings = optimization_flags.resolve_settings()
     model = common_flags.build_model(source.schema, settings, optimization_flags.optimizer_name(),
                                      precision_flags.dtype_policy())
     steps_per_epoch = source.train_steps_per_epoch(

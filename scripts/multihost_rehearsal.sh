@@ -25,7 +25,7 @@ if [ ! -x "$PY" ]; then
 fi
 WORK=$(mktemp -d /tmp/tfscale-multihost.XXXXXX)
 if [ $# -eq 0 ]; then
-  set -- --embedding_sharding=row --train_rows=40000 --test_rows=8000 \
+  set -- --embedding_sharding=row --optimizer=cowclip --train_rows=40000 --test_rows=8000 \
     --synthetic_vocabulary_scale=0.01 --batch_size=2048 --epochs=1 --logdir=none \
     --checkpoint_dir="$WORK/checkpoints"
 fi

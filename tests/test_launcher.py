@@ -157,6 +157,13 @@ def test_refuses_to_overwrite_a_run_without_resume(tmp_path):
     (["--zeta=nan"], "--zeta=nan: --zeta must be a finite number"),
     (["--optimizer=cowclip", "--l2=1"], "--l2=1.0 with --clip_r=1.0: CowClip needs 2*l2 <= r"),
     (["--optimizer=cowclip", "--clip_r=0.5", "--l2=0.3"], "lower --l2 or raise --clip_r"),
+    # The default on the built-in data (Adam, sqrt) puts the L2 on whole tables.
+    (["--embedding_sharding=row"], "--embedding_sharding=row needs the tables' gradients as "
+     "rows, and --l2=1e-05 (the sqrt rule's) with --optimizer=adam is a regularizer on whole "
+     "tables: give --optimizer=cowclip (which applies --l2 to the batch's rows) or --l2=0"),
+    (["--optimizer=sgd", "--l2=0.001", "--embedding_sharding=row", "--embedding_staleness=2"],
+     "--embedding_sharding=row and --embedding_staleness=2 need the tables' gradients as rows, "
+     "and --l2=0.001 with --optimizer=sgd is"),
     (["--optimizer=cowclip", "--scaling_rule=sqrt"],
      "--optimizer=cowclip and --scaling_rule=cowclip go together (got --optimizer=cowclip, "
      "--scaling_rule=sqrt)"),
