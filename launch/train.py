@@ -46,10 +46,11 @@ def run():
     common_flags.seed_everything(FLAGS.seed, FLAGS.deterministic)
     logdir, checkpoint_dir = common_flags.run_directories(FLAGS.logdir, FLAGS.checkpoint_dir)
     settings = optimization_flags.resolve_settings()
+    optimizer_name = optimization_flags.optimizer_name()
     optimization_flags.check_table_l2(settings, hybrid_flags.row_gradient_flags())
     source = common_flags.build_source(resumed_run=checkpoint_dir if FLAGS.resume else None)
     check_test_split_is_labelled(source)  # before anything is written
-    model = common_flags.build_model(source.schema, settings, optimization_flags.optimizer_name(),
+    model = common_flags.build_model(source.schema, settings, optimizer_name,
                                      precision_flags.dtype_policy())
     steps_per_epoch = source.train_steps_per_epoch(
         distributed.local_batch_size(FLAGS.batch_size), distributed.size())
@@ -65,7 +66,7 @@ def run():
     if distributed.is_chief():
         print(f"model {FLAGS.model} ({model.count_params():,} parameters) on "
               f"{source.describe()}; batch {FLAGS.batch_size}, {FLAGS.epochs} epochs, optimizer "
-              f"{optimization_flags.optimizer_name()}, {optimization_flags.describe(settings)}; "
+              f"{optimizer_name}, {optimization_flags.describe(settings)}; "
               f"{precision_flags.describe()}; {distributed_flags.describe(exchange)}; TensorFlow "
               f"{tf.__version__}", flush=True)
         print(hybrid_flags.describe(model), flush=True)

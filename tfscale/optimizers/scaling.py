@@ -21,7 +21,6 @@ class Preset:
     """A data set's base (batch 1024) hyper-parameters and the rule to scale them with."""
 
     dense_learning_rate: float
-    rule: str = "cowclip"
     embedding_learning_rate: float = 1e-4
     l2: float = 1e-5
     embedding_init_stddev: float = 1e-2
@@ -29,6 +28,7 @@ class Preset:
     zeta_small_batch: float = 1e-5  # zeta below `zeta_switch_batch`
     zeta_large_batch: float = 1e-5
     zeta_switch_batch: int = 4096
+    rule: str = "cowclip"  # the default rule from this base (last: keeps the fields' positions)
 
     def __post_init__(self):
         if self.rule not in RULES:
