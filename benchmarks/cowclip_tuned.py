@@ -346,7 +346,7 @@ def print_scaling(experiment, tuned):
     return baseline_auc, points
 
 
-def plot_scaling(baseline_auc, points):
+def plot_scaling(base_model, baseline_auc, points):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -361,7 +361,7 @@ def plot_scaling(baseline_auc, points):
     axis.set_xscale("log", base=2)
     axis.set_xlabel("batch size")
     axis.set_ylabel("test AUC at the best validation epoch")
-    axis.set_title(f"{FLAGS.model}, synthetic data, base tuned at batch 1,024")
+    axis.set_title(f"{FLAGS.model}, synthetic data, {base_model}'s base tuned at batch 1,024")
     axis.legend()
     figure.tight_layout()
     figure.savefig(plot_path(), dpi=120)
@@ -390,7 +390,7 @@ def main(argv):
         print(f"tuned base (best so far): {base}")
         scaling = print_scaling(experiment, base)
         if scaling:
-            plot_scaling(*scaling)
+            plot_scaling(base_model, *scaling)
             print(f"plot: {plot_path()}")
 
 
