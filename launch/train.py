@@ -70,6 +70,9 @@ def run():
               f"{precision_flags.describe()}; {distributed_flags.describe(exchange)}; TensorFlow "
               f"{tf.__version__}", flush=True)
         print(hybrid_flags.describe(model), flush=True)
+        warning = precision_flags.cpu_float16_warning()
+        if warning:
+            print(warning, flush=True)
         if checkpoint_dir and not run_record.exists(checkpoint_dir):  # a resumed run keeps its
             # own; it is what launch.predict and launch.export rebuild the model from
             run_record.write(checkpoint_dir, FLAGS.model, model, source, FLAGS.data,

@@ -12,7 +12,8 @@ from tests.horovod_launch import horovodrun
 from tests.test_distributed import SMALL_RUN
 from tests.test_launcher import checkpoint_values, train_scalars
 
-HYBRID_FLAGS = ["--optimizer=cowclip", "--embedding_staleness=1", "--logdir={run_dir}/logs"]
+HYBRID_FLAGS = ["--optimizer=cowclip", "--embedding_staleness=1", "--precision=mixed_float16",
+                "--logdir={run_dir}/logs"]
 
 
 def _run(run_dir, *flags):

@@ -108,6 +108,9 @@ def test_stopped_and_resumed_run_equals_uninterrupted_run(tmp_path, flags, has_i
               "--logdir=none", *flags]
     whole = launch(*common, f"--checkpoint_dir={tmp_path}/whole")
     assert whole.returncode == 0, whole.stderr
+    warns = "warning: --precision=mixed_float16 with no GPU" in whole.stdout
+    assert warns == ("--precision=mixed_float16" in flags
+                     and not tf.config.list_physical_devices("GPU")), whole.stdout
 
     # Stops at step 37 (mid-epoch 1); the newest checkpoint is step 30, so 7 steps are redone.
     first = launch(*common, f"--checkpoint_dir={tmp_path}/split", "--stop_after_steps=37")

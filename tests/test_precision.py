@@ -166,6 +166,17 @@ def test_scaler_state_is_checkpointed_and_restored(tmp_path):
     assert int(other.optimizer.skipped_steps.numpy()) == 1
 
 
+def test_building_the_scaler_twice_adds_no_variables():
+    """A second build (the launcher describes the tables before training builds the optimizer)
+    once gave rank 0 a second scale and step counter, and its broadcast waited for rank 1."""
+    variables = [keras.Variable(np.ones((4, 2), "float32"))]
+    optimizer = LossScaleOptimizer(FusedAdam())
+    optimizer.build(variables)
+    first = [v.path for v in optimizer.variables]
+    optimizer.build(variables)
+    assert [v.path for v in optimizer.variables] == first
+
+
 def test_mixed_policies_keep_tables_outputs_and_optimizer_state_float32():
     source = _small_source()
     for precision in ("mixed_float16", "mixed_bfloat16"):

@@ -50,6 +50,11 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self.dynamic = bool(dynamic)
 
     def build(self, var_list):
+        # Keras's LossScaleOptimizer.build has no `built` guard: a second call (the launcher
+        # describes the tables before training builds the optimizer) would add a second scale
+        # and step counter, and ranks with different variable lists hang in their broadcast.
+        if self.built:
+            return
         super().build(var_list)
         self.skipped_steps = self.add_variable(shape=(), dtype="int", name="skipped_steps",
                                                initializer="zeros", aggregation="none")

@@ -19,8 +19,26 @@ def broadcast_model_and_optimizer(model, local=()):
     local_ids = {id(v) for v in local}
     variables = [v for v in list(model.variables) + list(model.optimizer.variables)
                  if id(v) not in local_ids]
+    _check_same_variables(hvd, variables)
     # Keras 3 variables wrap a tf.Variable (`.value`), which is what Horovod assigns to.
     hvd.broadcast_variables([v.value for v in variables], root_rank=0)
+
+
+def _check_same_variables(hvd, variables):
+    """Raises on every rank when the ranks' variable lists differ (names, shapes, order): their
+    broadcasts would pair different variables, or wait for one that never comes."""
+    listing = [(v.path, tuple(v.shape), str(v.dtype)) for v in variables]
+    listings = hvd.allgather_object(listing, name="tfscale_variable_listing")
+    for rank, other in enumerate(listings):
+        if other != listing:
+            first = next((i for i, (mine, theirs) in enumerate(zip(listing, other))
+                          if mine != theirs), min(len(listing), len(other)))
+            raise RuntimeError(
+                f"rank {hvd.rank()} holds {len(listing)} model and optimizer variables to "
+                f"broadcast, rank {rank} holds {len(other)}; they must be the same on every rank "
+                f"(build the model and its optimizer the same way on each); first difference at "
+                f"position {first}: {listing[first:first + 1]} here, {other[first:first + 1]} "
+                "there")
 
 
 def broadcast_from_chief(compute, name):
