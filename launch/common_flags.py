@@ -112,7 +112,7 @@ def build_model(schema, settings, optimizer_name, dtype_policy="float32"):
         embeddings_initializer=RowSeededNormal(stddev=settings.embedding_init_stddev),
         dtype=dtype_policy, deduplicate_ids=FLAGS.dedup_ids,
         embedding_sharding=FLAGS.embedding_sharding,
-        **model_regularization(settings, optimizer_name),
+        **model_regularization(settings, optimizer_name, FLAGS.embedding_update),
         **_model_specific_config())
 
 

@@ -6,17 +6,17 @@ import dataclasses
 
 from absl import flags
 
-from tfscale.optimizers.cowclip import MODES as COWCLIP_MODES
-from tfscale.optimizers.factory import OPTIMIZERS
+from tfscale.optimizers.factory import EMBEDDING_UPDATES, OPTIMIZERS
 from tfscale.optimizers.scaling import PRESETS, RULES
 
 FLAGS = flags.FLAGS
 
 flags.DEFINE_enum("optimizer", None, list(OPTIMIZERS),
-                  "cowclip: CowClip over Adam (tfscale.optimizers.CowClip); adam: Keras's Adam "
-                  "computed by TF's fused kernel (tfscale.optimizers.FusedAdam); came: CAME "
-                  "(tfscale.optimizers.CAME; embedding gradients densified). Default: the one "
-                  "--scaling_rule goes with (cowclip for cowclip, else adam).")
+                  "cowclip: CowClip over Adam (tfscale.optimizers.CowClip); adam: Adam "
+                  "(tfscale.optimizers.RowSparseAdam; FusedAdam for the dense weights); came: "
+                  "CAME for the dense weights (tfscale.optimizers.CAME), the tables as "
+                  "--embedding_update says; adagrad, sgd: Keras's, tables by row. Default: the "
+                  "one --scaling_rule goes with (cowclip for cowclip, else adam).")
 flags.DEFINE_enum("scaling_rule", None, list(RULES),
                   "Large-batch rule giving the hyper-parameters for --batch_size (see "
                   "tfscale.optimizers.scaling): cowclip (CowClip's, with --optimizer=cowclip "
@@ -29,9 +29,13 @@ flags.DEFINE_enum("scaling_preset", None, list(PRESETS),
                   "Batch-1024 base of the rule (default: the one named as --data: criteo and "
                   "avazu are CowClip's published bases for the real data sets, synthetic the "
                   "base tuned on the built-in data).")
-flags.DEFINE_enum("cowclip_mode", "faithful", list(COWCLIP_MODES),
-                  "faithful: the official dense update of every table row every step; scalable: "
-                  "only the batch's rows (a different algorithm, see README).")
+flags.DEFINE_enum("embedding_update", "row", list(EMBEDDING_UPDATES),
+                  "row: each step updates only the batch's rows of every table and of its "
+                  "optimizer state, with --l2 on those rows (RowSparseAdam, RowSparseAdagrad, "
+                  "RowSparseSGD; CowClip's scalable mode; CAME's tables by row-sparse Adam): a "
+                  "step's cost follows the batch. dense: every row every step, --l2 as a "
+                  "regularizer on whole tables (the papers' update; CowClip's faithful mode, the "
+                  "official code's): a step's cost follows the table.")
 flags.DEFINE_float("learning_rate", None, "Dense learning rate (default: the rule's, else 2e-4 "
                    "for came, the reference's README value, and 1e-3 for the others).")
 flags.DEFINE_float("embedding_learning_rate", None,
@@ -107,20 +111,22 @@ def resolve_settings():
 
 
 def check_table_l2(settings, row_gradient_flags):
-    """Refuses L2 on the tables as a Keras regularizer (every optimizer but CowClip, which
-    applies it to the batch's rows), whose dense gradient `row_gradient_flags` cannot take."""
+    """Refuses L2 on the tables as a Keras regularizer (--embedding_update=dense but with
+    CowClip, which applies it to the batch's rows), whose dense gradient `row_gradient_flags`
+    cannot take."""
     from tfscale.errors import UserError
     from tfscale.optimizers.factory import model_regularization
 
     optimizer = optimizer_name()
-    if row_gradient_flags and model_regularization(settings, optimizer)["l2_embedding"] > 0:
+    if row_gradient_flags and model_regularization(
+            settings, optimizer, FLAGS.embedding_update)["l2_embedding"] > 0:
         source = "" if FLAGS.l2 is not None else f" (the {settings.rule} rule's)"
         verb = "needs" if len(row_gradient_flags) == 1 else "need"
         raise UserError(
             f"{' and '.join(row_gradient_flags)} {verb} the tables' gradients as rows, and "
             f"--l2={settings.l2:g}{source} with --optimizer={optimizer} is a regularizer on "
-            "whole tables: give --optimizer=cowclip (which applies --l2 to the batch's rows) "
-            "or --l2=0")
+            "whole tables: give --embedding_update=row (which applies --l2 to the batch's "
+            "rows) or --l2=0")
 
 
 def describe(settings):
@@ -129,8 +135,8 @@ def describe(settings):
             f"{settings.dense_learning_rate:g} (warm-up {settings.warmup_epochs:g} epochs), "
             f"l2 {settings.l2:g}, init stddev {settings.embedding_init_stddev:g}")
     if settings.clip:
-        text += f", CowClip r {settings.r:g} zeta {settings.zeta:g} ({FLAGS.cowclip_mode})"
-    return text
+        text += f", CowClip r {settings.r:g} zeta {settings.zeta:g}"
+    return text + f", embedding update {FLAGS.embedding_update}"
 
 
 def build_optimizer(settings, steps_per_epoch):
@@ -146,6 +152,6 @@ def build_optimizer(settings, steps_per_epoch):
                         "which this data source does not know: give --warmup_steps")
     try:
         return factory.build_optimizer(settings, optimizer_name(), warmup_steps,
-                                       FLAGS.cowclip_mode)
+                                       FLAGS.embedding_update)
     except ValueError as error:  # an optimizer's own argument check, told in flags
         raise UserError(str(error)) from None

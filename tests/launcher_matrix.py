@@ -60,6 +60,8 @@ def optimizer_facts(optimizer, model):
             facts.update(r=optimizer.r, zeta=optimizer.zeta, l2=optimizer.l2, mode=optimizer.mode)
     else:
         facts["learning_rate"] = rate(optimizer._learning_rate)
+        if hasattr(optimizer, "table_l2"):  # a row-sparse optimizer's L2 on the tables' rows
+            facts["table_l2"] = optimizer.table_l2
     return facts
 
 

@@ -38,11 +38,11 @@ CASES = {
     "seed_0_again": SYNTHETIC,
     "seed_1": [*SYNTHETIC, "--seed=1"],
     "nondeterministic": [*SYNTHETIC, "--nodeterministic"],
-    "cowclip_scalable": [*COWCLIP, "--cowclip_mode=scalable"],
+    "cowclip_dense": [*COWCLIP, "--embedding_update=dense"],
     "cowclip_rule_batch_256": [*SYNTHETIC, "--batch_size=256", "--scaling_rule=cowclip",
                                # CowClip and the defaults, given
                                "--data=synthetic", "--optimizer=cowclip", "--model=deepfm",
-                               "--cowclip_mode=faithful", "--embedding_comm=allgather",
+                               "--embedding_update=row", "--embedding_comm=allgather",
                                "--scaling_preset=synthetic",
                                "--precision=float32", "--deterministic", "--dedup_ids"],
     "cowclip_avazu_preset": [*SYNTHETIC, "--scaling_preset=avazu"],
@@ -56,10 +56,12 @@ CASES = {
     "no_dedup": [*SYNTHETIC, "--nodedup_ids"],
     "adam": ADAM,
     "came": [*SYNTHETIC, "--optimizer=came"],
+    "came_dense": [*SYNTHETIC, "--optimizer=came", "--embedding_update=dense"],
     "adagrad": [*SYNTHETIC, "--optimizer=adagrad"],
     "sgd": [*SYNTHETIC, "--optimizer=sgd"],
     "adam_rule_none": [*ADAM, "--scaling_rule=none"],
     "adam_rule_sqrt": [*ADAM, "--scaling_rule=sqrt"],
+    "adam_rule_sqrt_dense": [*ADAM, "--scaling_rule=sqrt", "--embedding_update=dense"],
     "adam_rule_linear": [*ADAM, "--scaling_rule=linear"],
     "adam_rate_and_l2": [*ADAM, "--learning_rate=0.01", "--l2=0.001"],
     "sgd_embedding_rate": [*SYNTHETIC, "--optimizer=sgd", "--embedding_learning_rate=0.05"],
@@ -99,7 +101,7 @@ COVERED_FLAGS = (
     "shuffle_buffer", "seed", "deterministic", "embedding_dim", "cross_layers", "cross_experts",
     "density", "density_warmup", "density_warmup_epochs", "topk_dense_gradients", "dedup_ids",
     "clip_r", "zeta", "l2", "learning_rate", "embedding_learning_rate", "embedding_init_stddev",
-    "warmup_epochs", "warmup_steps", "scaling_rule", "scaling_preset", "cowclip_mode",
+    "warmup_epochs", "warmup_steps", "scaling_rule", "scaling_preset", "embedding_update",
     "hash_buckets", "fit_hash_buckets", "loss_scale_growth_steps",
 )
 
@@ -253,11 +255,11 @@ def test_cowclip_rule(facts, name, batch, preset):
     s = batch / 1024
     base = PRESETS[preset]
     optimizer = case["optimizer"]
-    assert optimizer["class"] == "CowClip" and optimizer["mode"] == "faithful"
+    assert optimizer["class"] == "CowClip" and optimizer["mode"] == "scalable"
     assert optimizer["by_variable"] == {"deep_table": "embedding", "wide_table": "embedding",
                                         "dense": "dense"}
     assert inner(case, "embedding") == {
-        "class": "FusedAdam", "name": "embedding",
+        "class": "RowSparseAdam", "name": "embedding", "table_l2": 0.0,
         "learning_rate": pytest.approx(base.embedding_learning_rate, rel=1e-6)}
     assert inner(case, "dense")["learning_rate"] == warmup(
         base.dense_learning_rate * math.sqrt(s), 512 // batch)
@@ -289,11 +291,11 @@ def test_criteo_and_avazu_presets_are_cowclips_published_bases():
     assert (avazu.zeta(2048), avazu.zeta(4096)) == (1e-3, 1e-4)
 
 
-def test_cowclip_scalable_mode_updates_tables_with_row_sparse_adam(facts):
-    case = run(facts, "cowclip_scalable")
-    assert case["optimizer"]["mode"] == "scalable"
-    assert inner(case, "embedding")["class"] == "RowSparseAdam"
-    assert inner(run(facts, "cowclip_rule_batch_256"), "embedding")["class"] == "FusedAdam"
+def test_cowclip_updates_the_tables_by_row_unless_dense_updates_are_asked_for(facts):
+    case = run(facts, "cowclip_dense")
+    assert case["optimizer"]["mode"] == "faithful"
+    assert inner(case, "embedding")["class"] == "FusedAdam"
+    assert not case["model"]["deep_table_regularized"]  # CowClip's L2 either way
 
 
 def test_optimizer_flags_override_the_rule(facts):
@@ -320,22 +322,35 @@ def test_no_warmup_gives_a_constant_dense_rate(facts):
 
 
 @pytest.mark.parametrize("name, optimizer_class, rate", [
-    ("adam", "FusedAdam", 1e-3),
-    ("came", "CAME", 2e-4),
-    ("adagrad", "Adagrad", 1e-3),
-    ("sgd", "SGD", 1e-3),
-    ("adam_rate_and_l2", "FusedAdam", 1e-2),
+    ("adam", "RowSparseAdam", 1e-3),
+    ("adagrad", "RowSparseAdagrad", 1e-3),
+    ("sgd", "RowSparseSGD", 1e-3),
+    ("adam_rate_and_l2", "RowSparseAdam", 1e-2),
 ])
-def test_optimizer_without_rule_is_one_optimizer_at_its_default_rate(facts, name,
-                                                                     optimizer_class, rate):
-    """No rule: one rate for every variable, no warm-up, so no map of optimizers; the L2
-    (--l2, default 0) is on the model, tables included."""
+def test_optimizer_without_rule_is_one_row_sparse_optimizer_at_its_default_rate(
+        facts, name, optimizer_class, rate):
+    """No rule: one rate for every variable, no warm-up, so no map of optimizers; the tables'
+    L2 (--l2, default 0) is the optimizer's, on the batch's rows, the linear kernel's the
+    model's."""
     case = run(facts, name)
-    assert case["optimizer"] == {"class": optimizer_class, "name": "dense",
-                                 "learning_rate": pytest.approx(rate, rel=1e-6)}
     l2 = 1e-3 if "--l2=0.001" in CASES[name] else 0.0
-    assert case["model"]["l2"] == {"embedding": l2, "wide": l2, "linear": l2}
-    assert case["model"]["deep_table_regularized"] == bool(l2)
+    assert case["optimizer"] == {"class": optimizer_class, "name": case["optimizer"]["name"],
+                                 "learning_rate": pytest.approx(rate, rel=1e-6), "table_l2": l2}
+    assert case["model"]["l2"] == {"embedding": 0.0, "wide": 0.0, "linear": l2}
+    assert not case["model"]["deep_table_regularized"]
+
+
+def test_came_updates_the_dense_weights_and_row_sparse_adam_the_tables(facts):
+    case = run(facts, "came")
+    assert case["optimizer"]["by_variable"] == {"deep_table": "embedding",
+                                                "wide_table": "embedding", "dense": "dense"}
+    assert inner(case, "dense")["class"] == "CAME"
+    assert inner(case, "embedding") == {"class": "RowSparseAdam", "name": "embedding",
+                                        "learning_rate": pytest.approx(2e-4, rel=1e-6),
+                                        "table_l2": 0.0}
+    dense = run(facts, "came_dense")["optimizer"]
+    assert dense == {"class": "CAME", "name": "dense",
+                     "learning_rate": pytest.approx(2e-4, rel=1e-6)}
 
 
 @pytest.mark.parametrize("name, factor", [
@@ -346,18 +361,29 @@ def test_optimizer_without_rule_is_one_optimizer_at_its_default_rate(facts, name
 def test_baseline_rules_give_an_optimizer_map(facts, name, factor):
     """none/sqrt/linear scale both base rates of the synthetic preset by 1, sqrt(s) or s, the
     dense one warmed up over an epoch: a MultiOptimizer over an OptimizerMap sends the tables to
-    the embedding Adam. The base L2 is on the model."""
+    the embedding's row-sparse Adam, which applies the base L2 to their rows; the model keeps
+    the linear kernel's."""
     case = run(facts, name)
     base = PRESETS["synthetic"]
     optimizer = case["optimizer"]
     assert optimizer["class"] == "MultiOptimizer"
     assert optimizer["by_variable"] == {"deep_table": "embedding", "wide_table": "embedding",
                                         "dense": "dense"}
-    assert inner(case, "embedding") == {"class": "FusedAdam", "name": "embedding",
+    assert inner(case, "embedding") == {"class": "RowSparseAdam", "name": "embedding",
                                         "learning_rate": pytest.approx(
-                                            base.embedding_learning_rate * factor, rel=1e-6)}
+                                            base.embedding_learning_rate * factor, rel=1e-6),
+                                        "table_l2": base.l2}
+    assert inner(case, "dense")["class"] == "FusedAdam"
     assert inner(case, "dense")["learning_rate"] == warmup(
         base.dense_learning_rate * factor, SYNTHETIC_STEPS)
+    assert case["model"]["l2"] == {"embedding": 0.0, "wide": 0.0, "linear": base.l2}
+    assert not case["model"]["deep_table_regularized"]
+
+
+def test_dense_embedding_updates_put_the_l2_on_the_model(facts):
+    case = run(facts, "adam_rule_sqrt_dense")
+    base = PRESETS["synthetic"]
+    assert inner(case, "embedding")["class"] == "FusedAdam"
     assert case["model"]["l2"] == {"embedding": base.l2, "wide": base.l2, "linear": base.l2}
     assert case["model"]["deep_table_regularized"]
 
@@ -365,8 +391,9 @@ def test_baseline_rules_give_an_optimizer_map(facts, name, factor):
 def test_embedding_learning_rate_alone_splits_the_optimizer(facts):
     case = run(facts, "sgd_embedding_rate")
     assert case["optimizer"]["class"] == "MultiOptimizer"
-    assert inner(case, "embedding") == {"class": "SGD", "name": "embedding",
-                                        "learning_rate": pytest.approx(0.05, rel=1e-6)}
+    assert inner(case, "embedding") == {"class": "RowSparseSGD", "name": "embedding",
+                                        "learning_rate": pytest.approx(0.05, rel=1e-6),
+                                        "table_l2": 0.0}
     assert inner(case, "dense") == {"class": "SGD", "name": "dense",
                                     "learning_rate": pytest.approx(1e-3, rel=1e-6)}
 

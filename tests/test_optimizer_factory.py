@@ -17,7 +17,8 @@ from launch import optimization_flags, train  # noqa: F401  (train defines every
 from tfscale import tables
 from tfscale.data.synthetic import SyntheticCTR
 from tfscale.errors import UserError
-from tfscale.optimizers import CowClip, FusedAdam, RowSparseAdam, factory
+from tfscale.optimizers import CowClip, FusedAdam, RowSparseAdam, RowSparseSGD, factory
+from tfscale.optimizers.row_updates import RowUpdates
 from tfscale.optimizers.scaling import PRESETS, Preset, large_batch_settings
 
 FLAGS = flags.FLAGS
@@ -59,32 +60,37 @@ def _expect_rates(moves, embedding_rate, dense_rate):
         assert moved == pytest.approx(rate, rel=1e-4), (path, moved, rate)
 
 
-@pytest.mark.parametrize("name, expected_class", [("adam", FusedAdam),
-                                                  ("sgd", keras.optimizers.SGD)])
-def test_one_rate_without_warmup_is_one_optimizer(name, expected_class):
+@pytest.mark.parametrize("name, update, expected_class", [
+    ("adam", "row", RowSparseAdam), ("sgd", "row", RowSparseSGD),
+    ("adam", "dense", FusedAdam), ("sgd", "dense", keras.optimizers.SGD)])
+def test_one_rate_without_warmup_is_one_optimizer(name, update, expected_class):
     settings = large_batch_settings(4096, "none")
     settings = dataclasses.replace(settings, embedding_learning_rate=settings.dense_learning_rate)
-    optimizer = factory.build_optimizer(settings, name, warmup_steps=0)
+    optimizer = factory.build_optimizer(settings, name, warmup_steps=0, embedding_update=update)
     assert type(optimizer) is expected_class
     _expect_rates(_moves_after_one_unit_step(optimizer, _model()), 8e-4, 8e-4)
 
 
+@pytest.mark.parametrize("update", ["row", "dense"])
 @pytest.mark.parametrize("name", ["adam", "sgd", "adagrad"])
-def test_two_rates_map_the_tables_to_the_embedding_optimizer(name):
+def test_two_rates_map_the_tables_to_the_embedding_optimizer(name, update):
     settings = large_batch_settings(4096, "sqrt")  # s = 4: both rates doubled
-    optimizer = factory.build_optimizer(settings, name, warmup_steps=0)
+    optimizer = factory.build_optimizer(settings, name, warmup_steps=0, embedding_update=update)
     assert isinstance(optimizer, keras.optimizers.MultiOptimizer)
+    embedding, = [o for o in optimizer.optimizers if o.name == "embedding"]
+    assert isinstance(embedding, RowUpdates) == (update == "row")
     moves = _moves_after_one_unit_step(optimizer, _model())
     if name == "adagrad":  # lr * g / sqrt(0.1 + g^2): Keras's initial accumulator 0.1
         moves = {path: moved * np.sqrt(1.1) for path, moved in moves.items()}
     _expect_rates(moves, 2e-4, 16e-4)
 
 
-@pytest.mark.parametrize("mode, embedding_class", [("faithful", FusedAdam),
-                                                   ("scalable", RowSparseAdam)])
-def test_cowclip_takes_the_rule_rates_r_zeta_and_l2(mode, embedding_class):
+@pytest.mark.parametrize("update, mode, embedding_class", [("dense", "faithful", FusedAdam),
+                                                           ("row", "scalable", RowSparseAdam)])
+def test_cowclip_takes_the_rule_rates_r_zeta_and_l2(update, mode, embedding_class):
     settings = dataclasses.replace(large_batch_settings(8192, "cowclip"), r=1e6, l2=0.0)
-    optimizer = factory.build_optimizer(settings, "cowclip", warmup_steps=0, cowclip_mode=mode)
+    optimizer = factory.build_optimizer(settings, "cowclip", warmup_steps=0,
+                                        embedding_update=update)
     assert isinstance(optimizer, CowClip) and optimizer.mode == mode
     assert type(optimizer.embedding_optimizer) is embedding_class
     assert (optimizer.r, optimizer.zeta, optimizer.l2) == (1e6, settings.zeta, 0.0)
@@ -114,14 +120,15 @@ def _regularization_loss(model):
     return float(sum(model.losses))
 
 
-@pytest.mark.parametrize("name", ["cowclip", "adam"])
-def test_l2_is_cowclips_for_the_tables_and_the_models_elsewhere(name):
+@pytest.mark.parametrize("name, update", [("cowclip", "row"), ("cowclip", "dense"),
+                                          ("adam", "row"), ("adam", "dense")])
+def test_l2_is_the_optimizers_for_the_tables_but_with_dense_updates(name, update):
     settings = dataclasses.replace(large_batch_settings(1024, "cowclip"), l2=1e-3)
-    model = _model(**factory.model_regularization(settings, name))
+    model = _model(**factory.model_regularization(settings, name, update))
     squares = {v.path: float(np.sum(np.square(v.numpy()))) for v in model.trainable_variables}
     regularized = [path for path in squares
                    if "_embedding/embeddings" in path or path.endswith("linear/kernel")]
-    if name == "cowclip":  # the tables' L2 is applied by CowClip to the batch's rows
+    if name == "cowclip" or update == "row":  # the optimizer's, on the batch's rows
         regularized = [path for path in regularized if "_embedding" not in path]
     assert regularized, squares
     assert _regularization_loss(model) == pytest.approx(

@@ -10,8 +10,11 @@ Why override Keras's step:
 - an embedding lookup's gradient arrives as rows (IndexedSlices), which Keras's built-in
   optimizers densify inside every arithmetic op of their update, squaring each occurrence instead
   of the id's summed gradient in Adam's second moment. They are densified once here, after the
-  exchange, except for optimizers that take row slices (RowSparseAdam; CowClip, which also
-  needs per-id counts: tfscale.dedup records de-duplicated lookups' counts)."""
+  exchange, except for those whose optimizer takes row slices (the row-sparse optimizers;
+  CowClip, which also needs per-id counts: tfscale.dedup records de-duplicated lookups'
+  counts)."""
+
+import warnings
 
 import keras
 import tensorflow as tf
@@ -21,8 +24,8 @@ from keras.src.models.model import functional_init_arguments
 
 from tfscale import dedup, distributed, exchanges, tables
 from tfscale.errors import UserError
-from tfscale.optimizers.capabilities import (takes_counted_slices, takes_row_slices,
-                                              updates_rows_in_place)
+from tfscale.optimizers.capabilities import (optimizer_for, takes_counted_slices,
+                                              takes_row_slices, updates_rows_in_place)
 from tfscale.row_gradients import densify
 from tfscale.row_sharding import shard_of
 from tfscale.step_scalars import StepScalars, scalars_of
@@ -104,9 +107,7 @@ class TrainStep:
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        for variable in self.trainable_variables:  # at tracing: how the lookups read the tables
-            if tables.is_row_table(variable):
-                tables.mark_row_updates(variable, updates_rows_in_place(self.optimizer, variable))
+        self._mark_row_updates()  # at tracing: how the lookups read the tables
         exchange = self._embedding_exchange.begin_step(self.trainable_variables, self.optimizer)
 
         # Forward pass
@@ -120,16 +121,15 @@ class TrainStep:
         # Gradients
         variables = self.trainable_variables  # complete now, also for a model built by the call
         gradients = tape.gradient(loss, variables)
-        takes_slices = takes_row_slices(self.optimizer)
-        if takes_slices:
+        takes_slices = [takes_row_slices(self.optimizer, v) for v in variables]
+        if any(takes_slices):
             gradients = dedup.attach_counts(gradients, variables, lookups)
         if lookups.tables:
             self._step_scalars.record("embedding/unique_id_rate", lookups.unique_rate())
 
         # Exchange
         gradients = exchange.exchange(gradients, variables)
-        if not takes_slices:
-            gradients = [densify(g) for g in gradients]
+        gradients = [g if slices else densify(g) for g, slices in zip(gradients, takes_slices)]
 
         # Update, once the forward pass has used the rows it read (an update that needs nothing
         # from this step's forward pass, as a stale one, would not wait for it otherwise)
@@ -137,6 +137,25 @@ class TrainStep:
             self.optimizer.apply(gradients, variables)
         exchange.finish(gradients)
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def _mark_row_updates(self):
+        """Marks each embedding table by whether its optimizer updates it by row
+        (tfscale.tables); a table updated whole is said once, since its step then costs every
+        row of it."""
+        whole = []
+        for variable in self.trainable_variables:
+            if tables.is_row_table(variable):
+                by_row = updates_rows_in_place(self.optimizer, variable)
+                tables.mark_row_updates(variable, by_row)
+                if not by_row:
+                    whole.append(f"{variable.path} (by "
+                                 f"{type(optimizer_for(self.optimizer, variable)).__name__})")
+        if whole:
+            warnings.warn(
+                f"embedding tables updated whole every step, so a step's cost grows with the "
+                f"table: {', '.join(whole)}; a tfscale row-sparse optimizer (RowSparseAdam, "
+                "RowSparseAdagrad, RowSparseSGD, CowClip(mode='scalable')) updates only the "
+                "batch's rows", stacklevel=2)
 
     def _track_loss(self, loss, batch_size):
         """Adds the batch's loss to the running mean; with a loss scaler, a non-finite loss is

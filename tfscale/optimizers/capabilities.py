@@ -2,7 +2,8 @@
 
 `TakesRowSlices` marks optimizers that want embedding-table gradients as row slices
 (IndexedSlices; tfscale.row_gradients.CountedSlices after de-duplicated lookups), not densified:
-RowSparseAdam, which updates only those rows. `TakesCountedSlices` marks those that also need
+the row-sparse optimizers (tfscale.optimizers.row_updates), which update only those rows. A
+Keras MultiOptimizer is asked per variable: each gradient goes as its own optimizer takes it. `TakesCountedSlices` marks those that also need
 each id's occurrence count over the global batch, which only some exchanges carry: CowClip,
 which clips each id by its count. Every other optimizer gets dense gradients (the train step
 densifies them once; see tfscale.train_step)."""
@@ -31,16 +32,28 @@ def innermost(optimizer):
     return optimizer
 
 
-def updates_rows_in_place(optimizer, variable):
-    """Whether `optimizer` (or the optimizer a loss scaler wraps) updates `variable` row by row
-    given its row slices."""
+def optimizer_for(optimizer, variable):
+    """The optimizer that applies `variable`'s gradient: through loss scalers and Keras
+    MultiOptimizers (not into CowClip, which takes every table's row slices itself)."""
     optimizer = innermost(optimizer)
+    if (isinstance(optimizer, keras.optimizers.MultiOptimizer)
+            and not isinstance(optimizer, TakesRowSlices)):
+        # Keras keeps the map private: an OptimizerMap or a callable, variable -> optimizer.
+        return optimizer._optimizer_map(variable)
+    return optimizer
+
+
+def updates_rows_in_place(optimizer, variable):
+    """Whether `optimizer` (through loss scalers and MultiOptimizers) updates `variable` row by
+    row given its row slices."""
+    optimizer = optimizer_for(optimizer, variable)
     return isinstance(optimizer, TakesRowSlices) and optimizer.updates_rows_in_place(variable)
 
 
-def takes_row_slices(optimizer):
-    """Whether `optimizer` (or the optimizer a loss scaler wraps) is a TakesRowSlices."""
-    return isinstance(innermost(optimizer), TakesRowSlices)
+def takes_row_slices(optimizer, variable):
+    """Whether the optimizer applying `variable`'s gradient (`optimizer_for`) takes row
+    slices."""
+    return isinstance(optimizer_for(optimizer, variable), TakesRowSlices)
 
 
 def takes_counted_slices(optimizer):

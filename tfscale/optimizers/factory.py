@@ -1,5 +1,11 @@
 """Optimizers (and the model's matching L2 arguments) built from LargeBatchSettings: one place
-that the launcher and the experiments share."""
+that the launcher and the experiments share.
+
+Embedding tables are updated by row by default (`embedding_update="row"`): the batch's rows of
+each table and of its optimizer state, with the tables' L2 applied by the optimizer to those
+rows, so a step's cost follows the batch, not the table (tfscale.optimizers.row_updates).
+`embedding_update="dense"` is the papers' update of every row every step, with the L2 as a Keras
+regularizer on whole tables (CowClip's faithful mode, the official code's)."""
 
 import keras
 
@@ -7,47 +13,79 @@ from tfscale import tables
 from tfscale.optimizers.came import CAME
 from tfscale.optimizers.cowclip import CowClip
 from tfscale.optimizers.fused_adam import FusedAdam
+from tfscale.optimizers.row_sparse_adagrad import RowSparseAdagrad
 from tfscale.optimizers.row_sparse_adam import RowSparseAdam
+from tfscale.optimizers.row_sparse_sgd import RowSparseSGD
 
-# The optimizers the factory builds, by name ("cowclip": CowClip over Adam).
+# The optimizers the factory builds, by name ("cowclip": CowClip over Adam): the dense weights'
+# optimizer, and the tables' when they are updated by row. CAME's tables take row-sparse Adam:
+# CAME's factored statistics span every row of a table (docs/came.md).
 OPTIMIZERS = {"cowclip": CowClip, "adam": FusedAdam, "came": CAME,
               "adagrad": keras.optimizers.Adagrad, "sgd": keras.optimizers.SGD}
+ROW_OPTIMIZERS = {"adam": RowSparseAdam, "came": RowSparseAdam, "adagrad": RowSparseAdagrad,
+                  "sgd": RowSparseSGD}
+EMBEDDING_UPDATES = ("row", "dense")
 
 
-def model_regularization(settings, optimizer_name):
-    """The model's L2 arguments: CowClip owns the tables' L2 (their gradients stay row-sparse);
-    otherwise the model carries all of it as Keras regularizers."""
-    if optimizer_name == "cowclip":
+def model_regularization(settings, optimizer_name, embedding_update="row"):
+    """The model's L2 arguments: with row updates (and with CowClip, which owns its tables' L2)
+    the optimizer applies the tables' L2 and the model carries only the dense features' linear
+    one; with dense updates the model carries all of it as Keras regularizers."""
+    _check_embedding_update(embedding_update)
+    if optimizer_name == "cowclip" or embedding_update == "row":
         return {"l2_embedding": 0.0, "l2_wide": 0.0, "l2_linear": settings.l2}
     return {"l2_embedding": settings.l2, "l2_wide": settings.l2, "l2_linear": settings.l2}
 
 
-def build_optimizer(settings, optimizer_name, warmup_steps, cowclip_mode="faithful"):
+def build_optimizer(settings, optimizer_name, warmup_steps, embedding_update="row"):
     """The optimizer `optimizer_name` with `settings`' learning rates (and CowClip's r, zeta and
-    L2); the dense learning rate rises linearly from 1e-8 over `warmup_steps` (keras
-    PolynomialDecay, as the official CowClip code), the embedding one is constant."""
+    L2), updating the tables as `embedding_update` says (module docstring); the dense learning
+    rate rises linearly from 1e-8 over `warmup_steps` (keras PolynomialDecay, as the official
+    CowClip code), the embedding one is constant."""
     if optimizer_name not in OPTIMIZERS:
         raise ValueError(f"`optimizer_name={optimizer_name!r}`: give one of "
                          f"{', '.join(OPTIMIZERS)}")
+    _check_embedding_update(embedding_update)
     dense_rate = settings.dense_learning_rate
     if warmup_steps:
         dense_rate = keras.optimizers.schedules.PolynomialDecay(
             1e-8, warmup_steps, settings.dense_learning_rate, power=1.0)
     if optimizer_name == "cowclip":
-        embedding_class = RowSparseAdam if cowclip_mode == "scalable" else FusedAdam
+        mode = "scalable" if embedding_update == "row" else "faithful"
+        embedding_class = RowSparseAdam if mode == "scalable" else FusedAdam
         return CowClip(embedding_class(settings.embedding_learning_rate, name="embedding"),
                        FusedAdam(dense_rate, name="dense"), r=settings.r, zeta=settings.zeta,
-                       l2=settings.l2, mode=cowclip_mode)
+                       l2=settings.l2, mode=mode)
+    if embedding_update == "row":
+        table_class = ROW_OPTIMIZERS[optimizer_name]
+        one_rate = dense_rate == settings.embedding_learning_rate
+        if one_rate and issubclass(table_class, OPTIMIZERS[optimizer_name]):
+            return table_class(learning_rate=dense_rate, table_l2=settings.l2)
+        table_optimizer = table_class(learning_rate=settings.embedding_learning_rate,
+                                      table_l2=settings.l2, name="embedding")
+        dense_optimizer = OPTIMIZERS[optimizer_name](learning_rate=dense_rate, name="dense")
+        return _tables_apart(dense_optimizer, table_optimizer)
     optimizer_class = OPTIMIZERS[optimizer_name]
     dense_optimizer = optimizer_class(learning_rate=dense_rate, name="dense")
     if dense_rate == settings.embedding_learning_rate:  # one rate, no warm-up: one optimizer
         return dense_optimizer
+    return _tables_apart(dense_optimizer, optimizer_class(
+        learning_rate=settings.embedding_learning_rate, name="embedding"))
+
+
+def _tables_apart(dense_optimizer, table_optimizer):
+    """A Keras MultiOptimizer: `table_optimizer` for FieldEmbedding's deep and wide tables,
+    `dense_optimizer` for every other variable."""
     optimizer_map = keras.optimizers.OptimizerMap(dense_optimizer)
-    embedding_optimizer = optimizer_class(learning_rate=settings.embedding_learning_rate,
-                                          name="embedding")
     for pattern in (tables.DEEP_TABLE_PATTERN, tables.WIDE_TABLE_PATTERN):
-        optimizer_map[pattern] = embedding_optimizer
+        optimizer_map[pattern] = table_optimizer
     return keras.optimizers.MultiOptimizer(optimizer_map)
+
+
+def _check_embedding_update(embedding_update):
+    if embedding_update not in EMBEDDING_UPDATES:
+        raise ValueError(f"`embedding_update={embedding_update!r}`: give one of "
+                         f"{', '.join(EMBEDDING_UPDATES)}")
 
 
 def warmup_steps_for(settings, steps_per_epoch):

@@ -1,0 +1,24 @@
+"""`RowSparseAdagrad`: Keras's Adagrad whose tables' row gradients update only their rows and
+accumulators (tfscale.optimizers.row_updates). Adagrad leaves a row with a zero gradient
+unchanged, so without `table_l2` this is Adagrad on the densified gradient, at the cost of the
+batch's rows."""
+
+import keras
+import tensorflow as tf
+
+from tfscale import tables
+from tfscale.optimizers.row_updates import RowUpdates
+
+
+@keras.saving.register_keras_serializable(package="tfscale")
+class RowSparseAdagrad(RowUpdates, keras.optimizers.Adagrad):
+    """`keras.optimizers.Adagrad` (same arguments) plus `table_l2`; tables updated by row."""
+
+    def update_rows(self, variable, ids, gradient_rows, weight_rows, learning_rate):
+        accumulator = self._accumulators[self._get_variable_index(variable)]
+        accumulated = (tables.gather_rows(accumulator, ids, in_place=True)
+                       + tf.square(gradient_rows))
+        self.assign(accumulator, tf.IndexedSlices(accumulated, ids))
+        step = learning_rate * gradient_rows / tf.sqrt(
+            accumulated + tf.cast(self.epsilon, variable.dtype))
+        self.assign(variable, tf.IndexedSlices(weight_rows - step, ids))

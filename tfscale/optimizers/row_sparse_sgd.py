@@ -1,0 +1,27 @@
+"""`RowSparseSGD`: Keras's SGD whose tables' row gradients update only their rows
+(tfscale.optimizers.row_updates). Without momentum and `table_l2` this is SGD on the densified
+gradient; with momentum, a row's velocity changes only when the row is in the batch (lazy
+momentum, as PyTorch's sparse SGD), a different algorithm from momentum on every row."""
+
+import keras
+import tensorflow as tf
+
+from tfscale import tables
+from tfscale.optimizers.row_updates import RowUpdates
+
+
+@keras.saving.register_keras_serializable(package="tfscale")
+class RowSparseSGD(RowUpdates, keras.optimizers.SGD):
+    """`keras.optimizers.SGD` (same arguments) plus `table_l2`; tables updated by row."""
+
+    def update_rows(self, variable, ids, gradient_rows, weight_rows, learning_rate):
+        step = learning_rate * gradient_rows
+        if self.momentum == 0:
+            self.assign(variable, tf.IndexedSlices(weight_rows - step, ids))
+            return
+        velocity = self.momentums[self._get_variable_index(variable)]
+        momentum = tf.cast(self.momentum, variable.dtype)
+        velocity_rows = momentum * tables.gather_rows(velocity, ids, in_place=True) - step
+        self.assign(velocity, tf.IndexedSlices(velocity_rows, ids))
+        change = momentum * velocity_rows - step if self.nesterov else velocity_rows
+        self.assign(variable, tf.IndexedSlices(weight_rows + change, ids))

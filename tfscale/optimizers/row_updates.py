@@ -1,0 +1,69 @@
+"""`RowUpdates`: what tfscale's row-sparse optimizers (RowSparseAdam, RowSparseAdagrad,
+RowSparseSGD) share. Given an embedding table's gradient as rows (IndexedSlices, as the train
+step hands them over: tfscale.optimizers.capabilities), they sum each id's rows, add the table's
+L2 to those rows only (`table_l2`: 2 * l2 * w, the gradient of a Keras L2 regularizer, on the
+batch's rows), and update only those rows of the table and of its per-row state (gathers and
+scatters, tfscale.tables), so a step costs O(rows in the batch), not O(table rows). Any other
+variable, or a dense gradient, takes the optimizer's own dense update.
+
+Why not a Keras regularizer or `weight_decay` on a table: both touch every row every step (the
+regularizer's gradient is dense, and Keras's weight decay rewrites every variable whole), so
+tables are excluded from `weight_decay` here and take `table_l2` instead."""
+
+import math
+
+import tensorflow as tf
+
+from tfscale import tables
+from tfscale.optimizers.capabilities import TakesRowSlices
+from tfscale.row_gradients import densify, sum_duplicate_rows
+
+
+class RowUpdates(TakesRowSlices):
+    """Mixin placed before a Keras optimizer class in the bases; the subclass implements
+    `update_rows`. Adds the keyword argument `table_l2` (L2 strength on the embedding tables'
+    rows a batch touches; 0 by default)."""
+
+    def __init__(self, *args, table_l2=0.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        table_l2 = float(table_l2)
+        if not (math.isfinite(table_l2) and table_l2 >= 0):
+            raise ValueError(f"`table_l2={table_l2}`: give a finite number of 0 or more")
+        self.table_l2 = table_l2
+
+    def updates_rows_in_place(self, variable):
+        return tables.is_row_table(variable)
+
+    def _built_on(self, variable):
+        """The Keras variable of `variable` (Keras hands `update_step` the tf.Variable it holds,
+        which has no path)."""
+        return self._trainable_variables[self._get_variable_index(variable)]
+
+    def update_rows(self, variable, ids, gradient_rows, weight_rows, learning_rate):
+        """Updates rows `ids` (unique, int64) of `variable` and of its state, given their summed
+        gradient (L2 included) and their current values, both [len(ids), dim] in the variable's
+        dtype."""
+        raise NotImplementedError
+
+    def update_step(self, gradient, variable, learning_rate):
+        keras_variable = self._built_on(variable)
+        if isinstance(gradient, tf.IndexedSlices) and self.updates_rows_in_place(keras_variable):
+            ids, rows, _ = sum_duplicate_rows(gradient)
+            rows = tf.cast(rows, variable.dtype)
+            weight_rows = tables.gather_rows(variable, ids, in_place=True)
+            if self.table_l2:
+                rows += 2 * self.table_l2 * weight_rows
+            return self.update_rows(variable, ids, rows, weight_rows,
+                                    tf.cast(learning_rate, variable.dtype))
+        gradient = densify(gradient)
+        if self.table_l2 and tables.is_row_table(keras_variable):  # dense: every row
+            gradient = (tf.cast(gradient, variable.dtype)
+                        + 2 * self.table_l2 * tf.convert_to_tensor(variable))
+        return super().update_step(gradient, variable, learning_rate)
+
+    def _use_weight_decay(self, variable):
+        return (not tables.is_row_table(self._built_on(variable))
+                and super()._use_weight_decay(variable))
+
+    def get_config(self):
+        return {**super().get_config(), "table_l2": self.table_l2}
