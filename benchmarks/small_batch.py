@@ -16,6 +16,8 @@ Modes:
   torch             the PyTorch DeepFM (one step: zero_grad, forward, backward, two optimizers)
   adam              tfscale, FusedAdam: every row of both tables and their moments every step
   row_sparse_adam   tfscale, RowSparseAdam: only the batch's rows and their moments
+  launcher_default  tfscale, the launcher's default on the built-in data: FusedAdam for the dense
+                    weights, RowSparseAdam with L2 on the batch's rows for the tables
   cowclip_scalable  tfscale, CowClip scalable (RowSparseAdam tables) with clipping on (r = 1)
   cowclip_faithful  tfscale, CowClip faithful (the official dense update of every row)
   plain_keras       plain Keras 3, one Embedding per field and kind, Adam
@@ -33,8 +35,8 @@ import numpy as np
 from absl import app, flags
 
 FLAGS = flags.FLAGS
-MODES = ("torch", "adam", "row_sparse_adam", "cowclip_scalable", "cowclip_faithful",
-         "plain_keras")
+MODES = ("torch", "adam", "row_sparse_adam", "launcher_default", "cowclip_scalable",
+         "cowclip_faithful", "plain_keras")
 flags.DEFINE_list("batch_sizes", ["1024", "8192", "65536"], "Batch sizes to measure.")
 flags.DEFINE_list("modes", list(MODES), f"Modes to measure, of {', '.join(MODES)}.")
 flags.DEFINE_integer("rounds", 2, "Measurements per mode and batch size, in alternating order.")
@@ -97,12 +99,16 @@ def run_torch(batches, steps, warmup):
 
 
 def _tfscale_optimizer(mode):
-    from tfscale.optimizers import CowClip, FusedAdam, RowSparseAdam
+    from tfscale.optimizers import (CowClip, FusedAdam, RowSparseAdam, factory,
+                                    large_batch_settings)
 
     if mode == "adam":
         return FusedAdam(1e-3)
     if mode == "row_sparse_adam":
         return RowSparseAdam(1e-3)
+    if mode == "launcher_default":
+        return factory.build_optimizer(large_batch_settings(1024, "sqrt", "synthetic"), "adam",
+                                       warmup_steps=1000)
     return CowClip(None, FusedAdam(1e-3, name="dense"), r=1.0, zeta=1e-5, l2=1e-5,
                    mode=mode.removeprefix("cowclip_"))
 

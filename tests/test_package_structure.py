@@ -72,3 +72,14 @@ def test_library_errors_name_arguments_not_flags():
                 for text in (c.value for c in ast.walk(node)
                              if isinstance(c, ast.Constant) and isinstance(c.value, str)):
                     assert not flag.search(text), f"{name}: {text!r}"
+
+
+def test_a_library_refusal_is_a_value_error():
+    """`tfscale.UserError` is a ValueError: a user catching bad values catches ours too."""
+    import pytest
+
+    from tfscale import FieldEmbedding, UserError
+
+    with pytest.raises(ValueError, match="`deduplicate=False` cannot be used with `sharding=row`"):
+        FieldEmbedding([4, 5], sharding="row", deduplicate=False)
+    assert issubclass(UserError, ValueError)

@@ -24,6 +24,7 @@ from tfscale.errors import UserError
 from tfscale.initializers import RowSeededNormal
 from tfscale.loss_scaling import LossScaleOptimizer
 from tfscale.optimizers import CAME, CowClip, FusedAdam, RowSparseAdam
+from tfscale.train_step import TrainStepModel
 
 FLOAT32_RUNS = [run for run in sharded_steps.RUNS if not run.startswith("float16")]
 # CAME's column statistics, row-statistics mean and RMS are sums over every row of a table:
@@ -46,6 +47,7 @@ def test_sharded_ranks_match_one_replicated_process(reference, tmp_path, num_ran
                         timeout=900)
     assert result.returncode == 0, result.stdout
     assert result.stdout.count("edge cases ok") == num_ranks, result.stdout
+    assert result.stdout.count("built before Horovod refused") == num_ranks, result.stdout
     stale, synchronous = reference["cowclip_scalable_stale1"], reference["cowclip_scalable"]
     assert any(not np.allclose(a, b) for a, b in zip(stale, synchronous))  # the lag is real
     for run in FLOAT32_RUNS:
@@ -139,6 +141,28 @@ def test_refusals_name_the_argument():
         FieldEmbedding([5, 5], deduplicate=False, sharding="row")
     assert in_flag_terms("`deduplicate=False` cannot be used with `sharding=row`") == (
         "--dedup_ids=False cannot be used with --embedding_sharding=row")
+
+
+class SubclassedSharded(TrainStepModel):
+    """A subclassed model with row-sharded tables: no variables until its first call."""
+
+    def __init__(self):
+        super().__init__()
+        self.fields = FieldEmbedding([5, 7], embedding_dim=2, sharding="row")
+        self.out = keras.layers.Dense(1)
+
+    def call(self, ids):
+        return self.out(keras.ops.reshape(self.fields(ids), (-1, 4)))
+
+
+def test_a_subclassed_model_compiled_before_its_first_call_keeps_its_shards_local():
+    """Its shards have no variables at `compile`, but their gradients must still stay out of the
+    averaging exchange."""
+    model = SubclassedSharded()
+    model.compile("adam", "mse")
+    assert not model.variables
+    assert isinstance(model.embedding_exchange, exchanges.RowShardedExchange)
+    model.fit(np.array([[1, 2], [3, 6]]), np.ones((2, 1)), verbose=0)
 
 
 def test_an_optimizer_with_undeclared_state_of_a_shard_is_refused():

@@ -26,8 +26,11 @@ class LookupRecord:
 
     def __init__(self):
         self.tables = {}
+        self._graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
 
     def add(self, table, unique_rows, counts):
+        if self._graph is not None and unique_rows.graph is not self._graph:
+            return  # Keras building a subclassed model by a call in a scratch graph: not the step
         if table.path in self.tables:
             raise ValueError(f"embedding table {table.path} is looked up more than once in one "
                              "step: its gradient rows could not be matched to their counts; look "

@@ -8,9 +8,10 @@ import re
 DATA_ERROR_MARKER = "[tfscale data error] "
 
 
-class UserError(Exception):
+class UserError(ValueError):
     """Bad input from the user (a file, a line in it, or a flag); the message says which and what
-    to do. The launcher prints it as one paragraph and exits non-zero."""
+    to do. A ValueError, so a caller catching bad values catches it too. The launcher prints it
+    as one paragraph and exits non-zero."""
 
 
 class NonFiniteTraining(UserError):

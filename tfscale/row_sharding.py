@@ -3,17 +3,17 @@ r, r + P, r + 2P, ... of every sharded table (owner `id mod P`, local row `id di
 optimizer state with them, and looks rows up from the other ranks by alltoall.
 
 A lookup (`lookup`), per FieldEmbedding and step: this rank's unique ids; one `hvd.alltoall` of
-(id, occurrences) pairs to the owners (one for all the layer's tables, which share their rows);
-unique again on the owner, whose occurrence sums are the global batch's counts; one gather per
-table of the owned rows; one alltoall of the tables' rows (packed side by side) back; gathered
-to the batch positions. The backward pass is the mirror, by Horovod's alltoall gradient: each
-rank's row gradients, divided by P, return to the owner and are summed per id by the gather's
-gradient, so a shard's gradient holds one row per id the global batch looked up there: the
-gradient of the global batch's mean loss (each rank's loss is the mean over its B/P examples),
-summed in rank order as the allgather exchange sums the replicated tables' rows.
+(id, occurrences) pairs (int32 while the table's ids fit) to the owners (one for all the layer's
+tables, which share their rows); unique again on the owner, whose occurrence sums are the global
+batch's counts; one gather per table of the owned rows; one alltoall of the tables' rows (packed
+side by side) back; gathered to the batch positions. The backward pass is the mirror, by Horovod's
+alltoall gradient: each rank's row gradients, divided by P, return to the owner and are summed per
+id by the gather's gradient, so a shard's gradient holds one row per id the global batch looked up
+there: the gradient of the global batch's mean loss (each rank's loss is the mean over its B/P
+examples), summed in rank order as the allgather exchange sums the replicated tables' rows.
 tfscale.exchanges.sharded keeps it out of every allreduce. Sharded tables are never broadcast:
-every rank initialises its rows from (seed, global id) (tfscale.initializers.RowSeededNormal),
-so the tables equal the whole ones a replicated model starts from, whatever P."""
+every rank initialises its rows from (seed, global id) (tfscale.initializers.RowSeededNormal), so
+the tables equal the whole ones a replicated model starts from, whatever P."""
 
 import dataclasses
 
@@ -179,6 +179,12 @@ def lookup(tables, rows, name, scalars=None):
     `scalars` (a StepScalars), the step's alltoall bytes (payload, both passes) and the
     lookup's seconds are recorded."""
     shard = shard_of(tables[0].embeddings)
+    if shard.num_shards != distributed.size():
+        raise UserError(
+            f"{tables[0].embeddings.path} was built as {shard.num_shards} row shard(s) but the job "
+            f"has {distributed.size()} Horovod ranks (was the model built before Horovod "
+            "started?): call tfscale.distributed.init() before building a model with "
+            "`sharding=row`")
     flat = tf.reshape(rows, [-1])
     unique_ids, position, counts = tf.unique_with_counts(flat, out_idx=tf.int64)
     if shard.num_shards == 1:
@@ -202,29 +208,37 @@ def _through_owners(tables, unique_ids, counts, shard, name, scalars=None):
     order = tf.argsort(owner, stable=True)
     splits = tf.math.bincount(owner, minlength=shard.num_shards, maxlength=shard.num_shards,
                               dtype=tf.int32)
-    outgoing = tf.stack([tf.gather(unique_ids, order),
-                         tf.cast(tf.gather(counts, order), tf.int64)], axis=1)
+    id_dtype = _id_dtype(shard.total_rows)
+    outgoing = tf.stack([tf.cast(tf.gather(unique_ids, order), id_dtype),
+                         tf.cast(tf.gather(counts, order), id_dtype)], axis=1)
     incoming, incoming_splits = hvd.alltoall(outgoing, splits=splits, name=f"{name}_ids")
+    incoming = tf.cast(incoming, tf.int64)
     owned, owned_position = tf.unique(incoming[:, 0], out_idx=tf.int64)
     owned_counts = tf.math.unsorted_segment_sum(incoming[:, 1], owned_position, tf.size(owned))
     rows = tf.gather(_gather_owned(tables, owned, owned_counts, shard), owned_position)
     returned, _ = hvd.alltoall(rows, splits=incoming_splits, name=f"{name}_rows")
     if scalars is not None:
         _record_bytes(scalars, splits, incoming_splits, shard.index,
-                      4 * sum(table.dim for table in tables))
+                      2 * id_dtype.size, 4 * sum(table.dim for table in tables))
     return tf.gather(_gradient_divided_by(shard.num_shards)(returned),
                      tf.math.invert_permutation(order))
 
 
-def _record_bytes(scalars, splits, incoming_splits, rank, row_bytes):
+def _id_dtype(total_rows):
+    """The dtype (id, count) pairs travel in: int32 while the table's ids fit (8 bytes a pair,
+    not 16), else int64."""
+    return tf.int32 if total_rows <= np.iinfo(np.int32).max else tf.int64
+
+
+def _record_bytes(scalars, splits, incoming_splits, rank, pair_bytes, row_bytes):
     """Bytes this rank sends and receives to and from the other ranks in a lookup and its
-    backward pass: (id, count) pairs of 16 bytes out, rows back, row gradients out again."""
+    backward pass: (id, count) pairs of `pair_bytes` out, rows back, row gradients out again."""
     to_others = tf.cast(tf.reduce_sum(splits) - splits[rank], tf.float64)
     from_others = tf.cast(tf.reduce_sum(incoming_splits) - incoming_splits[rank], tf.float64)
     scalars.record("sharding/alltoall_bytes_sent",
-                   16 * to_others + row_bytes * (from_others + to_others))
+                   pair_bytes * to_others + row_bytes * (from_others + to_others))
     scalars.record("sharding/alltoall_bytes_received",
-                   16 * from_others + row_bytes * (to_others + from_others))
+                   pair_bytes * from_others + row_bytes * (to_others + from_others))
 
 
 def _gradient_divided_by(num_ranks):

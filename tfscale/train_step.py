@@ -27,7 +27,7 @@ from tfscale.errors import UserError
 from tfscale.optimizers.capabilities import (optimizer_for, takes_counted_slices,
                                               takes_row_slices, updates_rows_in_place)
 from tfscale.row_gradients import densify
-from tfscale.row_sharding import shard_of
+from tfscale.row_sharding import ShardedTable
 from tfscale.step_scalars import StepScalars, scalars_of
 
 
@@ -70,7 +70,9 @@ class TrainStep:
                             f"{type(self.optimizer).__name__}: it clips each id by its number of "
                             "occurrences in the global batch, which only the allgathered "
                             "embedding gradients carry; use `embedding_exchange=allgather`")
-        if any(shard_of(v) is not None for v in self.variables):
+        # By layer, not by variable: a subclassed model compiled before its first call has no
+        # variables yet, and its shards' gradients must still stay out of the averaging.
+        if any(isinstance(layer, ShardedTable) for layer in self._flatten_layers()):
             exchange = exchanges.RowShardedExchange(exchange)
         if staleness:
             exchange = exchanges.StaleExchange(exchange, staleness, with_counts=with_counts)

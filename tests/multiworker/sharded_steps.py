@@ -11,13 +11,15 @@ shards and their slots unchanged. Run without horovodrun, it trains the one-proc
 of each float32 run with replicated tables on the whole global batches and writes
 OUT_DIR/<run>-reference.npz.
 
-Under horovodrun it also checks, and prints "edge cases ok": the lookup of a 3-row table (rank 3
+Under horovodrun it also checks that a model built before Horovod started (one shard) is refused
+on every rank ("built before Horovod refused"), and, printing "edge cases ok": the lookup of a 3-row table (rank 3
 of 4 owns no row) where every rank looks up the same id, ids only one rank looks up, and ranks
 whose batch holds no id of some owners (empty splits), against the gathered whole table, with
 the gradient each owner receives; and an inf in one rank's shard gradient alone makes every
 rank's RowShardedExchange hand NaN shard gradients (so every loss scaler skips). Used by
 tests/test_sharding.py."""
 
+import dataclasses
 import os
 import sys
 
@@ -29,19 +31,25 @@ import tensorflow as tf  # noqa: E402
 import models  # noqa: E402
 from tfscale import distributed, exchanges, row_sharding  # noqa: E402
 from tfscale.data.synthetic import SyntheticCTR  # noqa: E402
+from tfscale.errors import UserError  # noqa: E402
 from tfscale.loss_scaling import LossScaleOptimizer  # noqa: E402
-from tfscale.optimizers import CAME, CowClip, FusedAdam, RowSparseAdam  # noqa: E402
+from tfscale.optimizers import (CAME, CowClip, FusedAdam, RowSparseAdam,  # noqa: E402
+                                factory, large_batch_settings)
 from tfscale.training import build_model_and_optimizer  # noqa: E402
 
 GLOBAL_BATCH = 384  # divides over 2, 3 and 4 ranks
 STEPS = 20
-RUNS = ("adam", "came", "cowclip_faithful", "cowclip_scalable", "cowclip_scalable_stale1",
-        "float16_adam")
+RUNS = ("adam", "adam_rows", "came", "cowclip_faithful", "cowclip_scalable",
+        "cowclip_scalable_stale1", "float16_adam")
 
 
 def make_optimizer(run):
     if run == "adam":
         return FusedAdam(learning_rate=1e-3)
+    if run == "adam_rows":  # the launcher's default: tables by RowSparseAdam with L2 on rows
+        settings = dataclasses.replace(large_batch_settings(GLOBAL_BATCH, "sqrt", "synthetic"),
+                                       l2=1e-4)
+        return factory.build_optimizer(settings, "adam", warmup_steps=5)
     if run == "float16_adam":
         return LossScaleOptimizer(FusedAdam(learning_rate=1e-3))
     if run == "came":
@@ -187,9 +195,33 @@ def check_edge_cases():
     print(f"rank {rank}: edge cases ok", flush=True)
 
 
+def built_before_horovod():
+    """A compiled DeepFM with row-sharded tables built before Horovod starts (one shard)."""
+    data = SyntheticCTR(seed=0, train_rows=64, test_rows=64, vocabulary_scale=0.002)
+    model = models.build_model("deepfm", data.schema, hidden_units=[8], embedding_sharding="row")
+    model.compile(optimizer=RowSparseAdam(1e-3), loss=keras.losses.BinaryCrossentropy())
+    build_model_and_optimizer(model, data.schema)
+    return model, data
+
+
+def check_built_before_horovod_is_refused(model, data):
+    """Training it under Horovod is refused on every rank before any collective (it would
+    otherwise train a whole table on each rank, silently apart)."""
+    features, labels = next(iter(data.train_batches(8)))
+    try:
+        model.train_on_batch(features, labels)
+    except UserError as error:
+        assert "was built as 1 row shard(s) but the job has" in str(error), error
+        print(f"rank {distributed.rank()}: built before Horovod refused", flush=True)
+        return
+    raise AssertionError("a model built before Horovod started was trained")
+
+
 def main(out_dir):
     if distributed.launched_by_horovodrun():
+        early = built_before_horovod()
         distributed.init()
+        check_built_before_horovod_is_refused(*early)
         check_edge_cases()
         runs = [(run, "row") for run in RUNS] + [("float16_adam", "replicated")]
         label = f"P{distributed.size()}-rank{distributed.rank()}"

@@ -10,10 +10,12 @@ For each row of a clipped table (docs/cowclip.md):
 after the clip (and the optimizer-owned whole-table L2), every other variable to
 `dense_optimizer`. Width-1 (linear, "wide") tables get the L2 and the embedding optimizer but no
 clip, as in the official code. Two modes:
-  faithful: the official update: the gradient is dense over every row every step (L2 moves all
-            rows; rows absent from the batch are never clipped since 2*l2 << r);
-  scalable: only the rows in the batch get L2, clip and update (with RowSparseAdam), so a step
-            costs O(batch ids) instead of O(table rows). A different algorithm; see README.
+  scalable (the default): only the rows in the batch get L2, clip and update (with
+            RowSparseAdam), so a step costs O(batch ids) instead of O(table rows). A different
+            algorithm from the paper's (docs/cowclip.md);
+  faithful: the official code's update: the gradient is dense over every row every step (L2
+            moves all rows; rows absent from the batch are never clipped since 2*l2 << r), so
+            a step's cost grows with the tables.
 """
 
 import math
@@ -23,7 +25,8 @@ import keras
 import tensorflow as tf
 
 from tfscale import tables
-from tfscale.optimizers.capabilities import TakesCountedSlices, updates_rows_in_place
+from tfscale.optimizers.capabilities import (TakesCountedSlices, TakesRowSlices,
+                                              updates_rows_in_place)
 from tfscale.optimizers.fused_adam import FusedAdam
 from tfscale.optimizers.row_sparse_adam import RowSparseAdam
 from tfscale.row_gradients import CountedSlices, densify, sum_duplicate_rows, with_values
@@ -47,14 +50,16 @@ class CowClip(TakesCountedSlices, keras.optimizers.MultiOptimizer):
     """CowClip over an embedding optimizer and a dense optimizer, for `model.compile`.
 
     Args:
-        embedding_optimizer: optimizer of the embedding tables (default: Adam 1e-4, FusedAdam in
-            faithful mode, RowSparseAdam in scalable mode).
+        embedding_optimizer: optimizer of the embedding tables (default: Adam 1e-4,
+            RowSparseAdam, or FusedAdam when `mode="faithful"`).
         dense_optimizer: optimizer of every other variable (default FusedAdam 1e-3).
         r: clip ratio (1 in the paper).
         zeta: lower bound of the weight norm, in units of r*sqrt(d) (Criteo 1e-5).
         l2: whole-table L2 strength on the embedding tables, owned here so their gradients stay
             row-sparse (give the model no embedding regularizer).
-        mode: "faithful" or "scalable" (module docstring).
+        mode: "faithful" or "scalable" (module docstring); default: scalable when the embedding
+            optimizer updates tables by row (a tfscale row-sparse optimizer, as by default),
+            faithful otherwise.
         embedding_tables: regexes (re.fullmatch on variable.path) naming the embedding tables;
             default: every variable named "embeddings" (keras.layers.Embedding's and
             tfscale.embeddings.FieldEmbedding's tables).
@@ -66,7 +71,10 @@ class CowClip(TakesCountedSlices, keras.optimizers.MultiOptimizer):
     """
 
     def __init__(self, embedding_optimizer=None, dense_optimizer=None, r=1.0, zeta=1e-5, l2=0.0,
-                 mode="faithful", embedding_tables=None, loss_scale_factor=None, name="cowclip"):
+                 mode=None, embedding_tables=None, loss_scale_factor=None, name="cowclip"):
+        if mode is None:
+            mode = ("faithful" if embedding_optimizer is not None
+                    and not isinstance(embedding_optimizer, TakesRowSlices) else "scalable")
         if mode not in MODES:
             raise ValueError(f"`mode={mode!r}`: give one of {', '.join(MODES)}")
         for argument, value, allowed in (("r", r, r > 0), ("zeta", zeta, zeta >= 0),
