@@ -87,14 +87,16 @@ def train_once(source, model_name, batch, rule, rare_rows):
         name: getattr(FLAGS, name) for name in ("l2", "embedding_learning_rate")
         if getattr(FLAGS, name) is not None})
     optimizer_name = "cowclip" if cowclip else "adam"
+    # The recorded runs used the papers' dense update, CowClip's scalable mode excepted.
+    embedding_update = "row" if rule == "cowclip_scalable" else "dense"
     model = models.build_model(
         model_name, source.schema,
         embeddings_initializer=keras.initializers.RandomNormal(stddev=settings.embedding_init_stddev),
-        **factory.model_regularization(settings, optimizer_name))
+        **factory.model_regularization(settings, optimizer_name, embedding_update))
     steps_per_epoch = source.train_steps_per_epoch(batch)
     model.compile(factory.build_optimizer(settings, optimizer_name,
                                           factory.warmup_steps_for(settings, steps_per_epoch),
-                                          "scalable" if rule == "cowclip_scalable" else "faithful"),
+                                          embedding_update),
                   keras.losses.BinaryCrossentropy())
     # Only the per-epoch test lines are printed: an unfinished long run still shows its epochs.
     result = train(model, source, TrainingConfig(batch_size=batch, epochs=FLAGS.epochs,

@@ -52,6 +52,9 @@ flags.DEFINE_string("base_model", None, "Scale stage and report: the model whose
 flags.DEFINE_integer("train_rows", 4_000_000, "Synthetic training rows, validation rows included.")
 flags.DEFINE_integer("validation_rows", 200_000, "The last training rows, held out for selection.")
 flags.DEFINE_integer("test_rows", 200_000, "Synthetic test rows.")
+flags.DEFINE_enum("embedding_update", "dense", ["row", "dense"],
+                  "How tables are updated (tfscale.optimizers.factory); the recorded runs used "
+                  "dense, the papers' update, before row updates became the launcher's default.")
 flags.DEFINE_integer("max_epochs", 10, "Epochs at most per run.")
 flags.DEFINE_integer("patience", 1, "Epochs without a better validation AUC before a run stops.")
 flags.DEFINE_list("batch_sizes", ["8192", "32768", "65536", "131072"], "Scale stage: batch sizes.")
@@ -147,11 +150,11 @@ class Experiment:
             run.model, self.training.schema,
             embeddings_initializer=keras.initializers.RandomNormal(
                 stddev=settings.embedding_init_stddev),
-            **factory.model_regularization(settings, optimizer_name))
+            **factory.model_regularization(settings, optimizer_name, FLAGS.embedding_update))
         steps_per_epoch = self.training.train_steps_per_epoch(run.batch_size)
         model.compile(factory.build_optimizer(
-            settings, optimizer_name, factory.warmup_steps_for(settings, steps_per_epoch)),
-            keras.losses.BinaryCrossentropy())
+            settings, optimizer_name, factory.warmup_steps_for(settings, steps_per_epoch),
+            FLAGS.embedding_update), keras.losses.BinaryCrossentropy())
         epochs, diverged = [], None
         for epoch in range(FLAGS.max_epochs):
             others = OtherProcessesCPU()

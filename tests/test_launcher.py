@@ -100,7 +100,7 @@ def _has_loss_scale_state(values):
 # CowClip is resumed under float16 loss scaling: its state and the
 # scaler's in one run.
 @pytest.mark.parametrize("flags, has_its_state", [
-    (["--optimizer=came"], _has_came_state),
+    (["--optimizer=came", "--embedding_update=dense"], _has_came_state),
     (["--precision=mixed_float16", "--loss_scale_growth_steps=5"], _has_loss_scale_state),
 ], ids=["came", "cowclip-float16"])
 def test_stopped_and_resumed_run_equals_uninterrupted_run(tmp_path, flags, has_its_state):
@@ -160,16 +160,20 @@ def test_refuses_to_overwrite_a_run_without_resume(tmp_path):
     (["--zeta=nan"], "--zeta=nan: --zeta must be a finite number"),
     (["--optimizer=cowclip", "--l2=1"], "--l2=1.0 with --clip_r=1.0: CowClip needs 2*l2 <= r"),
     (["--optimizer=cowclip", "--clip_r=0.5", "--l2=0.3"], "lower --l2 or raise --clip_r"),
-    # The default on the built-in data (Adam, sqrt) puts the L2 on whole tables.
-    (["--embedding_sharding=row"], "--embedding_sharding=row needs the tables' gradients as "
-     "rows, and --l2=1e-05 (the sqrt rule's) with --optimizer=adam is a regularizer on whole "
-     "tables: give --optimizer=cowclip (which applies --l2 to the batch's rows) or --l2=0"),
-    (["--optimizer=sgd", "--l2=0.001", "--embedding_sharding=row", "--embedding_staleness=2"],
+    # Dense updates of the built-in data's default (Adam, sqrt) put the L2 on whole tables.
+    (["--embedding_sharding=row", "--embedding_update=dense"], "--embedding_sharding=row needs "
+     "the tables' gradients as rows, and --l2=1e-05 (the sqrt rule's) with --optimizer=adam is a "
+     "regularizer on whole tables: give --embedding_update=row (which applies --l2 to the "
+     "batch's rows) or --l2=0"),
+    (["--optimizer=sgd", "--l2=0.001", "--embedding_sharding=row", "--embedding_staleness=2",
+      "--embedding_update=dense"],
      "--embedding_sharding=row and --embedding_staleness=2 need the tables' gradients as rows, "
      "and --l2=0.001 with --optimizer=sgd is"),
     (["--optimizer=cowclip", "--scaling_rule=sqrt"],
      "--optimizer=cowclip and --scaling_rule=cowclip go together (got --optimizer=cowclip, "
      "--scaling_rule=sqrt)"),
+    (["--train_rows=1000", "--batch_size=2048"],
+     "--batch_size=2048 is larger than the training split"),
 ])
 def test_bad_flags_give_a_clear_error(flags, message):
     result = launch(*flags, "--logdir=none", "--checkpoint_dir=none")
