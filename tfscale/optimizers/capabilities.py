@@ -1,12 +1,12 @@
 """What an optimizer declares about itself, read by the train step at `compile`.
 
-`TakesRowSlices` marks optimizers that want embedding-table gradients as row slices
-(IndexedSlices; tfscale.row_gradients.CountedSlices after de-duplicated lookups), not densified:
-the row-sparse optimizers (tfscale.optimizers.row_updates), which update only those rows. A
-Keras MultiOptimizer is asked per variable: each gradient goes as its own optimizer takes it. `TakesCountedSlices` marks those that also need
-each id's occurrence count over the global batch, which only some exchanges carry: CowClip,
-which clips each id by its count. Every other optimizer gets dense gradients (the train step
-densifies them once; see tfscale.train_step)."""
+`TakesRowSlices` marks optimizers that want embedding-table gradients as row slices (IndexedSlices;
+tfscale.row_gradients.CountedSlices after de-duplicated lookups), not densified: the row-sparse
+optimizers (tfscale.optimizers.row_updates), which update only those rows. A Keras MultiOptimizer
+is asked per variable: each gradient goes as its own optimizer takes it. `TakesCountedSlices` marks
+those that also need each id's occurrence count over the global batch, which only some exchanges
+carry: CowClip, which clips each id by its count. Every other optimizer gets dense gradients (the
+train step densifies them once; see tfscale.train_step)."""
 
 import keras
 
