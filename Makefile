@@ -1,6 +1,6 @@
 # The two commands a fresh machine needs (README, "Quick start"): `make train` and `make test`.
 # GPU=1 (`make setup GPU=1`, `make train GPU=1`, ...) uses the GPU variant instead: .venv-gpu with
-# tensorflow[and-cuda] and Horovod built with NCCL (README, "GPU hosts").
+# tensorflow[and-cuda] and Horovod built with NCCL (docs/gpu.md).
 ifeq ($(GPU),1)
 VENV := .venv-gpu
 SETUP_FILES := setup.py scripts/setup_gpu.sh scripts/install_horovod_gpu.sh \

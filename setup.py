@@ -1,6 +1,6 @@
 """Packaging for tfscale. Only the library (`tfscale`) is installed; the reference models
 (`models/`) and the entry points (`launch/`) are found from the repository root, so a generic
-top-level `models` package never lands in site-packages (see README, "Architecture")."""
+top-level `models` package never lands in site-packages (see docs/architecture.md)."""
 
 from setuptools import find_packages, setup
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds Horovod 0.28.1 with NCCL for GPU tensors (Gloo stays for CPU tensors and horovodrun
 # --gloo) against the TensorFlow of the given Python environment, and installs it there
-# (README, "GPU hosts"). Needs no GPU, but needs a CUDA 12 compiler:
+# (docs/gpu.md). Needs no GPU, but needs a CUDA 12 compiler:
 #
 # - nvcc: the CUDA 12 toolkit at HOROVOD_CUDA_HOME (or CUDA_HOME), else that of nvcc on PATH.
 #   PyPI has none: every nvidia-cuda-nvcc-cu12 wheel (12.0 to 12.9) ships ptxas but no nvcc.
@@ -34,7 +34,7 @@ if [ -z "$WHEEL" ]; then
     echo "horovod: cannot build the GPU variant: no CUDA 12 nvcc (HOROVOD_CUDA_HOME and" \
          "CUDA_HOME unset or wrong, no nvcc on PATH). The nvidia-cuda-nvcc-cu12 wheels ship" \
          "only ptxas; install a CUDA 12 toolkit (nvcc, headers, static runtime) and set" \
-         "HOROVOD_CUDA_HOME to it (README, \"GPU hosts\")." >&2
+         "HOROVOD_CUDA_HOME to it (docs/gpu.md)." >&2
     exit 1
   fi
   RELEASE=$("$CUDA_DIR/bin/nvcc" --version | sed -n 's/.*release \([0-9.]*\),.*/\1/p')

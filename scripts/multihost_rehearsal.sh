@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A two-host Horovod launch rehearsed on one machine (README, "Quick start"): sshd listens on
+# A two-host Horovod launch rehearsed on one machine (docs/launcher.md): sshd listens on
 # the loopback addresses 127.0.0.2 and 127.0.0.3, which stand for two hosts, and
 #   horovodrun -np 4 -H 127.0.0.2:2,127.0.0.3:2 --gloo
 # starts two ranks on each over ssh, as a user with two hosts would launch them. The arguments

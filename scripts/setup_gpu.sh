@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make setup GPU=1`: the GPU variant's virtual environment in .venv-gpu (README, "GPU hosts"):
+# `make setup GPU=1`: the GPU variant's virtual environment in .venv-gpu (docs/gpu.md):
 # tfscale with its test extras and tensorflow[and-cuda]==2.21.0, the CUDA 12 wheels pinned by
 # scripts/gpu-constraints.txt, then Horovod built with NCCL (scripts/install_horovod_gpu.sh).
 # Runs on a machine without a GPU; .venv (the CPU set-up) is not touched. Safe to run again.

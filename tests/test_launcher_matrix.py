@@ -273,7 +273,7 @@ def test_cowclip_rule(facts, name, batch, preset):
 
 def test_the_default_on_the_built_in_data_is_adam_with_sqrt_scaling(facts):
     """No --optimizer or --scaling_rule: the synthetic preset's rule, the one that kept AUC at
-    large batch on this data (README, "CowClip from a tuned base")."""
+    large batch on this data (docs/results/cowclip_tuned.md)."""
     default = run(facts, "default")
     assert default["optimizer"] == run(facts, "adam_rule_sqrt")["optimizer"]
     assert default["model"]["l2"] == run(facts, "adam_rule_sqrt")["model"]["l2"]

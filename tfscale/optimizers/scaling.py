@@ -46,7 +46,7 @@ PRESETS = {
     "avazu": Preset(dense_learning_rate=1e-4, zeta_small_batch=1e-3, zeta_large_batch=1e-4),
     # The built-in synthetic data (tfscale.data.synthetic): the coordinate search of
     # benchmarks.cowclip_tuned at batch 1024 and its scale stage, where sqrt scaling kept AUC
-    # and CowClip's rule did not (README, "CowClip from a tuned base"); zeta Criteo's.
+    # and CowClip's rule did not (docs/results/cowclip_tuned.md); zeta Criteo's.
     "synthetic": Preset(dense_learning_rate=2.5e-3, embedding_learning_rate=1e-3, rule="sqrt"),
 }
 
