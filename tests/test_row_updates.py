@@ -2,7 +2,8 @@
 equal Keras's dense update on the same gradients where the algorithms agree; lazy momentum and
 `table_l2` touch only the batch's rows (against a NumPy statement); tables are never
 weight-decayed whole; and through `compile` a MultiOptimizer's tables take row slices while its
-dense weights take dense gradients, and a table updated whole is said once."""
+dense weights take dense gradients (also inside the float16 loss scaler's conditional update),
+and a table updated whole is said once."""
 
 import warnings
 
@@ -12,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 from tfscale import tables
+from tfscale.loss_scaling import LossScaleOptimizer
 from tfscale.row_sharding import per_row_state
 from tfscale.optimizers import (RowSparseAdagrad, RowSparseAdam, RowSparseSGD,
                                 factory, large_batch_settings)
@@ -121,6 +123,48 @@ def test_tables_and_their_per_row_state_are_only_read_and_written_by_row(optimiz
         assert slots, table.path
         for variable in [table, *slots]:
             ops = _ops_on(step.graph, variable)
+            assert "ResourceScatterUpdate" in ops, (variable.path, ops)
+            assert not ops & {"ReadVariableOp", "AssignVariableOp", "ResourceApplyAdam"}, (
+                variable.path, ops)
+
+
+def _ops_on_handle(graph, handle_placeholders):
+    """The types of the ops in `graph` taking one of `handle_placeholders`, and of those in the
+    branches of its conditionals (where Keras's loss scaler applies the inner optimizer)."""
+    types = set()
+    for op in graph.get_operations():
+        taken = [i for i, tensor in enumerate(op.inputs)
+                 if any(tensor is placeholder for placeholder in handle_placeholders)]
+        if not taken:
+            continue
+        types.add(op.type)
+        if op.type in ("If", "StatelessIf"):  # input 0 is the condition
+            for branch in ("then_branch", "else_branch"):
+                inner = graph._get_function(op.get_attr(branch).name).graph
+                types |= _ops_on_handle(inner, [inner.inputs[i - 1] for i in taken])
+    return types
+
+
+def test_under_mixed_float16_the_loss_scaler_keeps_tables_and_state_by_row():
+    """Keras's scaler divides every gradient (which would densify the tables'); tfscale's keeps
+    them as rows, so inside its conditional update the tables are still only gathered and
+    scattered."""
+    keras.mixed_precision.set_dtype_policy("mixed_float16")
+    try:
+        model = _model()
+    finally:
+        keras.mixed_precision.set_dtype_policy("float32")
+    model.compile(optimizer=LossScaleOptimizer(_launcher_default()), loss="binary_crossentropy")
+    ids, labels = _data()
+    model.fit(ids, labels, batch_size=16, epochs=1, verbose=0)
+    step = tf.function(model.train_step).get_concrete_function(
+        (tf.constant(ids[:16]), tf.constant(labels[:16])))
+    graph = step.graph
+    for table in _tables(model):
+        for variable in [table, *per_row_state(model.optimizer, table)]:
+            handle = variable.value.handle
+            placeholders = [inner for outer, inner in graph.captures if outer is handle]
+            ops = _ops_on_handle(graph, placeholders)
             assert "ResourceScatterUpdate" in ops, (variable.path, ops)
             assert not ops & {"ReadVariableOp", "AssignVariableOp", "ResourceApplyAdam"}, (
                 variable.path, ops)
