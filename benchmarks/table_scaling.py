@@ -24,7 +24,7 @@ import time
 import numpy as np
 from absl import app, flags
 
-from benchmarks.timing import machine_description
+from benchmarks.timing import machine_busy_seconds, machine_description
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("scales", ["0.05", "1"], "--synthetic_vocabulary_scale values (0.05: 1.8M "
@@ -50,7 +50,7 @@ def run_once(scale, optimizer, update):
                "--log_every_steps=1", "--logdir=none", "--checkpoint_dir=none"]
     if optimizer == "cowclip" or update == "dense":
         command.append("--l2=0")  # dense L2 regularizers stay out of the way of the comparison
-    busy_before = _machine_busy_seconds()
+    busy_before = machine_busy_seconds()
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
@@ -78,13 +78,7 @@ def run_once(scale, optimizer, update):
             "median_step_ms": float(np.median(step_ms)), "peak_rss_mb": usage.ru_maxrss / 1024,
             "wall_seconds": round(wall, 1), **(tables or {}),
             "other_processes_cpu_seconds": round(
-                _machine_busy_seconds() - busy_before - own_cpu, 1)}
-
-
-def _machine_busy_seconds():
-    with open("/proc/stat") as stat:
-        fields = [int(value) for value in stat.readline().split()[1:]]
-    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+                machine_busy_seconds() - busy_before - own_cpu, 1)}
 
 
 def main(argv):

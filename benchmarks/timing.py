@@ -21,23 +21,24 @@ def machine_description():
             f"{platform.python_version()}, TensorFlow {tf.__version__}, Keras {keras.__version__}")
 
 
+def machine_busy_seconds():
+    """CPU seconds every core has been busy since boot (/proc/stat: user..steal; guest time is
+    inside user)."""
+    with open("/proc/stat") as stat:
+        fields = [int(value) for value in stat.readline().split()[1:]]
+    idle, iowait = fields[3], fields[4]
+    return (sum(fields[:8]) - idle - iowait) / os.sysconf("SC_CLK_TCK")
+
+
 class OtherProcessesCPU:
     """CPU seconds the rest of the machine used since construction: every core's busy time
     (/proc/stat) less this process's own, so a timed interval can say whether it ran alone."""
 
     def __init__(self):
-        self._start = self._machine_busy() - self._own()
+        self._start = machine_busy_seconds() - self._own()
 
     def seconds(self):
-        return self._machine_busy() - self._own() - self._start
-
-    @staticmethod
-    def _machine_busy():
-        with open("/proc/stat") as stat:
-            fields = [int(value) for value in stat.readline().split()[1:]]
-        idle, iowait = fields[3], fields[4]
-        busy = sum(fields[:8]) - idle - iowait  # user..steal; guest time is inside user
-        return busy / os.sysconf("SC_CLK_TCK")
+        return machine_busy_seconds() - self._own() - self._start
 
     @staticmethod
     def _own():
