@@ -59,6 +59,7 @@ flags.DEFINE_integer("max_epochs", 10, "Epochs at most per run.")
 flags.DEFINE_integer("patience", 1, "Epochs without a better validation AUC before a run stops.")
 flags.DEFINE_list("batch_sizes", ["8192", "32768", "65536", "131072"], "Scale stage: batch sizes.")
 flags.DEFINE_list("rules", ["none", "sqrt", "linear", "cowclip"], "Scale stage: rules.")
+flags.DEFINE_bool("scale_base", True, "Scale stage: also run the base itself at batch 1024.")
 flags.DEFINE_list("two_seed_batch_sizes", ["1024", "65536"],
                   "Scale stage: batch sizes run with initialisation seeds 0 and 1 (others: 0).")
 flags.DEFINE_string("results", "benchmarks/results/cowclip_tuned_runs.jsonl", "Runs, one a line.")
@@ -89,7 +90,8 @@ class Run:
         base = ",".join(f"{getattr(self, name):.3g}" for name, _ in SEARCH_STEPS)
         return (f"{self.model}|base {base}|{self.rule}|{self.batch_size}|seed {self.seed}|"
                 f"{FLAGS.train_rows}-{FLAGS.validation_rows}-{FLAGS.test_rows}|"
-                f"{FLAGS.max_epochs}-{FLAGS.patience}")
+                f"{FLAGS.max_epochs}-{FLAGS.patience}"
+                + ("|row updates" if FLAGS.embedding_update == "row" else ""))
 
     @classmethod
     def of(cls, record):
@@ -235,13 +237,13 @@ def best_tuned_so_far(experiment, model):
 
 def scaled_runs(tuned):
     """The scale stage's runs of --model from the `tuned` base, in order: the base itself at
-    batch 1024 (already run when --model is the tuned model), every rule at every batch, then
+    batch 1024 (unless --noscale_base; already run when --model is the tuned model), every rule at every batch, then
     the second seeds."""
     base = dataclasses.replace(tuned, model=FLAGS.model)
     two_seeds = {int(b) for b in FLAGS.two_seed_batch_sizes}
     runs = []
     for seed in (0, 1):
-        if seed == 0 or BASE_BATCH_SIZE in two_seeds:
+        if FLAGS.scale_base and (seed == 0 or BASE_BATCH_SIZE in two_seeds):
             runs.append(dataclasses.replace(base, seed=seed))
         runs += [dataclasses.replace(base, batch_size=batch, rule=rule, seed=seed)
                  for batch in map(int, FLAGS.batch_sizes) if seed == 0 or batch in two_seeds

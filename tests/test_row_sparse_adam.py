@@ -1,4 +1,5 @@
-"""RowSparseAdam: lazy Adam on a table's rows against a NumPy restatement; `compile(optimizer=
+"""RowSparseAdam: lazy Adam on a table's rows against a NumPy restatement; its catch-up of absent
+rows against Adam on the densified gradient; `compile(optimizer=
 RowSparseAdam())` takes the row-sparse path (only the batch's rows and moments move); and tables
 are read the way their optimizer updates them (in place by row, or whole), which decides whether
 TensorFlow copies a whole table every step (tfscale.tables)."""
@@ -9,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 from tfscale import tables
+from tfscale.callbacks import CatchUpRows
 from tfscale.embeddings import FieldEmbedding
 from tfscale.optimizers import CowClip, FusedAdam, RowSparseAdam
 from tfscale.row_gradients import CountedSlices, sum_duplicate_rows
@@ -40,7 +42,7 @@ def _batches(steps):
 
 
 def _run(make_gradient, steps=4):
-    optimizer = RowSparseAdam(LR, beta_1=BETA_1, beta_2=BETA_2, epsilon=EPSILON)
+    optimizer = RowSparseAdam(LR, beta_1=BETA_1, beta_2=BETA_2, epsilon=EPSILON, catch_up=False)
     initial = np.random.default_rng(0).normal(0, 0.1, (VOCAB, DIM))
     table = keras.Variable(initial.astype("float32"), name="embeddings")
 
@@ -71,6 +73,69 @@ def test_matches_numpy_lazy_adam_and_leaves_absent_rows_alone():
     never = [3, 4, 6, 8, 9]
     np.testing.assert_array_equal(table[never], initial[never].astype("float32"))
     assert not m[never].any() and not v[never].any()
+
+
+def _train_with_gaps(optimizer, densify, l2, steps=281):
+    """Rows 0-2 in every batch for 100 steps (past the bias corrections' fast change, which the
+    catch-up takes as constant); then row 0 in every batch, row 1 in one of 40, row 2 from
+    step 200 on; row 3 never. With 281 steps it ends with rows 1 and 2 in the batch (a row is
+    caught up when next seen). Small data gradients, so the L2 and the moments' tails matter.
+    Returns the table."""
+    table = keras.Variable(np.random.default_rng(0).normal(0, 0.05, (4, DIM)).astype("float32"),
+                           name="embeddings")
+    rng = np.random.default_rng(1)
+    for step in range(steps):
+        ids = [0] + ([1] if step < 100 or step % 40 == 0 else []) + (
+            [2] if step < 100 or step >= 200 else [])
+        values = rng.normal(0, 1e-3, (len(ids), DIM)).astype("float32")
+        if densify:
+            dense = np.zeros((4, DIM), "float32")
+            dense[ids] = values
+            gradient = tf.constant(dense + 2 * l2 * table.numpy())
+        else:
+            gradient = tf.IndexedSlices(tf.constant(values), tf.constant(ids, tf.int64),
+                                        tf.constant([4, DIM], tf.int64))
+        optimizer.apply([gradient], [table])
+    return table
+
+
+def _assert_nearer_the_dense_update(caught_up, lazy, dense, rows):
+    for row in rows:
+        caught_up_error = np.abs(caught_up[row] - dense[row]).max()
+        lazy_error = np.abs(lazy[row] - dense[row]).max()
+        assert caught_up_error < 0.25 * lazy_error, (row, caught_up_error, lazy_error)
+
+
+@pytest.mark.parametrize("l2", [0.0, 0.05])
+def test_catch_up_follows_adam_on_the_densified_gradient(l2):
+    """Rows 1 and 2 are absent for stretches: caught up, they land within a quarter of lazy
+    Adam's distance from the dense update; a row never in a batch is not touched."""
+    dense = _train_with_gaps(FusedAdam(LR), densify=True, l2=l2).numpy()
+    caught_up = _train_with_gaps(RowSparseAdam(LR, table_l2=l2), densify=False, l2=l2).numpy()
+    lazy = _train_with_gaps(RowSparseAdam(LR, table_l2=l2, catch_up=False), densify=False,
+                            l2=l2).numpy()
+    _assert_nearer_the_dense_update(caught_up, lazy, dense, rows=(1, 2))
+    np.testing.assert_allclose(caught_up[0], dense[0], rtol=1e-4, atol=1e-6)
+    np.testing.assert_array_equal(caught_up[3], lazy[3])
+
+
+def test_catching_up_every_row_brings_the_table_to_the_dense_update():
+    """After step 300, row 1 is 19 steps behind and row 3 was never in a batch: the whole-table
+    catch-up moves row 1 to near the dense update and row 3 to the zero Adam's L2 pulls it to
+    (within Adam's step of it); a second call changes nothing."""
+    l2 = 0.05
+    dense = _train_with_gaps(FusedAdam(LR), densify=True, l2=l2, steps=300).numpy()
+    lazy = _train_with_gaps(RowSparseAdam(LR, table_l2=l2, catch_up=False), densify=False,
+                            l2=l2, steps=300).numpy()
+    optimizer = RowSparseAdam(LR, table_l2=l2)
+    table = _train_with_gaps(optimizer, densify=False, l2=l2, steps=300)
+    optimizer.catch_up_every_row(block_rows=3)  # two blocks
+    caught_up = table.numpy()
+    _assert_nearer_the_dense_update(caught_up, lazy, dense, rows=(1,))
+    assert np.abs(dense[3]).max() < LR and np.abs(caught_up[3]).max() < 1e-6
+    assert np.abs(lazy[3]).max() > 0.02  # where it started
+    optimizer.catch_up_every_row()
+    np.testing.assert_array_equal(table.numpy(), caught_up)
 
 
 def test_counted_slices_of_unique_ids_take_the_same_step():
@@ -142,6 +207,25 @@ def test_compiled_it_moves_only_the_rows_looked_up(deduplicate):
     for table in _tables(model):
         m = model.optimizer._momentums[model.optimizer._get_variable_index(table)]
         assert not np.asarray(m)[~seen].any()
+
+
+def test_the_callback_catches_every_row_up_after_each_epoch():
+    """Through a loss scaler and a MultiOptimizer: rows never looked up end at zero (the L2's
+    pull), rows looked up do not."""
+    model = _model()
+    table_optimizer = RowSparseAdam(1e-2, table_l2=1e-2)
+    optimizer_map = keras.optimizers.OptimizerMap(keras.optimizers.Adam(1e-2))
+    optimizer_map[r".*embeddings"] = table_optimizer
+    model.compile(optimizer=keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.MultiOptimizer(optimizer_map)), loss="binary_crossentropy")
+    model.fit(*_data(), batch_size=16, epochs=1, verbose=0, callbacks=[CatchUpRows()])
+    seen = np.zeros(sum(SIZES), bool)
+    offsets = np.concatenate([[0], np.cumsum(SIZES)[:-1]])
+    seen[(_data()[0] + offsets).ravel()] = True
+    for table in _tables(model):
+        rows = np.asarray(table)
+        assert not rows[~seen].any(), table.path
+        assert np.abs(rows[seen]).min(axis=1).all(), table.path
 
 
 def test_compiled_it_gives_the_same_tables_with_and_without_deduplication():

@@ -159,9 +159,23 @@ def test_a_subclassed_model_compiled_before_its_first_call_keeps_its_shards_loca
     """Its shards have no variables at `compile`, but their gradients must still stay out of the
     averaging exchange."""
     model = SubclassedSharded()
-    model.compile("adam", "mse")
+    model.compile(RowSparseAdam(1e-3), "mse")
     assert not model.variables
     assert isinstance(model.embedding_exchange, exchanges.RowShardedExchange)
+    model.fit(np.array([[1, 2], [3, 6]]), np.ones((2, 1)), verbose=0)
+
+
+def test_a_keras_optimizer_that_would_update_a_shard_whole_is_refused():
+    """A plain Keras optimizer would densify a shard's gradient and update every row each step:
+    refused naming the table; tfscale's dense update (FusedAdam) is allowed."""
+    model = SubclassedSharded()
+    model.compile(keras.optimizers.Adam(1e-3), "mse")
+    with pytest.raises(UserError, match=r"Adam would update the row-sharded table "
+                                        r".*embeddings whole every step; compile with a tfscale "
+                                        r"optimizer that updates it by row \(RowSparseAdam"):
+        model.fit(np.array([[1, 2], [3, 6]]), np.ones((2, 1)), verbose=0)
+    model = SubclassedSharded()
+    model.compile(FusedAdam(1e-3), "mse")
     model.fit(np.array([[1, 2], [3, 6]]), np.ones((2, 1)), verbose=0)
 
 

@@ -11,12 +11,14 @@ The public surface:
   fields, in host memory, with de-duplicated lookups, replicated or row-sharded over the ranks
   (`sharding="row"`; `tfscale.initializers.RowSeededNormal` starts both alike);
 - `tfscale.exchanges`: the gradient exchanges and their registry;
+- `tfscale.callbacks`: Keras callbacks, among them `CatchUpRows` (RowSparseAdam's rows brought
+  up to date at each epoch's end);
 - `tfscale.distributed`: Horovod start-up and collectives; `tfscale.training.train`: epochs with
   evaluation, TensorBoard scalars and atomic checkpoints; `tfscale.data`: CTR data sources.
 The reference models (`models/`) and the launcher (`launch/`) live in the repository, not in the
 installed package."""
 
-from tfscale import exchanges, initializers, optimizers
+from tfscale import callbacks, exchanges, initializers, optimizers
 from tfscale.embeddings import FieldEmbedding
 from tfscale.errors import UserError
 from tfscale.train_step import FunctionalTrainStepModel, TrainStepModel
@@ -24,4 +26,4 @@ from tfscale.train_step import FunctionalTrainStepModel, TrainStepModel
 __version__ = "0.1.0"
 
 __all__ = ["FieldEmbedding", "FunctionalTrainStepModel", "TrainStepModel", "UserError",
-           "exchanges", "initializers", "optimizers"]
+           "callbacks", "exchanges", "initializers", "optimizers"]

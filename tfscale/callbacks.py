@@ -1,6 +1,7 @@
 """Keras callbacks for a training run: the progress line and TensorBoard training scalars,
 periodic atomic checkpoints that record the exact data position, a stop-after-N-steps switch
-(used to simulate an interrupted run), and the guard that stops a run gone non-finite.
+(used to simulate an interrupted run), the guard that stops a run gone non-finite, and the
+catch-up of rows a row-sparse Adam has left behind (tfscale.optimizers.row_sparse_adam).
 
 Why not keras.callbacks.TensorBoard: its batch counter restarts at every `fit` call (the launcher
 calls `fit` once per epoch so a run can resume mid-epoch) and it logs neither examples/s nor the
@@ -16,6 +17,8 @@ import tensorflow as tf
 
 from tfscale.errors import NonFiniteTraining
 from tfscale.loss_scaling import LossScaleOptimizer
+from tfscale.optimizers.capabilities import wrapped_optimizers
+from tfscale.optimizers.row_sparse_adam import RowSparseAdam
 from tfscale.step_scalars import ReportsProgress, scalars_of
 
 
@@ -173,3 +176,28 @@ class NonFiniteGuard(keras.callbacks.Callback):
                 f"the training loss became {float(loss)} at global step {step} (no loss scaler "
                 "to skip such steps): check the input for NaN/inf, lower the learning rate, or "
                 "train with dynamic loss scaling")
+
+
+class CatchUpRows(keras.callbacks.Callback):
+    """At each epoch's end and before each evaluation, brings every table row a RowSparseAdam
+    (with `catch_up`, its default) has left behind up to date: one pass over each table per
+    call, skipped when no step ran since the last (RowSparseAdam.catch_up_every_row)."""
+
+    def __init__(self):
+        super().__init__()
+        self._caught_up_at = None
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._catch_up()
+
+    def on_test_begin(self, logs=None):
+        self._catch_up()
+
+    def _catch_up(self):
+        step = int(self.model.optimizer.iterations)
+        if step == self._caught_up_at:
+            return
+        for optimizer in wrapped_optimizers(self.model.optimizer):
+            if isinstance(optimizer, RowSparseAdam):
+                optimizer.catch_up_every_row()
+        self._caught_up_at = step

@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from tfscale import dedup, distributed, placement
 from tfscale.errors import UserError
+from tfscale.optimizers.capabilities import wrapped_optimizers
 from tfscale.tables import is_embedding_table, lookup_rows
 
 SHARDINGS = ("replicated", "row")
@@ -116,7 +117,7 @@ def optimizer_state(optimizer, variables):
     unique (Adafactor names its factors after the variable alone)."""
     wanted = {id(v) for v in variables}
     state = []
-    for inner in _optimizers(optimizer):
+    for inner in wrapped_optimizers(optimizer):
         built_on = list(getattr(inner, "_trainable_variables", []))
         for value in vars(inner).values():
             if not (isinstance(value, list) and value and len(value) == len(built_on)
@@ -125,15 +126,6 @@ def optimizer_state(optimizer, variables):
             state += [slot for variable, slot in zip(built_on, value)
                       if slot is not None and slot is not variable and id(variable) in wanted]
     return state
-
-
-def _optimizers(optimizer):
-    """`optimizer` and every optimizer it wraps, innermost last."""
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        return [optimizer, *_optimizers(optimizer.inner_optimizer)]
-    if isinstance(optimizer, keras.optimizers.MultiOptimizer):
-        return [optimizer] + [o for inner in optimizer.optimizers for o in _optimizers(inner)]
-    return [optimizer]
 
 
 @keras.saving.register_keras_serializable(package="tfscale")

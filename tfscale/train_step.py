@@ -24,10 +24,17 @@ from keras.src.models.model import functional_init_arguments
 
 from tfscale import dedup, distributed, exchanges, tables
 from tfscale.errors import UserError
+from tfscale.optimizers.came import CAME
 from tfscale.optimizers.capabilities import (optimizer_for, takes_counted_slices,
                                               takes_row_slices, updates_rows_in_place)
+from tfscale.optimizers.cowclip import CowClip
+from tfscale.optimizers.fused_adam import FusedAdam
 from tfscale.row_gradients import densify
-from tfscale.row_sharding import ShardedTable
+from tfscale.row_sharding import ShardedTable, shard_of
+
+# tfscale's optimizers that update a row-sharded table whole, correctly (the papers' dense
+# update, one flag away: docs/row_updates.md); any other optimizer must update shards by row.
+DENSE_SHARD_OPTIMIZERS = (FusedAdam, CAME, CowClip)
 from tfscale.step_scalars import StepScalars, scalars_of
 
 
@@ -143,15 +150,24 @@ class TrainStep:
     def _mark_row_updates(self):
         """Marks each embedding table by whether its optimizer updates it by row
         (tfscale.tables); a table updated whole is said once, since its step then costs every
-        row of it."""
+        row of it, and refused when row-sharded unless by tfscale's dense update."""
         whole = []
         for variable in self.trainable_variables:
             if tables.is_row_table(variable):
                 by_row = updates_rows_in_place(self.optimizer, variable)
                 tables.mark_row_updates(variable, by_row)
-                if not by_row:
-                    whole.append(f"{variable.path} (by "
-                                 f"{type(optimizer_for(self.optimizer, variable)).__name__})")
+                if by_row:
+                    continue
+                optimizer = optimizer_for(self.optimizer, variable)
+                if shard_of(variable) is not None and not isinstance(
+                        optimizer, DENSE_SHARD_OPTIMIZERS):
+                    raise UserError(
+                        f"{type(optimizer).__name__} would update the row-sharded table "
+                        f"{variable.path} whole every step; compile with a tfscale optimizer "
+                        "that updates it by row (RowSparseAdam, RowSparseAdagrad, "
+                        "RowSparseSGD, CowClip()), or replicated tables (FieldEmbedding's "
+                        "`sharding=\"replicated\"`)")
+                whole.append(f"{variable.path} (by {type(optimizer).__name__})")
         if whole:
             warnings.warn(
                 f"embedding tables updated whole every step, so a step's cost grows with the "

@@ -126,6 +126,8 @@ def train(model, source, config, print_fn=print):
         checkpointer = tfs_callbacks.PeriodicCheckpoint(
             store, config.checkpoint_every_steps or np.iinfo(np.int64).max)
         run_callbacks.append(checkpointer)
+    # Before the epoch's evaluation and checkpoint (the checkpointer's batch-end saves come first).
+    run_callbacks.append(tfs_callbacks.CatchUpRows())
     stopper = None
     if config.stop_after_steps is not None:
         stopper = tfs_callbacks.StopAfterSteps(config.stop_after_steps)

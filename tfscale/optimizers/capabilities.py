@@ -32,6 +32,17 @@ def innermost(optimizer):
     return optimizer
 
 
+def wrapped_optimizers(optimizer):
+    """`optimizer` and every optimizer it wraps (loss scalers, MultiOptimizers, CowClip),
+    innermost last."""
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return [optimizer, *wrapped_optimizers(optimizer.inner_optimizer)]
+    if isinstance(optimizer, keras.optimizers.MultiOptimizer):
+        return [optimizer] + [o for inner in optimizer.optimizers
+                              for o in wrapped_optimizers(inner)]
+    return [optimizer]
+
+
 def optimizer_for(optimizer, variable):
     """The optimizer that applies `variable`'s gradient: through loss scalers and Keras
     MultiOptimizers (not into CowClip, which takes every table's row slices itself)."""

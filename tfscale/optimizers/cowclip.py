@@ -51,7 +51,9 @@ class CowClip(TakesCountedSlices, keras.optimizers.MultiOptimizer):
 
     Args:
         embedding_optimizer: optimizer of the embedding tables (default: Adam 1e-4,
-            RowSparseAdam, or FusedAdam when `mode="faithful"`).
+            RowSparseAdam(catch_up=False), or FusedAdam when `mode="faithful"`; CowClip owns
+            the tables' L2, so RowSparseAdam's catch-up would not pull absent rows, and the
+            scalable mode was measured with lazy Adam).
         dense_optimizer: optimizer of every other variable (default FusedAdam 1e-3).
         r: clip ratio (1 in the paper).
         zeta: lower bound of the weight norm, in units of r*sqrt(d) (Criteo 1e-5).
@@ -87,8 +89,9 @@ class CowClip(TakesCountedSlices, keras.optimizers.MultiOptimizer):
                              "from a batch are then never clipped, which the faithful update "
                              "relies on); lower `l2` or raise `r`")
         if embedding_optimizer is None:
-            embedding_class = FusedAdam if mode == "faithful" else RowSparseAdam
-            embedding_optimizer = embedding_class(learning_rate=1e-4, name="embedding")
+            embedding_optimizer = (
+                FusedAdam(learning_rate=1e-4, name="embedding") if mode == "faithful"
+                else RowSparseAdam(learning_rate=1e-4, catch_up=False, name="embedding"))
         if dense_optimizer is None:
             dense_optimizer = FusedAdam(learning_rate=1e-3, name="dense")
         super().__init__(self._optimizer_for, loss_scale_factor=loss_scale_factor, name=name)

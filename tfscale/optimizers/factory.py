@@ -52,8 +52,10 @@ def build_optimizer(settings, optimizer_name, warmup_steps, embedding_update="ro
             1e-8, warmup_steps, settings.dense_learning_rate, power=1.0)
     if optimizer_name == "cowclip":
         mode = "scalable" if embedding_update == "row" else "faithful"
-        embedding_class = RowSparseAdam if mode == "scalable" else FusedAdam
-        return CowClip(embedding_class(settings.embedding_learning_rate, name="embedding"),
+        embedding = (RowSparseAdam(settings.embedding_learning_rate, catch_up=False,
+                                   name="embedding") if mode == "scalable"
+                     else FusedAdam(settings.embedding_learning_rate, name="embedding"))
+        return CowClip(embedding,
                        FusedAdam(dense_rate, name="dense"), r=settings.r, zeta=settings.zeta,
                        l2=settings.l2, mode=mode)
     if embedding_update == "row":

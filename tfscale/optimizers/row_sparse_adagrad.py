@@ -15,6 +15,7 @@ class RowSparseAdagrad(RowUpdates, keras.optimizers.Adagrad):
     """`keras.optimizers.Adagrad` (same arguments) plus `table_l2`; tables updated by row."""
 
     def update_rows(self, variable, ids, gradient_rows, weight_rows, learning_rate):
+        gradient_rows = self.with_table_l2(gradient_rows, weight_rows)
         accumulator = self._accumulators[self._get_variable_index(variable)]
         accumulated = (tables.gather_rows(accumulator, ids, in_place=True)
                        + tf.square(gradient_rows))

@@ -1,42 +1,163 @@
 """`RowSparseAdam`: Adam that, given a table's row gradient, updates only the rows it holds, in
-the table and in its two moments ("lazy" Adam, as TF1's LazyAdamOptimizer and PyTorch's
-SparseAdam; tfscale.optimizers.row_updates). Rows absent from the batch keep their weights and
-moments, so a step costs O(rows in the batch) instead of O(table rows). This is a different
-algorithm from Adam on the densified gradient (where absent rows' moments decay and the rows
-keep moving); other variables and dense gradients take FusedAdam's dense update. Keras has no
-row-sparse optimizer update."""
+the table and in its two moments (tfscale.optimizers.row_updates), so a step costs O(rows in the
+batch) instead of O(table rows). Other variables and dense gradients take FusedAdam's dense
+update. Keras has no row-sparse optimizer update.
+
+What happens to a row between the batches that hold it:
+- `catch_up=True` (default): what Adam on the densified gradient would have done to it is
+  applied when the row is next in a batch, from the number of steps since it last was (a per-row
+  step counter, one int32 per row): the moments decay (beta ** steps), the first moment's tail
+  keeps moving the row (a geometric sum), and the tables' L2 shrinks it (its Adam-normalised
+  pull toward zero, summed over those steps as the second moment decays). Each sum is in closed
+  form, so a catch-up costs a few element-wise passes over the batch's rows. The approximations:
+  the learning rate of the skipped steps is taken as constant (the tail's at its first skipped
+  step, the L2's at this step), and the L2's own contribution to the moments is left out.
+  FBGEMM's counter-based regularisation also keeps a last-seen step per row. Rows are behind
+  until their next batch; `catch_up_every_row` (a whole-table pass, in blocks; the
+  tfscale.callbacks.CatchUpRows callback runs it at each epoch's end) brings every row up to
+  date before an evaluation or an export, and sends rows never in a batch to the zero that
+  Adam's L2 pulls them to.
+- `catch_up=False`: "lazy" Adam, as TF1's LazyAdamOptimizer and PyTorch's SparseAdam: absent
+  rows keep their weights and moments."""
 
 import keras
 import tensorflow as tf
 
-from tfscale import tables
+from tfscale import row_sharding, tables
 from tfscale.optimizers.fused_adam import FusedAdam
 from tfscale.optimizers.row_updates import RowUpdates
 
 
 @keras.saving.register_keras_serializable(package="tfscale")
 class RowSparseAdam(RowUpdates, FusedAdam):
-    """FusedAdam whose tables' row gradients update only their rows; `table_l2`: L2 on those
-    rows (tfscale.optimizers.row_updates). amsgrad updates tables whole."""
+    """FusedAdam whose tables' row gradients update only their rows; `table_l2`: L2 on the
+    tables (tfscale.optimizers.row_updates); `catch_up`: whether a row absent from batches is
+    caught up with Adam's dense update when next seen (module docstring). amsgrad updates tables
+    whole."""
+
+    def __init__(self, *args, catch_up=True, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.catch_up = bool(catch_up)
 
     def updates_rows_in_place(self, variable):
         return not self.amsgrad and super().updates_rows_in_place(variable)
+
+    def build(self, var_list):
+        if self.built:
+            return
+        super().build(var_list)
+        self._last_steps = [self._last_step_slot(variable) for variable in var_list]
+
+    def _last_step_slot(self, variable):
+        """Per row of a table updated by row, the step that last updated it (0: none yet)."""
+        if not (self.catch_up and self.updates_rows_in_place(variable)):
+            return None
+        slot = self.add_variable(shape=(variable.shape[0],), dtype="int32",
+                                 name=f"{variable.path.replace('/', '_')}_last_step")
+        row_sharding.mark_per_row(slot)
+        return slot
+
+    def update_step(self, gradient, variable, learning_rate):
+        last_steps = self._last_steps[self._get_variable_index(variable)] if self.catch_up \
+            else None
+        if last_steps is not None and not isinstance(gradient, tf.IndexedSlices):
+            # A dense update moves every row this step: none is behind.
+            self.assign(last_steps, tf.fill(last_steps.shape, tf.cast(self.iterations + 1,
+                                                                      tf.int32)))
+        return super().update_step(gradient, variable, learning_rate)
+
+    def catch_up_every_row(self, block_rows=1 << 18):
+        """Applies the pending catch-up to every row of every table this optimizer updates by
+        row, `block_rows` rows at a time (module docstring); nothing without `catch_up`."""
+        if not (self.catch_up and self.built):
+            return
+        step_number = tf.cast(self.iterations, tf.int32)
+        local_step = tf.cast(step_number + 1, tf.float32)
+        for variable, last_steps in zip(self._trainable_variables, self._last_steps):
+            if last_steps is None:
+                continue
+            index = self._get_variable_index(variable)
+            learning_rate = tf.cast(self._get_current_learning_rate(), variable.dtype)
+            for start in range(0, variable.shape[0], block_rows):
+                ids = tf.range(start, min(start + block_rows, variable.shape[0]), dtype=tf.int64)
+                self._catch_up_block(variable, index, last_steps, ids, step_number,
+                                     tf.cast(local_step, variable.dtype), learning_rate)
+
+    def _catch_up_block(self, variable, index, last_steps, ids, step_number, local_step,
+                        learning_rate):
+        """Catches rows `ids` of `variable` up to the end of step `step_number` (the last
+        applied)."""
+        m, v = self._momentums[index], self._velocities[index]
+        last = tables.gather_rows(last_steps, ids, in_place=True)
+        caught_up = self._caught_up(
+            *(tables.gather_rows(x, ids, in_place=True) for x in (variable, m, v)),
+            tf.cast(last, variable.dtype)[:, None], local_step, learning_rate,
+            tf.cast(self.epsilon, variable.dtype))
+        for target, rows in zip((variable, m, v), caught_up):
+            self.assign(target, tf.IndexedSlices(rows, ids))
+        self.assign(last_steps, tf.IndexedSlices(tf.fill(tf.shape(ids), step_number), ids))
 
     def update_rows(self, variable, ids, gradient_rows, weight_rows, learning_rate):
         dtype = variable.dtype
         index = self._get_variable_index(variable)
         m, v = self._momentums[index], self._velocities[index]
         beta_1, beta_2 = tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype)
-        local_step = tf.cast(self.iterations + 1, dtype)
+        epsilon = tf.cast(self.epsilon, dtype)
+        step_number = tf.cast(self.iterations + 1, tf.int32)
+        local_step = tf.cast(step_number, dtype)
         alpha = learning_rate * tf.sqrt(1 - tf.pow(beta_2, local_step)) / (
             1 - tf.pow(beta_1, local_step))
 
-        m_rows = beta_1 * tables.gather_rows(m, ids, in_place=True) + (1 - beta_1) * gradient_rows
-        v_rows = (beta_2 * tables.gather_rows(v, ids, in_place=True)
-                  + (1 - beta_2) * tf.square(gradient_rows))
+        m_rows = tables.gather_rows(m, ids, in_place=True)
+        v_rows = tables.gather_rows(v, ids, in_place=True)
+        if self.catch_up:
+            last_steps = self._last_steps[index]
+            last = tf.cast(tables.gather_rows(last_steps, ids, in_place=True), dtype)[:, None]
+            weight_rows, m_rows, v_rows = self._caught_up(
+                weight_rows, m_rows, v_rows, last, local_step, learning_rate, epsilon)
+            self.assign(last_steps, tf.IndexedSlices(
+                tf.fill(tf.shape(ids), step_number), ids))
+        gradient_rows = self.with_table_l2(gradient_rows, weight_rows)
+
+        m_rows = beta_1 * m_rows + (1 - beta_1) * gradient_rows
+        v_rows = beta_2 * v_rows + (1 - beta_2) * tf.square(gradient_rows)
         self.assign(m, tf.IndexedSlices(m_rows, ids))
         self.assign(v, tf.IndexedSlices(v_rows, ids))
-        step = alpha * m_rows / (tf.sqrt(v_rows) + tf.cast(self.epsilon, dtype))
+        step = alpha * m_rows / (tf.sqrt(v_rows) + epsilon)
         # Read, subtract, write back: TensorFlow's CPU scatter-subtract costs several times a
         # gather plus a scatter-assign of the same rows (the same subtraction, bitwise).
         self.assign(variable, tf.IndexedSlices(weight_rows - step, ids))
+
+    def _caught_up(self, weight_rows, m_rows, v_rows, last, local_step, learning_rate, epsilon):
+        """Rows, first and second moments after the steps from `last` ([n, 1], the step that
+        last updated each row) to step `local_step` (excluded) of Adam with no data gradient
+        (module docstring)."""
+        dtype = weight_rows.dtype
+        beta_1, beta_2 = tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype)
+        alpha = learning_rate * tf.sqrt(1 - tf.pow(beta_2, local_step)) / (
+            1 - tf.pow(beta_1, local_step))
+        skipped = local_step - 1 - last
+        root_v = tf.sqrt(v_rows)
+        # The first moment's tail: sum over j = 1..skipped of alpha_j * beta_1**j m /
+        # (sqrt(beta_2**j v) + eps) ~ alpha_1 * m / (sqrt(v) + eps) * sum r**j, with alpha_1 the
+        # bias-corrected rate of the first skipped step (the tail is spent within tens of steps).
+        first_skipped = last + 1
+        alpha_1 = learning_rate * tf.sqrt(1 - tf.pow(beta_2, first_skipped)) / (
+            1 - tf.pow(beta_1, first_skipped))
+        ratio = beta_1 / tf.sqrt(beta_2)
+        tail = ratio * (1 - tf.pow(ratio, skipped)) / (1 - ratio)
+        weight_rows -= alpha_1 * m_rows / (root_v + epsilon) * tail
+        if self.table_l2:
+            # The L2's pull, alpha * 2 * l2 * w / (sqrt(beta_2**j v) + eps) a step: the sum of
+            # 1 / (sqrt(v) q**-j + eps) (q = beta_2**-1/2), taken as q**j / sqrt(v) while that is
+            # below 1 / eps (n steps) and 1 / eps after.
+            q = 1 / tf.sqrt(beta_2)
+            below = tf.math.log(tf.maximum(root_v, epsilon) / epsilon) / tf.math.log(q)
+            n = tf.minimum(tf.floor(below), skipped)
+            pull = (q * (tf.pow(q, n) - 1) / (q - 1) / tf.maximum(root_v, epsilon)
+                    + (skipped - n) / epsilon)
+            weight_rows *= tf.exp(-alpha * 2 * self.table_l2 * pull)
+        return weight_rows, tf.pow(beta_1, skipped) * m_rows, tf.pow(beta_2, skipped) * v_rows
+
+    def get_config(self):
+        return {**super().get_config(), "catch_up": self.catch_up}

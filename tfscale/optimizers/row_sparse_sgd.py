@@ -15,6 +15,7 @@ class RowSparseSGD(RowUpdates, keras.optimizers.SGD):
     """`keras.optimizers.SGD` (same arguments) plus `table_l2`; tables updated by row."""
 
     def update_rows(self, variable, ids, gradient_rows, weight_rows, learning_rate):
+        gradient_rows = self.with_table_l2(gradient_rows, weight_rows)
         step = learning_rate * gradient_rows
         if self.momentum == 0:
             self.assign(variable, tf.IndexedSlices(weight_rows - step, ids))

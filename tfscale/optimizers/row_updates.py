@@ -41,9 +41,15 @@ class RowUpdates(TakesRowSlices):
 
     def update_rows(self, variable, ids, gradient_rows, weight_rows, learning_rate):
         """Updates rows `ids` (unique, int64) of `variable` and of its state, given their summed
-        gradient (L2 included) and their current values, both [len(ids), dim] in the variable's
-        dtype."""
+        gradient (without the L2: `with_table_l2`) and their current values, both
+        [len(ids), dim] in the variable's dtype."""
         raise NotImplementedError
+
+    def with_table_l2(self, gradient_rows, weight_rows):
+        """`gradient_rows` plus the gradient of the tables' L2 at `weight_rows`."""
+        if not self.table_l2:
+            return gradient_rows
+        return gradient_rows + 2 * self.table_l2 * weight_rows
 
     def update_step(self, gradient, variable, learning_rate):
         keras_variable = self._built_on(variable)
@@ -51,8 +57,6 @@ class RowUpdates(TakesRowSlices):
             ids, rows, _ = sum_duplicate_rows(gradient)
             rows = tf.cast(rows, variable.dtype)
             weight_rows = tables.gather_rows(variable, ids, in_place=True)
-            if self.table_l2:
-                rows += 2 * self.table_l2 * weight_rows
             return self.update_rows(variable, ids, rows, weight_rows,
                                     tf.cast(learning_rate, variable.dtype))
         gradient = densify(gradient)
