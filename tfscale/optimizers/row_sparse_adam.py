@@ -148,13 +148,15 @@ class RowSparseAdam(RowUpdates, FusedAdam):
         tail = ratio * (1 - tf.pow(ratio, skipped)) / (1 - ratio)
         weight_rows -= alpha_1 * m_rows / (root_v + epsilon) * tail
         if self.table_l2:
-            # The L2's pull, alpha * 2 * l2 * w / (sqrt(beta_2**j v) + eps) a step: the sum of
-            # 1 / (sqrt(v) q**-j + eps) (q = beta_2**-1/2), taken as q**j / sqrt(v) while that is
-            # below 1 / eps (n steps) and 1 / eps after.
+            # The L2's pull, alpha * 2 * l2 * w / (sqrt(beta_2**j v) + eps) a step, with v the
+            # row's mean second moment (one value a row keeps the logs and powers off [n, dim]):
+            # the sum of 1 / (sqrt(v) q**-j + eps) (q = beta_2**-1/2), taken as q**j / sqrt(v)
+            # while that is below 1 / eps (n steps) and 1 / eps after.
+            root_v_row = tf.sqrt(tf.reduce_mean(v_rows, axis=1, keepdims=True))
             q = 1 / tf.sqrt(beta_2)
-            below = tf.math.log(tf.maximum(root_v, epsilon) / epsilon) / tf.math.log(q)
+            below = tf.math.log(tf.maximum(root_v_row, epsilon) / epsilon) / tf.math.log(q)
             n = tf.minimum(tf.floor(below), skipped)
-            pull = (q * (tf.pow(q, n) - 1) / (q - 1) / tf.maximum(root_v, epsilon)
+            pull = (q * (tf.pow(q, n) - 1) / (q - 1) / tf.maximum(root_v_row, epsilon)
                     + (skipped - n) / epsilon)
             weight_rows *= tf.exp(-alpha * 2 * self.table_l2 * pull)
         return weight_rows, tf.pow(beta_1, skipped) * m_rows, tf.pow(beta_2, skipped) * v_rows
