@@ -53,8 +53,9 @@ flags.DEFINE_integer("train_rows", 4_000_000, "Synthetic training rows, validati
 flags.DEFINE_integer("validation_rows", 200_000, "The last training rows, held out for selection.")
 flags.DEFINE_integer("test_rows", 200_000, "Synthetic test rows.")
 flags.DEFINE_enum("embedding_update", "dense", ["row", "dense"],
-                  "How tables are updated (tfscale.optimizers.factory); the recorded runs used "
-                  "dense, the papers' update, before row updates became the launcher's default.")
+                  "Scale stage: how the scaled runs' tables are updated (tfscale.optimizers."
+                  "factory). Tuning always uses dense, the papers' update, as the recorded runs "
+                  "did before row updates became the launcher's default.")
 flags.DEFINE_integer("max_epochs", 10, "Epochs at most per run.")
 flags.DEFINE_integer("patience", 1, "Epochs without a better validation AUC before a run stops.")
 flags.DEFINE_list("batch_sizes", ["8192", "32768", "65536", "131072"], "Scale stage: batch sizes.")
@@ -85,19 +86,20 @@ class Run:
     batch_size: int = BASE_BATCH_SIZE
     rule: str = "none"
     seed: int = 0
+    embedding_update: str = "dense"
 
     def key(self):
         base = ",".join(f"{getattr(self, name):.3g}" for name, _ in SEARCH_STEPS)
         return (f"{self.model}|base {base}|{self.rule}|{self.batch_size}|seed {self.seed}|"
                 f"{FLAGS.train_rows}-{FLAGS.validation_rows}-{FLAGS.test_rows}|"
                 f"{FLAGS.max_epochs}-{FLAGS.patience}"
-                + ("|row updates" if FLAGS.embedding_update == "row" else ""))
+                + ("|row updates" if self.embedding_update == "row" else ""))
 
     @classmethod
     def of(cls, record):
         model = record.get("model", record["key"].split("|")[0])  # older records: in the key
-        return cls(**{field.name: record[field.name] for field in dataclasses.fields(cls)
-                      if field.name != "model"}, model=model)
+        return cls(**{field.name: record.get(field.name, field.default)  # older: no update
+                      for field in dataclasses.fields(cls) if field.name != "model"}, model=model)
 
     def base(self):
         return Preset(dense_learning_rate=self.dense_learning_rate,
@@ -152,11 +154,11 @@ class Experiment:
             run.model, self.training.schema,
             embeddings_initializer=keras.initializers.RandomNormal(
                 stddev=settings.embedding_init_stddev),
-            **factory.model_regularization(settings, optimizer_name, FLAGS.embedding_update))
+            **factory.model_regularization(settings, optimizer_name, run.embedding_update))
         steps_per_epoch = self.training.train_steps_per_epoch(run.batch_size)
         model.compile(factory.build_optimizer(
             settings, optimizer_name, factory.warmup_steps_for(settings, steps_per_epoch),
-            FLAGS.embedding_update), keras.losses.BinaryCrossentropy())
+            run.embedding_update), keras.losses.BinaryCrossentropy())
         epochs, diverged = [], None
         for epoch in range(FLAGS.max_epochs):
             others = OtherProcessesCPU()
@@ -245,7 +247,8 @@ def scaled_runs(tuned):
     for seed in (0, 1):
         if FLAGS.scale_base and (seed == 0 or BASE_BATCH_SIZE in two_seeds):
             runs.append(dataclasses.replace(base, seed=seed))
-        runs += [dataclasses.replace(base, batch_size=batch, rule=rule, seed=seed)
+        runs += [dataclasses.replace(base, batch_size=batch, rule=rule, seed=seed,
+                                     embedding_update=FLAGS.embedding_update)
                  for batch in map(int, FLAGS.batch_sizes) if seed == 0 or batch in two_seeds
                  for rule in FLAGS.rules]
     return runs
