@@ -1,5 +1,6 @@
 """Tests of vocabularies: one-pass counting with min_count, lookup ids (missing, OOV, values),
-min-max scaling, save/load and its errors, and the build_vocab command line."""
+min-max scaling, save/load and its errors, the build_vocab command line, the automatic
+vocabulary's train/test split and what invalidates its cache."""
 
 import os
 import subprocess
@@ -177,6 +178,78 @@ def test_automatic_vocabulary_is_counted_once_reused_and_recounted_when_the_file
                               print_fn=messages.append)
     assert len(counted) == 3 and "the files changed since it was cached" in messages[-2]
     assert third.rows > first.rows
+
+
+def _split_lines(count=60):
+    """Lines whose C2 value is unique to each and C1 one of 7, I1 the line's index."""
+    return [criteo_line(i % 2, [i] + [None] * 12, [f"v{i % 7}", f"w{i}"] + EMPTY_CATS)
+            for i in range(count)]
+
+
+def test_the_split_vocabulary_is_the_one_of_the_training_lines_alone(tmp_path):
+    """Counting the held-out lines too, or every line, would add their values and rows."""
+    from tfscale.data.text_lines import in_test_split
+
+    lines = _split_lines()
+    in_test = in_test_split(tf.constant(0, tf.int64),  # line numbers are 1-based
+                            tf.range(1, len(lines) + 1, dtype=tf.int64), 0.3).numpy()
+    assert 0 < in_test.sum() < len(lines)
+    split = CriteoTSV.build_vocabulary([str(write(tmp_path / "all.txt", lines))], min_count=1,
+                                       test_fraction=0.3)
+    alone = CriteoTSV.build_vocabulary(
+        [str(write(tmp_path / "train.txt", [l for l, t in zip(lines, in_test) if not t]))],
+        min_count=1)
+    assert split.rows == alone.rows == int((~in_test).sum())
+    assert split.categorical == alone.categorical and split.distinct == alone.distinct
+    assert split.dense_ranges == alone.dense_ranges
+
+
+def _counting_cache(monkeypatch):
+    """cached_vocabulary with CriteoTSV, and the list of countings it has done."""
+    from tfscale.data.vocabulary_cache import cached_vocabulary
+
+    counted = []
+    build = CriteoTSV.build_vocabulary.__func__
+
+    def counting(cls, *args, **kwargs):
+        counted.append(kwargs)
+        return build(cls, *args, **kwargs)
+
+    monkeypatch.setattr(CriteoTSV, "build_vocabulary", classmethod(counting))
+    return (lambda path, **settings: cached_vocabulary(
+        CriteoTSV, str(path), **{"min_count": 1, "print_fn": lambda line: None, **settings})), \
+        counted
+
+
+def test_the_cache_is_recounted_when_only_the_size_or_only_the_mtime_changes(tmp_path,
+                                                                           monkeypatch):
+    vocabulary, counted = _counting_cache(monkeypatch)
+    path = write(tmp_path / "train.txt", _split_lines())
+    vocabulary(path)
+    assert len(counted) == 1
+    status = os.stat(path)
+    os.utime(path, ns=(status.st_atime_ns, status.st_mtime_ns + 10 ** 9))  # same bytes
+    vocabulary(path)
+    assert len(counted) == 2
+    status = os.stat(path)
+    write(path, _split_lines(61))  # more bytes, then the modification time put back
+    os.utime(path, ns=(status.st_atime_ns, status.st_mtime_ns))
+    assert os.stat(path).st_mtime_ns == status.st_mtime_ns
+    assert vocabulary(path).rows == 61 and len(counted) == 3
+
+
+@pytest.mark.parametrize("setting, value", [
+    ("test_fraction", 0.3), ("min_count", 2), ("on_bad_line", "skip"),
+    ("on_short_line", "error")])
+def test_every_counting_setting_has_its_own_cache(tmp_path, monkeypatch, setting, value):
+    vocabulary, counted = _counting_cache(monkeypatch)
+    path = write(tmp_path / "train.txt", _split_lines())
+    base = {"test_fraction": 0.1}
+    vocabulary(path, **base)
+    vocabulary(path, **{**base, setting: value})
+    assert len(counted) == 2 and counted[1][setting] == value
+    vocabulary(path, **base)  # the first is still cached
+    assert len(counted) == 2
 
 
 def test_fitted_hash_buckets_are_no_larger_than_the_field_needs(tmp_path):
