@@ -48,6 +48,7 @@ def run():
     settings = optimization_flags.resolve_settings()
     optimizer_name = optimization_flags.optimizer_name()
     optimization_flags.check_table_l2(settings, hybrid_flags.row_gradient_flags())
+    optimization_flags.check_sharded_dense_update()
     source = common_flags.build_source(resumed_run=checkpoint_dir if FLAGS.resume else None)
     check_test_split_is_labelled(source)  # before anything is written
     model = common_flags.build_model(source.schema, settings, optimizer_name,

@@ -19,7 +19,7 @@ from tfscale.data.schema import FeatureSchema
 from tfscale.embeddings import FieldEmbedding
 from tfscale.errors import UserError
 from tfscale.loss_scaling import LossScaleOptimizer
-from tfscale.optimizers import CowClip
+from tfscale.optimizers import CowClip, RowSparseSGD
 from tfscale.row_gradients import sum_duplicate_rows
 from tfscale.row_gradients import CountedSlices
 from tfscale.train_step import TrainStepModel
@@ -180,11 +180,12 @@ class LinearProbe(TrainStepModel):
 
 
 def _probe_tables(staleness, steps, scaled=False, sharding="replicated"):
-    """The table and kernel after each step, trained with SGD at `staleness`."""
+    """The table and kernel after each step, trained with SGD (by row: a row-sharded table
+    refuses an optimizer that would update it whole) at `staleness`."""
     keras.utils.set_random_seed(0)
     model = LinearProbe(sharding)
     model.build()
-    optimizer = keras.optimizers.SGD(0.5)
+    optimizer = RowSparseSGD(0.5)
     if scaled:
         optimizer = LossScaleOptimizer(optimizer, initial_scale=2.0 ** 10)
     model.compile(optimizer, loss=lambda y, p: ops.mean(p), embedding_staleness=staleness)
