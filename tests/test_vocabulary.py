@@ -146,35 +146,41 @@ def test_building_from_a_malformed_file_names_the_line(tmp_path):
     assert skipping.bad_lines_skipped == 1 and skipping.rows == 8
 
 
-def test_automatic_vocabulary_is_counted_once_reused_and_recounted_when_the_file_changes(
-        tmp_path, monkeypatch):
+def _counting_cache(monkeypatch):
+    """cached_vocabulary with CriteoTSV, and the list of countings it has done."""
     from tfscale.data.vocabulary_cache import cached_vocabulary
 
-    path = write(tmp_path / "train.txt", vocabulary_lines())
     counted = []
     build = CriteoTSV.build_vocabulary.__func__
 
     def counting(cls, *args, **kwargs):
-        counted.append(args)
+        counted.append(kwargs)
         return build(cls, *args, **kwargs)
 
     monkeypatch.setattr(CriteoTSV, "build_vocabulary", classmethod(counting))
+    return (lambda path, **settings: cached_vocabulary(
+        CriteoTSV, str(path), **{"min_count": 1, "print_fn": lambda line: None, **settings})), \
+        counted
+
+
+def test_automatic_vocabulary_is_counted_once_reused_and_recounted_when_the_file_changes(
+        tmp_path, monkeypatch):
+    cached_vocabulary, counted = _counting_cache(monkeypatch)
+    path = write(tmp_path / "train.txt", vocabulary_lines())
     messages = []
-    first = cached_vocabulary(CriteoTSV, path, min_count=1, test_fraction=0.25,
-                              print_fn=messages.append)
+    first = cached_vocabulary(path, min_count=1, test_fraction=0.25, print_fn=messages.append)
     assert len(counted) == 1 and "counting the categorical values" in messages[0]
     cache_files = [p for p in os.listdir(tmp_path) if ".tfscale-vocab-" in p]
     assert len(cache_files) == 1
-    second = cached_vocabulary(CriteoTSV, path, min_count=1, test_fraction=0.25,
-                               print_fn=messages.append)
+    second = cached_vocabulary(path, min_count=1, test_fraction=0.25, print_fn=messages.append)
     assert len(counted) == 1 and "the files are unchanged" in messages[-1]
     assert second.categorical == first.categorical and second.rows == first.rows
     assert first.rows < len(vocabulary_lines())  # the training lines only, not the test split
     # Another min count is another cache; a changed file is counted again.
-    cached_vocabulary(CriteoTSV, path, min_count=2, test_fraction=0.25, print_fn=messages.append)
+    cached_vocabulary(path, min_count=2, test_fraction=0.25, print_fn=messages.append)
     assert len(counted) == 2
     write(tmp_path / "train.txt", vocabulary_lines() + vocabulary_lines()[:3])
-    third = cached_vocabulary(CriteoTSV, path, min_count=1, test_fraction=0.25,
+    third = cached_vocabulary(path, min_count=1, test_fraction=0.25,
                               print_fn=messages.append)
     assert len(counted) == 3 and "the files changed since it was cached" in messages[-2]
     assert third.rows > first.rows
@@ -202,23 +208,6 @@ def test_the_split_vocabulary_is_the_one_of_the_training_lines_alone(tmp_path):
     assert split.rows == alone.rows == int((~in_test).sum())
     assert split.categorical == alone.categorical and split.distinct == alone.distinct
     assert split.dense_ranges == alone.dense_ranges
-
-
-def _counting_cache(monkeypatch):
-    """cached_vocabulary with CriteoTSV, and the list of countings it has done."""
-    from tfscale.data.vocabulary_cache import cached_vocabulary
-
-    counted = []
-    build = CriteoTSV.build_vocabulary.__func__
-
-    def counting(cls, *args, **kwargs):
-        counted.append(kwargs)
-        return build(cls, *args, **kwargs)
-
-    monkeypatch.setattr(CriteoTSV, "build_vocabulary", classmethod(counting))
-    return (lambda path, **settings: cached_vocabulary(
-        CriteoTSV, str(path), **{"min_count": 1, "print_fn": lambda line: None, **settings})), \
-        counted
 
 
 def test_the_cache_is_recounted_when_only_the_size_or_only_the_mtime_changes(tmp_path,
