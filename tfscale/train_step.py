@@ -31,11 +31,11 @@ from tfscale.optimizers.cowclip import CowClip
 from tfscale.optimizers.fused_adam import FusedAdam
 from tfscale.row_gradients import densify
 from tfscale.row_sharding import ShardedTable, shard_of
+from tfscale.step_scalars import StepScalars, scalars_of
 
 # tfscale's optimizers that update a row-sharded table whole, correctly (the papers' dense
 # update, one flag away: docs/row_updates.md); any other optimizer must update shards by row.
 DENSE_SHARD_OPTIMIZERS = (FusedAdam, CAME, CowClip)
-from tfscale.step_scalars import StepScalars, scalars_of
 
 
 class TrainStep:
