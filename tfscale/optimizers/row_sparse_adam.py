@@ -105,8 +105,7 @@ class RowSparseAdam(RowUpdates, FusedAdam):
         epsilon = tf.cast(self.epsilon, dtype)
         step_number = tf.cast(self.iterations + 1, tf.int32)
         local_step = tf.cast(step_number, dtype)
-        alpha = learning_rate * tf.sqrt(1 - tf.pow(beta_2, local_step)) / (
-            1 - tf.pow(beta_1, local_step))
+        alpha = self._corrected_rate(learning_rate, local_step)
 
         m_rows = tables.gather_rows(m, ids, in_place=True)
         v_rows = tables.gather_rows(v, ids, in_place=True)
@@ -134,16 +133,13 @@ class RowSparseAdam(RowUpdates, FusedAdam):
         (module docstring)."""
         dtype = weight_rows.dtype
         beta_1, beta_2 = tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype)
-        alpha = learning_rate * tf.sqrt(1 - tf.pow(beta_2, local_step)) / (
-            1 - tf.pow(beta_1, local_step))
+        alpha = self._corrected_rate(learning_rate, local_step)
         skipped = local_step - 1 - last
         root_v = tf.sqrt(v_rows)
         # The first moment's tail: sum over j = 1..skipped of alpha_j * beta_1**j m /
         # (sqrt(beta_2**j v) + eps) ~ alpha_1 * m / (sqrt(v) + eps) * sum r**j, with alpha_1 the
         # bias-corrected rate of the first skipped step (the tail is spent within tens of steps).
-        first_skipped = last + 1
-        alpha_1 = learning_rate * tf.sqrt(1 - tf.pow(beta_2, first_skipped)) / (
-            1 - tf.pow(beta_1, first_skipped))
+        alpha_1 = self._corrected_rate(learning_rate, last + 1)
         ratio = beta_1 / tf.sqrt(beta_2)
         tail = ratio * (1 - tf.pow(ratio, skipped)) / (1 - ratio)
         weight_rows -= alpha_1 * m_rows / (root_v + epsilon) * tail
@@ -160,6 +156,14 @@ class RowSparseAdam(RowUpdates, FusedAdam):
                     + (skipped - n) / epsilon)
             weight_rows *= tf.exp(-alpha * 2 * self.table_l2 * pull)
         return weight_rows, tf.pow(beta_1, skipped) * m_rows, tf.pow(beta_2, skipped) * v_rows
+
+    def _corrected_rate(self, learning_rate, local_step):
+        """Adam's bias-corrected learning rate at step `local_step` (1-based; a tensor of the
+        rate's dtype, any shape)."""
+        dtype = learning_rate.dtype
+        beta_1, beta_2 = tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype)
+        return learning_rate * tf.sqrt(1 - tf.pow(beta_2, local_step)) / (
+            1 - tf.pow(beta_1, local_step))
 
     def get_config(self):
         return {**super().get_config(), "catch_up": self.catch_up}
