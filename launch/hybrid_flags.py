@@ -4,7 +4,7 @@ by `describe`."""
 
 from absl import flags
 
-from tfscale.row_sharding import SHARDINGS
+from tfscale.embedding.strategies import STRATEGIES
 
 FLAGS = flags.FLAGS
 
@@ -18,7 +18,7 @@ flags.DEFINE_integer("embedding_staleness", 0,
                      "synchronous. Not with --embedding_comm=topk or gtopk.", lower_bound=0)
 
 
-flags.DEFINE_enum("embedding_sharding", "replicated", list(SHARDINGS),
+flags.DEFINE_enum("embedding_sharding", "replicated", list(STRATEGIES),
                   "replicated: every rank holds every embedding table whole; row: each rank holds "
                   "the rows id mod P == rank of every table and their optimizer state, and looks "
                   "the others up by alltoall (docs/sharding.md). Not with "
@@ -38,10 +38,11 @@ def row_gradient_flags():
 def describe(model):
     """A few words on the embedding half: placement, how the tables are held, de-duplication,
     staleness."""
-    from tfscale import placement, row_sharding
+    from tfscale import placement
+    from tfscale.embedding import state
 
     dedup = "de-duplicated lookups" if FLAGS.dedup_ids else "plain lookups"
     staleness = (f"embedding updates {FLAGS.embedding_staleness} step(s) stale"
                  if FLAGS.embedding_staleness else "synchronous embedding updates")
-    return (f"{placement.describe(model)}; {row_sharding.describe(model)}; {dedup}, "
+    return (f"{placement.describe(model)}; {state.describe(model)}; {dedup}, "
             f"{staleness}")

@@ -80,10 +80,13 @@ def _lookup_and_gradient(deduplicate, ids, weights):
     layer = FieldEmbedding((5, 9), embedding_dim=4, use_wide=True, deduplicate=deduplicate)
     layer.build()
     layer.deep_table.embeddings.assign(weights)
-    with dedup.recording() as record, tf.GradientTape() as tape:
+    for table in layer.tables:
+        table.start_step()
+    with tf.GradientTape() as tape:
         embeddings, linear = layer(ids)
         loss = tf.reduce_sum(embeddings * tf.range(1.0, 5.0)) + tf.reduce_sum(linear ** 2)
-    tables = [layer.deep_table.embeddings, layer.wide_table.embeddings]
+    record = dedup.LookupRecord.of_step(layer.tables)
+    tables = [table.variable for table in layer.tables]
     return embeddings, linear, tape.gradient(loss, tables), record, tables
 
 
@@ -114,12 +117,17 @@ def test_deduplicated_lookup_gives_the_plain_values_and_summed_gradients_with_co
 
 
 def test_a_table_looked_up_twice_in_one_step_is_refused():
-    layer = keras.layers.Embedding(10, 3)
-    layer.build((None,))
-    with dedup.recording():
-        dedup.lookup(layer, tf.constant([1, 2]))
-        with pytest.raises(ValueError, match="looked up more than once in one step"):
-            dedup.lookup(layer, tf.constant([3]))
+    layer = FieldEmbedding((10,), embedding_dim=3)
+    layer.build()
+    (table,) = layer.tables
+    table.start_step()
+    layer(tf.constant([[1], [2]]))
+    layer(tf.constant([[3]]))
+    with pytest.raises(ValueError, match="looked up more than once in one step"):
+        dedup.LookupRecord.of_step(layer.tables)
+    table.start_step()
+    layer(tf.constant([[3]]))
+    assert list(dedup.LookupRecord.of_step(layer.tables).tables) == [table.variable.path]
 
 
 def _trained(optimizer_factory, deduplicate=True, staleness=0, steps=6, size=64, seed=0):

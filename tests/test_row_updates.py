@@ -13,8 +13,8 @@ import pytest
 import tensorflow as tf
 
 from tfscale import tables
+from tfscale.embedding.state import per_row_state
 from tfscale.loss_scaling import LossScaleOptimizer
-from tfscale.row_sharding import per_row_state
 from tfscale.optimizers import (RowSparseAdagrad, RowSparseAdam, RowSparseSGD,
                                 factory, large_batch_settings)
 from tests.test_row_sparse_adam import _data, _model, _ops_on, _tables

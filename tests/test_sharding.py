@@ -17,7 +17,9 @@ from tests.horovod_launch import horovodrun, python
 from tests.multiworker import sharded_steps
 from tests.test_distributed import load_state
 from tests.test_launcher import checkpoint_values, train_scalars
-from tfscale import exchanges, row_sharding
+from tfscale import exchanges
+from tfscale.embedding import state
+from tfscale.embedding.table import RowShard
 from tfscale.data.synthetic import SyntheticCTR
 from tfscale.embeddings import FieldEmbedding
 from tfscale.errors import UserError
@@ -108,9 +110,9 @@ def test_one_process_sharded_equals_replicated_bitwise(optimizer, dtype):
     assert isinstance(sharded.embedding_exchange, exchanges.RowShardedExchange)
     for a, b in zip(sharded.get_weights(), replicated.get_weights()):
         np.testing.assert_array_equal(a, b)
-    assert row_sharding.describe(sharded).startswith(
+    assert state.describe(sharded).startswith(
         "tables row-sharded over 1 ranks: 374,398 rows, ")
-    assert row_sharding.describe(replicated).startswith("tables replicated: 374,398 rows, ")
+    assert state.describe(replicated).startswith("tables replicated: 374,398 rows, ")
 
 
 @pytest.mark.parametrize("num_shards", [1, 2, 3, 4, 7])
@@ -118,11 +120,11 @@ def test_initial_rows_do_not_depend_on_the_number_of_shards(num_shards):
     initializer = RowSeededNormal(stddev=0.1, seed=3)
     whole = initializer((70_000, 4)).numpy()  # two blocks of rows
     for index in range(num_shards):
-        shard = row_sharding.RowShard(70_000, num_shards, index)
+        shard = RowShard(70_000, num_shards, index)
         np.testing.assert_array_equal(initializer.rows(shard.global_ids(), 4).numpy(),
                                       whole[shard.global_ids()])
-    assert row_sharding.RowShard(3, 4, 3).rows == 0
-    assert [row_sharding.RowShard(10, 4, i).rows for i in range(4)] == [3, 3, 2, 2]
+    assert RowShard(3, 4, 3).rows == 0
+    assert [RowShard(10, 4, i).rows for i in range(4)] == [3, 3, 2, 2]
 
 
 def test_refusals_name_the_argument():
@@ -186,10 +188,10 @@ def test_an_optimizer_with_undeclared_state_of_a_shard_is_refused():
     model.optimizer.build(model.trainable_variables)
     with pytest.raises(UserError, match="Adafactor keeps adafactor/embeddings of shape .* for the "
                                         "row-sharded table .*: state that is neither per row"):
-        row_sharding.local_variables(model)
+        state.local_variables(model)
     model = _trained("row", CAME, steps=0)
     model.optimizer.build(model.trainable_variables)
-    local = [v.path.split("deep_embedding")[-1] for v in row_sharding.local_variables(model)
+    local = [v.path.split("deep_embedding")[-1] for v in state.local_variables(model)
              if "deep_embedding" in v.path]
     assert local == ["/embeddings", "_embeddings_momentum", "_embeddings_row",
                      "_embeddings_instability_row"], local

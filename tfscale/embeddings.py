@@ -2,18 +2,21 @@
 embedding kind (a deep [total_vocabulary, dim] table, optionally a 1-wide linear "wide" table),
 per-field row offsets, an in-graph range check of the ids, tables and lookups in host memory
 (tfscale.placement), de-duplicated lookups (tfscale.dedup) and, with `sharding="row"`, tables
-split by rows over the Horovod ranks (tfscale.row_sharding). The tables' names are
-tfscale.tables', by which optimizers tell the two kinds apart."""
+split by rows over the Horovod ranks (tfscale.row_sharding). Each table is a
+tfscale.embedding.table.Table, held by the strategy `sharding` names
+(tfscale.embedding.strategies). The tables' names are tfscale.tables', by which optimizers tell
+the two kinds apart."""
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tfscale import dedup, placement, row_sharding
-from tfscale.errors import DATA_ERROR_MARKER, UserError
-from tfscale.initializers import RowSeededNormal, is_row_independent
+from tfscale import placement
+from tfscale.embedding import strategies
+from tfscale.errors import DATA_ERROR_MARKER
+from tfscale.initializers import RowSeededNormal
 from tfscale.step_scalars import StepScalars
-from tfscale.tables import DEEP_TABLE_NAME, WIDE_TABLE_NAME, lookup_rows
+from tfscale.tables import DEEP_TABLE_NAME, WIDE_TABLE_NAME
 
 @keras.saving.register_keras_serializable(package="tfscale")
 class FieldEmbedding(keras.layers.Layer):
@@ -38,12 +41,14 @@ class FieldEmbedding(keras.layers.Layer):
         deduplicate: look each table up once per unique row of the batch and gather back
             (tfscale.dedup); the gradients then hold one row per unique id. False: one gathered
             row per occurrence (the same outputs and summed gradients).
-        sharding: "replicated" (every rank holds the whole tables) or "row" (each Horovod rank
-            holds the rows id mod P == rank and looks the others up by alltoall; de-duplicated,
-            so not with `deduplicate=False`; the initializers must be row-independent: RowSeededNormal, zeros,
-            constants).
+        sharding: the table strategy (tfscale.embedding.strategies): "replicated" (every rank
+            holds the whole tables) or "row" (each Horovod rank holds the rows id mod P == rank
+            and looks the others up by alltoall; de-duplicated, so not with
+            `deduplicate=False`; the initializers must be row-independent: RowSeededNormal,
+            zeros, constants; no regularizers).
 
     The tables live in host memory (tfscale.placement.embedding_device), where their lookups run.
+`tables` are their Tables (tfscale.embedding.table).
 
     Call: int ids [B, n_fields] -> embeddings [B, n_fields, embedding_dim], and with `use_wide`
     the tuple (embeddings, linear term [B, 1]).
@@ -71,57 +76,38 @@ class FieldEmbedding(keras.layers.Layer):
         self.use_wide = bool(use_wide)
         self.check_ids = bool(check_ids)
         self.deduplicate = bool(deduplicate)
-        if sharding not in row_sharding.SHARDINGS:
-            raise ValueError(f"`sharding={sharding!r}`: give one of "
-                             f"{', '.join(row_sharding.SHARDINGS)}")
-        if sharding == "row" and not self.deduplicate:
-            raise UserError("`deduplicate=False` cannot be used with `sharding=row`: a row-sharded "
-                            "lookup sends each unique id of the batch to its owner once (its "
-                            "outputs and summed gradients are those of plain lookups); leave "
-                            "`deduplicate` on")
+        self.strategy = strategies.get(sharding)
         self.sharding = sharding
         self.scalars = StepScalars()
         # XLA has no kernels for its lookups (UniqueWithCounts, Horovod's alltoall): Keras's
         # "auto" then keeps XLA off, also on a GPU host.
         self.supports_jit = False
-        # Tables are read as variables (tfscale.tables.lookup_rows), never autocast: the
+        # Tables are read as variables (Table.read_rows), never autocast: the
         # outputs are cast to the compute dtype instead.
         self.autocast = False
         if embeddings_initializer is None:
             embeddings_initializer = RowSeededNormal(stddev=0.01)
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
         self.wide_initializer = keras.initializers.get(wide_initializer)
-        if sharding == "row":
-            for argument, initializer in (("embeddings_initializer", self.embeddings_initializer),
-                                          ("wide_initializer", self.wide_initializer)):
-                if not is_row_independent(initializer):
-                    raise UserError(
-                        f"`{argument}={type(initializer).__name__}`: a row-sharded table needs "
-                        "an initializer whose rows do not depend on the table's shape "
-                        "(tfscale.initializers.RowSeededNormal, zeros or a constant)")
         self.embeddings_regularizer = keras.regularizers.get(embeddings_regularizer)
         self.wide_regularizer = keras.regularizers.get(wide_regularizer)
+
+        self.strategy.check(self)
 
         sizes = np.array(self.vocabulary_sizes, dtype=np.int64)
         self._sizes = sizes
         self._offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
         total = int(sizes.sum())
-        self.deep_table = self._table(total, self.embedding_dim, self.embeddings_initializer,
-                                      self.embeddings_regularizer, DEEP_TABLE_NAME)
-        self.wide_table = self._table(total, 1, self.wide_initializer, self.wide_regularizer,
-                                      WIDE_TABLE_NAME) if self.use_wide else None
-
-    def _table(self, rows, dim, initializer, regularizer, name):
-        """A keras Embedding, or this rank's ShardedTable when row-sharded."""
-        if self.sharding == "replicated":
-            return keras.layers.Embedding(rows, dim, embeddings_initializer=initializer,
-                                          embeddings_regularizer=regularizer, dtype="float32",
-                                          name=name)
-        if regularizer is not None:
-            raise UserError("a row-sharded table cannot carry a Keras regularizer (its gradient "
-                            "would be dense): give the embedding L2 to the optimizer (CowClip's "
-                            "`l2`) or none")
-        return row_sharding.ShardedTable(rows, dim, initializer, name=name)
+        self.tables = [self.strategy.make_table(DEEP_TABLE_NAME, total, self.embedding_dim,
+                                                self.embeddings_initializer,
+                                                self.embeddings_regularizer)]
+        if self.use_wide:
+            self.tables.append(self.strategy.make_table(WIDE_TABLE_NAME, total, 1,
+                                                        self.wide_initializer,
+                                                        self.wide_regularizer))
+        # The Keras layers owning the tables' variables (their paths: tfscale.tables).
+        self.deep_table = self.tables[0].layer
+        self.wide_table = self.tables[1].layer if self.use_wide else None
 
     @property
     def num_fields(self):
@@ -133,18 +119,15 @@ class FieldEmbedding(keras.layers.Layer):
         return self._offsets.copy()
 
     def build(self, input_shape=None):
-        with tf.device(placement.embedding_device()):
-            self.deep_table.build((None, self.num_fields))
-            if self.wide_table is not None:
-                self.wide_table.build((None, self.num_fields))
-        if self.sharding == "row":
+        for table in self.tables:
+            self.strategy.build(table)
+        if self.strategy.partitioned:
             self.scalars.record("sharding/table_bytes", sum(
-                4 * np.prod(t.embeddings.shape) for t in (self.deep_table, self.wide_table)
-                if t is not None))
+                4 * np.prod(table.variable.shape) for table in self.tables))
 
     def summary_scalars(self):
-        """{name: value} of a row-sharded layer: its tables' bytes on this rank, and the last
-        step's alltoall bytes and lookup seconds; {} when replicated."""
+        """{name: value} of a layer with partitioned tables: its tables' bytes on this rank, and
+        the last step's alltoall bytes and lookup seconds; {} when replicated."""
         return self.scalars.summary_scalars()
 
     def call(self, ids):
@@ -156,24 +139,13 @@ class FieldEmbedding(keras.layers.Layer):
                 check = self._assert_ids_in_range(ids)
                 with tf.control_dependencies([check] if check is not None else []):
                     ids = tf.identity(ids)
-            rows = ids + self._offsets
-            tables = [t for t in (self.deep_table, self.wide_table) if t is not None]
-            if self.sharding == "row":
-                looked_up = row_sharding.lookup(tables, rows, name=f"tfscale_{self.name}",
-                                                scalars=self.scalars)
-            else:
-                looked_up = [self._lookup(table, rows) for table in tables]
+            looked_up = self.strategy.lookup(self.tables, ids + self._offsets, self)
             embeddings = tf.cast(looked_up[0], self.compute_dtype)
             if self.wide_table is None:
                 return embeddings
             # [B, n_fields, 1] -> [B, 1]
             linear = tf.reduce_sum(looked_up[1], axis=1)
             return embeddings, tf.cast(linear, self.compute_dtype)
-
-    def _lookup(self, table_layer, rows):
-        if self.deduplicate:
-            return dedup.lookup(table_layer, rows)
-        return lookup_rows(table_layer.embeddings, rows)
 
     def _assert_ids_in_range(self, ids):
         column_ok = tf.reduce_all((ids >= 0) & (ids < self._sizes), axis=0)

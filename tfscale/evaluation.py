@@ -10,7 +10,8 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from tfscale import distributed, metrics, row_sharding
+from tfscale import distributed, metrics
+from tfscale.embedding.table import shard_of
 
 _PREDICT_STEPS = weakref.WeakKeyDictionary()  # model -> its compiled prediction step
 
@@ -41,7 +42,7 @@ def _in_step_with_other_ranks(model, dataset):
     """`dataset`'s batches; for a row-sharded model under Horovod, followed by empty batches
     until no rank has any left."""
     if not (distributed.is_active()
-            and any(row_sharding.shard_of(v) is not None for v in model.variables)):
+            and any(shard_of(v) is not None for v in model.variables)):
         yield from dataset
         return
     empty = tf.nest.map_structure(lambda spec: tf.zeros([0, *spec.shape[1:]], spec.dtype),

@@ -16,7 +16,9 @@ import re
 
 import numpy as np
 
-from tfscale import distributed, row_sharding, tables
+from tfscale import distributed, tables
+from tfscale.embedding.state import per_row_state
+from tfscale.embedding.table import RowShard, shard_of
 from tfscale.errors import UserError
 
 _FILE = "tables-{}-of-{}.npz"
@@ -29,7 +31,7 @@ class TableVariable:
 
     name: str
     variable: object
-    shard: row_sharding.RowShard  # the rows this rank holds (all of them: shard 0 of 1)
+    shard: RowShard  # the rows this rank holds (all of them: shard 0 of 1)
 
 
 def table_variables(model, optimizer=None):
@@ -38,8 +40,8 @@ def table_variables(model, optimizer=None):
     for table in model.variables:
         if not tables.is_row_table(table):
             continue
-        shard = row_sharding.shard_of(table) or row_sharding.RowShard(int(table.shape[0]), 1, 0)
-        slots = [] if optimizer is None else row_sharding.per_row_state(optimizer, table)
+        shard = shard_of(table) or RowShard(int(table.shape[0]), 1, 0)
+        slots = [] if optimizer is None else per_row_state(optimizer, table)
         entries += [TableVariable(v.path, v, shard) for v in [table] + slots]
     return entries
 

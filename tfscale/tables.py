@@ -1,5 +1,6 @@
 """How tfscale tells embedding tables from the other variables, by name alone (so optimizers,
-exchanges and placement agree without importing the layers), and how their rows are read:
+exchanges and placement agree without importing the layers), and how a variable's rows are read
+(`gather_rows`):
 
   any table:  a variable named "embeddings" (keras.layers.Embedding's table, and both of
               tfscale.embeddings.FieldEmbedding's tables)
@@ -9,14 +10,8 @@ exchanges and placement agree without importing the layers), and how their rows 
 The patterns are for `re.fullmatch` on `variable.path`, as `keras.optimizers.OptimizerMap` and
 CowClip's `embedding_tables` use them.
 
-How rows are read: a variable that the optimizer updates by row (scatters) must be read by row
-in place (ResourceGather): once a variable is scattered into, TensorFlow copies the whole buffer
-on every whole-variable read (its copy-on-read mode), and a whole read still alive at the
-scatter is copied too. A variable updated whole (a fused Adam over every row) must be read
-whole: an in-place row read would put it in copy-on-read mode and the whole update would copy
-it. Either mismatch costs a copy of the table per step, more than a 1K batch's arithmetic. The
-train step marks each table by its optimizer (`mark_row_updates`); lookups read by the mark
-(`lookup_rows`)."""
+Tables of a FieldEmbedding are also Tables (tfscale.embedding.table), which say how they are
+held and updated."""
 
 import re
 
@@ -49,22 +44,10 @@ def is_wide_table(variable):
     return re.fullmatch(WIDE_TABLE_PATTERN, variable.path) is not None
 
 
-
-def mark_row_updates(variable, by_row):
-    """Records whether the optimizer updates `variable` (a Keras variable) row by row."""
-    variable._tfscale_updated_by_row = bool(by_row)
-
-
-def lookup_rows(table, rows):
-    """Rows `rows` (int, any shape) of `table` (a Keras variable, not autocast), read as its
-    optimizer updates it (`mark_row_updates`; whole when unmarked); their gradient is row slices
-    (IndexedSlices)."""
-    return gather_rows(table, rows, in_place=getattr(table, "_tfscale_updated_by_row", False))
-
-
 def gather_rows(variable, rows, in_place):
     """Rows `rows` of `variable` (a Keras or tf.Variable, not autocast): `in_place`, a
-    ResourceGather; otherwise a gather from a whole read."""
+    ResourceGather, for a variable updated by row; otherwise a gather from a whole read, for one
+    updated whole (why: tfscale.embedding.table)."""
     resource = variable.value if isinstance(variable, keras.Variable) else variable
     if not isinstance(resource, tf.Variable):
         raise TypeError(f"gather_rows needs a variable that is not autocast; {variable.path} "

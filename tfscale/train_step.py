@@ -12,7 +12,10 @@ Why override Keras's step:
   of the id's summed gradient in Adam's second moment. They are densified once here, after the
   exchange, except for those whose optimizer takes row slices (the row-sparse optimizers;
   CowClip, which also needs per-id counts: tfscale.dedup records de-duplicated lookups'
-  counts)."""
+  counts).
+
+The step works with the model's Tables (tfscale.embedding.table): it tells each how its
+optimizer updates it, which decides how its lookups read it, and collects their lookups."""
 
 import warnings
 
@@ -23,6 +26,7 @@ import tensorflow as tf
 from keras.src.models.model import functional_init_arguments
 
 from tfscale import dedup, distributed, exchanges, tables
+from tfscale.embedding.table import table_of, tables_of
 from tfscale.errors import UserError
 from tfscale.optimizers.came import CAME
 from tfscale.optimizers.capabilities import (optimizer_for, takes_counted_slices,
@@ -30,7 +34,6 @@ from tfscale.optimizers.capabilities import (optimizer_for, takes_counted_slices
 from tfscale.optimizers.cowclip import CowClip
 from tfscale.optimizers.fused_adam import FusedAdam
 from tfscale.row_gradients import densify
-from tfscale.row_sharding import ShardedTable, shard_of
 from tfscale.step_scalars import StepScalars, scalars_of
 
 # tfscale's optimizers that update a row-sharded table whole, correctly (the papers' dense
@@ -79,7 +82,8 @@ class TrainStep:
                             "embedding gradients carry; use `embedding_exchange=allgather`")
         # By layer, not by variable: a subclassed model compiled before its first call has no
         # variables yet, and its shards' gradients must still stay out of the averaging.
-        if any(isinstance(layer, ShardedTable) for layer in self._flatten_layers()):
+        if any(table.partitioned for layer in self._flatten_layers()
+               for table in getattr(layer, "tables", ())):
             exchange = exchanges.RowShardedExchange(exchange)
         if staleness:
             exchange = exchanges.StaleExchange(exchange, staleness, with_counts=with_counts)
@@ -116,11 +120,13 @@ class TrainStep:
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        self._mark_row_updates()  # at tracing: how the lookups read the tables
+        embedding_tables = self._set_table_updates()  # at tracing: how the lookups read them
         exchange = self._embedding_exchange.begin_step(self.trainable_variables, self.optimizer)
 
         # Forward pass
-        with dedup.recording() as lookups, tf.GradientTape() as tape:
+        for table in embedding_tables:
+            table.start_step()
+        with tf.GradientTape() as tape:
             y_pred = self(x, training=True)
             loss = self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
                                      training=True)
@@ -130,6 +136,7 @@ class TrainStep:
         # Gradients
         variables = self.trainable_variables  # complete now, also for a model built by the call
         gradients = tape.gradient(loss, variables)
+        lookups = dedup.LookupRecord.of_step(tables_of(variables))
         takes_slices = [takes_row_slices(self.optimizer, v) for v in variables]
         if any(takes_slices):
             gradients = dedup.attach_counts(gradients, variables, lookups)
@@ -147,33 +154,38 @@ class TrainStep:
         exchange.finish(gradients)
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
-    def _mark_row_updates(self):
-        """Marks each embedding table by whether its optimizer updates it by row
-        (tfscale.tables); a table updated whole is said once, since its step then costs every
-        row of it, and refused when row-sharded unless by tfscale's dense update."""
+    def _set_table_updates(self):
+        """The model's built Tables, each told whether its optimizer updates it by row. An
+        embedding table updated whole (a Table or a user's Keras Embedding) is said once, since
+        its step then costs every row of it; a partitioned Table is refused unless by tfscale's
+        dense update."""
         whole = []
         for variable in self.trainable_variables:
-            if tables.is_row_table(variable):
-                by_row = updates_rows_in_place(self.optimizer, variable)
-                tables.mark_row_updates(variable, by_row)
-                if by_row:
-                    continue
-                optimizer = optimizer_for(self.optimizer, variable)
-                if shard_of(variable) is not None and not isinstance(
-                        optimizer, DENSE_SHARD_OPTIMIZERS):
-                    raise UserError(
-                        f"{type(optimizer).__name__} would update the row-sharded table "
-                        f"{variable.path} whole every step; compile with a tfscale optimizer "
-                        "that updates it by row (RowSparseAdam, RowSparseAdagrad, "
-                        "RowSparseSGD, CowClip()), or replicated tables (FieldEmbedding's "
-                        "`sharding=\"replicated\"`)")
-                whole.append(f"{variable.path} (by {type(optimizer).__name__})")
+            if not tables.is_row_table(variable):
+                continue
+            by_row = updates_rows_in_place(self.optimizer, variable)
+            table = table_of(variable)
+            if table is not None:
+                table.set_updated_by_row(by_row)
+            if by_row:
+                continue
+            optimizer = optimizer_for(self.optimizer, variable)
+            if (table is not None and table.partitioned
+                    and not isinstance(optimizer, DENSE_SHARD_OPTIMIZERS)):
+                raise UserError(
+                    f"{type(optimizer).__name__} would update the row-sharded table "
+                    f"{variable.path} whole every step; compile with a tfscale optimizer "
+                    "that updates it by row (RowSparseAdam, RowSparseAdagrad, "
+                    "RowSparseSGD, CowClip()), or replicated tables (FieldEmbedding's "
+                    "`sharding=\"replicated\"`)")
+            whole.append(f"{variable.path} (by {type(optimizer).__name__})")
         if whole:
             warnings.warn(
                 f"embedding tables updated whole every step, so a step's cost grows with the "
                 f"table: {', '.join(whole)}; a tfscale row-sparse optimizer (RowSparseAdam, "
                 "RowSparseAdagrad, RowSparseSGD, CowClip(mode='scalable')) updates only the "
                 "batch's rows", stacklevel=2)
+        return tables_of(self.trainable_variables)
 
     def _track_loss(self, loss, batch_size):
         """Adds the batch's loss to the running mean; with a loss scaler, a non-finite loss is

@@ -30,6 +30,8 @@ import tensorflow as tf  # noqa: E402
 
 import models  # noqa: E402
 from tfscale import distributed, exchanges, row_sharding  # noqa: E402
+from tfscale.embedding import state  # noqa: E402
+from tfscale.embedding.table import shard_of  # noqa: E402
 from tfscale.data.synthetic import SyntheticCTR  # noqa: E402
 from tfscale.errors import UserError  # noqa: E402
 from tfscale.loss_scaling import LossScaleOptimizer  # noqa: E402
@@ -73,7 +75,7 @@ def trained(run, sharding, rank, num_ranks):
                   embedding_staleness=staleness)
     assert isinstance(model.embedding_exchange, exchanges.StaleExchange) == bool(staleness)
     build_model_and_optimizer(model, data.schema)
-    distributed.broadcast_model_and_optimizer(model, local=row_sharding.local_variables(model))
+    distributed.broadcast_model_and_optimizer(model, local=state.local_variables(model))
     model.fit(rank_batches(data, rank, num_ranks), epochs=1, verbose=0, shuffle=False)
     assert int(model.optimizer.iterations) == STEPS
     return model, data
@@ -95,7 +97,7 @@ def check_skip_on_inf(model, data, rank, num_ranks):
     features, labels = next(iter(rank_batches(data, rank, num_ranks)))
     if rank == 1:
         features = dict(features, dense=tf.fill(tf.shape(features["dense"]), np.inf))
-    local = row_sharding.local_variables(model)
+    local = state.local_variables(model)
     before = [v.numpy() for v in local]
     skipped = int(model.optimizer.skipped_steps.numpy())
     model.train_on_batch(features, labels)
@@ -109,12 +111,12 @@ def whole_state(model):
     (gathered from every rank by global id); per-rank scalars of shards (CowClip's clip
     statistics of its own rows) as None. State spanning every row (CAME's column statistics)
     is whole on every rank already."""
-    local = row_sharding.local_variables(model)
-    shards = {v.path.replace("/", "_") + "_": row_sharding.shard_of(v)
-              for v in local if row_sharding.shard_of(v) is not None}
+    local = state.local_variables(model)
+    shards = {v.path.replace("/", "_") + "_": shard_of(v)
+              for v in local if shard_of(v) is not None}
     state = []
     for variable in list(model.variables) + list(model.optimizer.variables):
-        shard = row_sharding.shard_of(variable)
+        shard = shard_of(variable)
         name = variable.path.split("/")[-1]
         slot_of = next((s for prefix, s in shards.items() if name.startswith(prefix)), None)
         if shard is None and slot_of is not None:
@@ -139,16 +141,23 @@ def gathered(variable, shard):
     return whole
 
 
+def sharded_table(name, rows):
+    """A built row-sharded Table of `rows` x 2 zeros."""
+    strategy = row_sharding.RowSharded()
+    table = strategy.make_table(name, rows, 2, keras.initializers.Constant(0.0), None)
+    strategy.build(table)
+    return table
+
+
 def check_edge_cases():
     """The lookup and the shards' finite decision on hand-made cases (see the module)."""
     hvd = distributed.runtime.horovod()
     rank, size = hvd.rank(), hvd.size()
     keras.utils.set_random_seed(1)
-    table = row_sharding.ShardedTable(3, 2, keras.initializers.Constant(0.0), name="edge3")
-    table.build()
-    shard = row_sharding.shard_of(table.embeddings)
+    table = sharded_table("edge3", 3)
+    shard = table.shard
     ids = shard.global_ids()
-    table.embeddings.assign(tf.constant(np.stack([ids * 10.0, ids * 10.0 + 1], axis=1),
+    table.variable.assign(tf.constant(np.stack([ids * 10.0, ids * 10.0 + 1], axis=1),
                                         tf.float32))
     # Every rank looks up id 0; rank r also looks up id 1 + r (beyond the table: skipped) and
     # rank 0 id 2 twice: some ranks send nothing to some owners.
@@ -160,7 +169,7 @@ def check_edge_cases():
         with tf.GradientTape() as tape:
             (vectors,) = row_sharding.lookup([table], rows, name="edge")
             loss = tf.reduce_sum(vectors * tf.cast(rank + 1, tf.float32))
-        return vectors, tape.gradient(loss, table.embeddings.value)
+        return vectors, tape.gradient(loss, table.variable.value)
 
     vectors, gradient = look_up_and_differentiate()
     np.testing.assert_array_equal(vectors.numpy(),
@@ -178,9 +187,8 @@ def check_edge_cases():
                                rtol=1e-6)
 
     # An inf in rank 1's shard gradient alone: every rank's shard gradients become NaN.
-    table = row_sharding.ShardedTable(8, 2, keras.initializers.Constant(0.0), name="edge8")
-    table.build()
-    shard = row_sharding.shard_of(table.embeddings)
+    table = sharded_table("edge8", 8)
+    shard = table.shard
     kernel = keras.Variable(np.ones((2, 2), np.float32), name="kernel")
     value = np.inf if rank == 1 else 1.0
     shard_gradient = tf.IndexedSlices(tf.fill([shard.rows, 2], value),
@@ -189,7 +197,7 @@ def check_edge_cases():
     exchange = exchanges.RowShardedExchange(exchanges.AllgatherExchange())
     optimizer = keras.optimizers.SGD()
     result = tf.function(lambda: exchange.exchange(
-        [shard_gradient, tf.ones((2, 2))], [table.embeddings, kernel], optimizer))()
+        [shard_gradient, tf.ones((2, 2))], [table.variable, kernel], optimizer))()
     assert shard.rows and np.isnan(result[0].values.numpy()).all(), (rank, result[0])
     np.testing.assert_array_equal(result[1].numpy(), np.ones((2, 2)))
     print(f"rank {rank}: edge cases ok", flush=True)

@@ -1,6 +1,6 @@
-"""`RowShardedExchange`: the gradients of row-sharded tables (tfscale.row_sharding) stay on this
-rank, which owns their rows; every other gradient goes through the wrapped averaging exchange
-(allgather or dense).
+"""`RowShardedExchange`: the gradients of partitioned tables (tfscale.embedding.table;
+row-sharded: tfscale.row_sharding) stay on this rank, which owns their rows; every other
+gradient goes through the wrapped averaging exchange (allgather or dense).
 
 A shard's gradient already holds every rank's contribution for its rows (the lookup's alltoall
 carried them back, each divided by P): it is the gradient of the global batch's mean loss, so P
@@ -14,11 +14,11 @@ gradients, which need no exchange when their turn comes."""
 import tensorflow as tf
 
 from tfscale import distributed
+from tfscale.embedding.table import shard_of
 from tfscale.errors import UserError
 from tfscale.exchanges.averaging import AveragingExchange
 from tfscale.exchanges.base import EmbeddingExchange
 from tfscale.row_gradients import with_values
-from tfscale.row_sharding import shard_of
 
 
 class RowShardedExchange(EmbeddingExchange):

@@ -21,11 +21,11 @@ import tensorflow as tf
 
 from tfscale import distributed, placement, tables
 from tfscale.distributed.per_rank import PerRankState
+from tfscale.embedding.table import shard_of
 from tfscale.errors import UserError
 from tfscale.exchanges.base import EmbeddingExchange, StepExchange, loss_scale
 from tfscale.exchanges.sharded import RowShardedExchange, finite_everywhere, nan_unless, times
 from tfscale.row_gradients import CountedSlices, occurrence_counts
-from tfscale.row_sharding import shard_of
 
 
 class _TableQueue:

@@ -13,7 +13,7 @@ Weight decay is Keras's decoupled `weight_decay` (`theta -= lr * wd * theta`, wi
 computing the update and applying it; the update never reads theta, so both orders give the
 same result. IndexedSlices gradients are densified: the factored statistics cover every row.
 
-A row-sharded table (tfscale.row_sharding) holds 1/P of the rows on each rank; its row
+A partitioned table (tfscale.embedding.table; row-sharded: tfscale.row_sharding) holds 1/P of the rows on each rank; its row
 statistics are per row and stay with the shard, while what spans the whole table (the column
 statistics, the row statistics' mean and the update's RMS) is summed over the shards: two
 allreduces of dim + 1 values and one of a scalar per table and step, so P ranks take the step
@@ -23,12 +23,14 @@ one process takes on the whole table.
 import keras
 from keras import ops
 
-from tfscale import distributed, row_sharding
+from tfscale import distributed
+from tfscale.embedding.table import shard_of
+from tfscale.optimizers.capabilities import DeclaresTableState, TableState
 from tfscale.row_gradients import densify
 
 
 @keras.saving.register_keras_serializable(package="tfscale")
-class CAME(keras.optimizers.Optimizer):
+class CAME(DeclaresTableState, keras.optimizers.Optimizer):
     """Confidence-guided Adaptive Memory Efficient optimizer.
 
     Args:
@@ -89,11 +91,15 @@ class CAME(keras.optimizers.Optimizer):
                 (self._instability_rows, row_shape, "instability_row"),
                 (self._instability_columns, column_shape, "instability_column"),
             ):
-                slot = self._add_state(variable, slot_shape, suffix) if factored else None
-                if slot is not None and len(shape) == 2:  # a table's: tell its shards how
-                    (row_sharding.mark_per_row if slot_shape == row_shape
-                     else row_sharding.mark_whole_table)(slot)
-                slots.append(slot)
+                slots.append(self._add_state(variable, slot_shape, suffix) if factored else None)
+
+    def table_state(self, table):
+        """Per row: the momentum and the row statistics; whole: the column statistics (summed
+        over the shards in `update_step`)."""
+        index = self._get_variable_index(table)
+        return TableState(
+            per_row=(self._momentums[index], self._rows[index], self._instability_rows[index]),
+            whole=(self._columns[index], self._instability_columns[index]))
 
     def _add_state(self, variable, shape, suffix):
         prefix = getattr(variable, "path", variable.name).replace("/", "_").replace(":", "_")
@@ -107,7 +113,7 @@ class CAME(keras.optimizers.Optimizer):
         gradient = ops.cast(densify(gradient), dtype)
         squared = ops.square(gradient) + self.epsilon_1
         factored = len(variable.shape) >= 2
-        whole = _WholeTable(row_sharding.shard_of(variable), f"{self.name}_{index}")
+        whole = _WholeTable(shard_of(variable), f"{self.name}_{index}")
         if factored:
             update = self._factored(self._rows[index], self._columns[index], squared,
                                     self.beta_2, whole, "squares") * gradient

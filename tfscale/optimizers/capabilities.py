@@ -6,7 +6,12 @@ optimizers (tfscale.optimizers.row_updates), which update only those rows. A Ker
 is asked per variable: each gradient goes as its own optimizer takes it. `TakesCountedSlices` marks
 those that also need each id's occurrence count over the global batch, which only some exchanges
 carry: CowClip, which clips each id by its count. Every other optimizer gets dense gradients (the
-train step densifies them once; see tfscale.train_step)."""
+train step densifies them once; see tfscale.train_step). `DeclaresTableState` marks optimizers
+that say which of their variables hold state of an embedding table, and how (`TableState`): how
+its rows are sharded and checkpointed with the table's (tfscale.row_sharding,
+tfscale.table_checkpoints)."""
+
+import dataclasses
 
 import keras
 
@@ -23,6 +28,24 @@ class TakesRowSlices:
 class TakesCountedSlices(TakesRowSlices):
     """Mixin of optimizers whose `apply` takes embedding-table gradients as row slices with
     per-id occurrence counts over the global batch."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TableState:
+    """An optimizer's state of one embedding table: `per_row` variables hold one entry per row
+    of the table (sharded, checkpointed and restored by row with it); `whole` variables span
+    every row and the optimizer sums them over the shards itself (held whole on every rank)."""
+
+    per_row: tuple = ()
+    whole: tuple = ()
+
+
+class DeclaresTableState:
+    """Mixin of optimizers that declare their state of each embedding table."""
+
+    def table_state(self, table):
+        """The TableState of `table`, a Keras variable this optimizer was built on."""
+        raise NotImplementedError
 
 
 def innermost(optimizer):

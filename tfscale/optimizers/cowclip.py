@@ -30,7 +30,7 @@ from tfscale.optimizers.capabilities import (TakesCountedSlices, TakesRowSlices,
 from tfscale.optimizers.fused_adam import FusedAdam
 from tfscale.optimizers.row_sparse_adam import RowSparseAdam
 from tfscale.row_gradients import CountedSlices, densify, sum_duplicate_rows, with_values
-from tfscale.tables import lookup_rows
+from tfscale.tables import gather_rows
 
 MODES = ("faithful", "scalable")
 
@@ -158,7 +158,7 @@ class CowClip(TakesCountedSlices, keras.optimizers.MultiOptimizer):
                 "l2= to CowClip instead) and look it up with a gather (keras.layers.Embedding)")
         gradient = with_values(gradient, tf.cast(gradient.values, table.dtype))
         ids, rows, counts = sum_duplicate_rows(gradient)
-        weight_rows = lookup_rows(table, ids)
+        weight_rows = gather_rows(table, ids, in_place=self.updates_rows_in_place(table))
         if self.l2:
             rows += 2 * self.l2 * weight_rows
         if self.is_clipped_table(table):

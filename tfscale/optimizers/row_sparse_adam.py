@@ -23,13 +23,14 @@ What happens to a row between the batches that hold it:
 import keras
 import tensorflow as tf
 
-from tfscale import row_sharding, tables
+from tfscale import tables
 from tfscale.optimizers.fused_adam import FusedAdam
+from tfscale.optimizers.capabilities import DeclaresTableState, TableState
 from tfscale.optimizers.row_updates import RowUpdates
 
 
 @keras.saving.register_keras_serializable(package="tfscale")
-class RowSparseAdam(RowUpdates, FusedAdam):
+class RowSparseAdam(DeclaresTableState, RowUpdates, FusedAdam):
     """FusedAdam whose tables' row gradients update only their rows; `table_l2`: L2 on the
     tables (tfscale.optimizers.row_updates); `catch_up`: whether a row absent from batches is
     caught up with Adam's dense update when next seen (module docstring). amsgrad updates tables
@@ -52,10 +53,15 @@ class RowSparseAdam(RowUpdates, FusedAdam):
         """Per row of a table updated by row, the step that last updated it (0: none yet)."""
         if not (self.catch_up and self.updates_rows_in_place(variable)):
             return None
-        slot = self.add_variable(shape=(variable.shape[0],), dtype="int32",
+        return self.add_variable(shape=(variable.shape[0],), dtype="int32",
                                  name=f"{variable.path.replace('/', '_')}_last_step")
-        row_sharding.mark_per_row(slot)
-        return slot
+
+    def table_state(self, table):
+        """Per row: both moments and, with `catch_up`, the last step."""
+        index = self._get_variable_index(table)
+        last_step = self._last_steps[index]
+        return TableState(per_row=(self._momentums[index], self._velocities[index])
+                          + ((last_step,) if last_step is not None else ()))
 
     def update_step(self, gradient, variable, learning_rate):
         last_steps = self._last_steps[self._get_variable_index(variable)] if self.catch_up \

@@ -1,0 +1,89 @@
+"""What each rank holds of a model's embedding tables: the optimizer's state of each table
+(`table_state`, from the optimizers' declarations), the variables that differ between ranks
+(`local_variables`, never broadcast), and the one-line description the launcher prints."""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfscale.embedding.table import shard_of
+from tfscale.errors import UserError
+from tfscale.optimizers.capabilities import DeclaresTableState, TableState, wrapped_optimizers
+from tfscale.tables import is_embedding_table
+
+
+def describe(model):
+    """How `model`'s embedding tables are held, with their rows and bytes (tables and their
+    optimizer state, which this builds) on this rank."""
+    model.optimizer.build(model.trainable_variables)
+    tables = [v for v in model.trainable_variables if is_embedding_table(v)]
+    held = tables + optimizer_state(model.optimizer, tables)
+    megabytes = sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in held) / 1e6
+    rows = sum(int(v.shape[0]) for v in tables)
+    shards = [shard_of(v) for v in tables if shard_of(v) is not None]
+    if not shards:
+        return f"tables replicated: {rows:,} rows, {megabytes:,.0f} MB with optimizer state"
+    return (f"tables row-sharded over {shards[0].num_shards} ranks: {rows:,} rows, "
+            f"{megabytes:,.0f} MB with optimizer state per rank")
+
+
+def local_variables(model):
+    """`model`'s row-sharded tables and their per-row state in its (built) optimizer: the
+    variables that differ between ranks (and are never broadcast). A UserError when the
+    optimizer keeps other state of a shard that it does not declare (TableState)."""
+    local = []
+    for shard in (v for v in model.variables if shard_of(v) is not None):
+        state = table_state(model.optimizer, shard)
+        declared = {id(slot) for slot in state.per_row + state.whole}
+        for slot in optimizer_state(model.optimizer, [shard]):
+            if len(slot.shape) and id(slot) not in declared:
+                raise UserError(
+                    f"{type(model.optimizer).__name__} keeps {slot.path} of shape "
+                    f"{tuple(slot.shape)} for the row-sharded table {shard.path}: state that is "
+                    "neither per row nor summed over the shards by the optimizer; use an "
+                    "optimizer tfscale shards (Adam, RowSparseAdam, CowClip, CAME, SGD), or "
+                    "replicated tables")
+        local += [shard, *state.per_row]
+    return local
+
+
+def per_row_state(optimizer, table):
+    """The variables of `optimizer` with one entry per row of `table` (TableState.per_row)."""
+    return list(table_state(optimizer, table).per_row)
+
+
+def table_state(optimizer, table):
+    """The TableState of `table` (a Keras variable) in `optimizer` (built; through loss scalers
+    and MultiOptimizers): each inner optimizer's declaration (DeclaresTableState), and for the
+    others (Keras's own) the slots of the table's shape, per row (Adam's moments, SGD's
+    velocity)."""
+    per_row, whole = [], []
+    for inner in wrapped_optimizers(optimizer):
+        if isinstance(inner, DeclaresTableState):
+            if any(v is table for v in getattr(inner, "_trainable_variables", [])):
+                state = inner.table_state(table)
+                per_row += state.per_row
+                whole += state.whole
+        else:
+            per_row += [slot for slot in optimizer_state(inner, [table], wrapped=False)
+                        if tuple(slot.shape) == tuple(table.shape)]
+    return TableState(tuple(per_row), tuple(whole))
+
+
+def optimizer_state(optimizer, variables, wrapped=True):
+    """The variables of `optimizer` (built; with `wrapped`, a loss scaler's or a
+    MultiOptimizer's inner ones too) holding state of `variables`. A Keras optimizer keeps each
+    kind of state in a list aligned with the variables it was built on (Adam's `_momentums`,
+    Adafactor's `_r`, CAME's `_rows`, ...): this reads those lists, not the slots' names, which
+    Keras does not make unique (Adafactor names its factors after the variable alone)."""
+    wanted = {id(v) for v in variables}
+    state = []
+    for inner in wrapped_optimizers(optimizer) if wrapped else [optimizer]:
+        built_on = list(getattr(inner, "_trainable_variables", []))
+        for value in vars(inner).values():
+            if not (isinstance(value, list) and value and len(value) == len(built_on)
+                    and all(s is None or isinstance(s, keras.Variable) for s in value)):
+                continue
+            state += [slot for variable, slot in zip(built_on, value)
+                      if slot is not None and slot is not variable and id(variable) in wanted]
+    return state

@@ -1,0 +1,147 @@
+"""`Table`: one embedding table, as the rest of tfscale sees it: its name and kind, its global
+shape, the strategy holding it (tfscale.embedding.strategy), the rows this rank holds, how its
+optimizer updates it, and the lookup of the step being traced. `table_of(variable)` finds the
+Table of a variable (optimizers and exchanges are handed variables), `tables_of(model)` a
+model's.
+
+Why a lookup is read by its update: a variable that the optimizer updates by row (scatters)
+must be read by row in place (ResourceGather): once a variable is scattered into, TensorFlow
+copies the whole buffer on every whole-variable read (its copy-on-read mode), and a whole read
+still alive at the scatter is copied too. A variable updated whole (a fused Adam over every row)
+must be read whole: an in-place row read would put it in copy-on-read mode and the whole update
+would copy it. Either mismatch costs a copy of the table per step, more than a 1K batch's
+arithmetic. The train step sets each table's update (`set_updated_by_row`) before tracing the
+forward pass."""
+
+import dataclasses
+import weakref
+
+import numpy as np
+import tensorflow as tf
+
+from tfscale import tables as table_names
+
+# id(keras.Variable or the tf.Variable it holds) -> (a weak reference to it, its Table).
+_BY_VARIABLE = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class RowShard:
+    """Which rows of a table of `total_rows` rank `index` of `num_shards` holds: the global ids
+    index, index + num_shards, ... (every row: shard 0 of 1)."""
+
+    total_rows: int
+    num_shards: int
+    index: int
+
+    @property
+    def rows(self):
+        """The number of rows this rank holds (0 when the table has fewer rows than ranks)."""
+        return max(0, -(-(self.total_rows - self.index) // self.num_shards))
+
+    def global_ids(self):
+        """The global ids of this rank's rows, in local-row order (int64 numpy array)."""
+        return np.arange(self.index, self.total_rows, self.num_shards, dtype=np.int64)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepLookup:
+    """A table's de-duplicated lookup in one step: the rows its gradient will hold (unique,
+    in order) and how many ids each stands for in the global batch."""
+
+    unique_rows: tf.Tensor
+    counts: tf.Tensor
+
+
+class Table:
+    """One embedding table of `rows` x `width` (global), held by `strategy` (a TableStrategy)
+    in the variable of the Keras layer `layer`.
+
+    `variable` (set by `attach` when the layer is built) holds this rank's rows, `shard` says
+    which; `partitioned` tables hold different rows on each rank (never broadcast, averaged or
+    written whole by one rank)."""
+
+    def __init__(self, name, rows, width, strategy, layer):
+        self.name = name
+        self.layer = layer
+        self.kind = "wide" if name == table_names.WIDE_TABLE_NAME else "deep"
+        self.rows = int(rows)
+        self.width = int(width)
+        self.strategy = strategy
+        self.variable = None
+        self.shard = None
+        self.updated_by_row = False  # read whole until the train step says otherwise
+        self._lookups = []  # this trace's StepLookups (at most two are kept)
+        self._lookup_graph = None
+
+    def __repr__(self):
+        return (f"Table({self.name!r}, {self.rows} x {self.width}, {self.strategy.name}, "
+                f"{'by row' if self.updated_by_row else 'whole'})")
+
+    @property
+    def partitioned(self):
+        return self.strategy.partitioned
+
+    def attach(self, variable, shard):
+        """Records the variable holding this rank's rows (`shard`) and makes it findable by
+        `table_of`."""
+        self.variable, self.shard = variable, shard
+        for held in (variable, variable.value):
+            key = id(held)
+            _BY_VARIABLE[key] = (weakref.ref(held, lambda _, key=key: _BY_VARIABLE.pop(key, None)),
+                                 self)
+
+    def set_updated_by_row(self, by_row):
+        """Whether the optimizer updates this table row by row (read by `read_rows`)."""
+        self.updated_by_row = bool(by_row)
+
+    def read_rows(self, local_rows):
+        """Rows `local_rows` (int, any shape) of this rank's variable, read as the optimizer
+        updates it (module docstring); their gradient is row slices."""
+        return table_names.gather_rows(self.variable, local_rows, in_place=self.updated_by_row)
+
+    def start_step(self):
+        """Forgets earlier lookups: the train step calls it before its forward pass."""
+        self._lookups, self._lookup_graph = [], None
+
+    def record_lookup(self, unique_rows, counts):
+        """Records a de-duplicated lookup (its gradient rows are `unique_rows`, standing for
+        `counts` occurrences each). Lookups traced in another graph than the latest (Keras
+        building a subclassed model in a scratch graph) are forgotten."""
+        graph = None if tf.executing_eagerly() else unique_rows.graph
+        if graph is not self._lookup_graph:
+            self._lookups, self._lookup_graph = [], graph
+        self._lookups = self._lookups[-1:] + [StepLookup(unique_rows, tf.cast(counts, tf.float32))]
+
+    def step_lookup(self):
+        """The StepLookup of the step being traced since `start_step` (None if none); a
+        ValueError if the table was looked up more than once in it."""
+        graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+        if graph is not self._lookup_graph or not self._lookups:
+            return None
+        if len(self._lookups) > 1:
+            raise ValueError(f"embedding table {self.variable.path} is looked up more than once in "
+                             "one step: its gradient rows could not be matched to their counts; "
+                             "look all of a step's ids up in one call")
+        return self._lookups[0]
+
+
+def table_of(variable):
+    """The Table whose rows `variable` (a Keras variable or the tf.Variable it holds) holds, or
+    None."""
+    entry = _BY_VARIABLE.get(id(variable))
+    if entry is None or entry[0]() is not variable:
+        return None
+    return entry[1]
+
+
+def tables_of(variables):
+    """The Tables of those of `variables` that hold tables, in order."""
+    return [t for t in map(table_of, variables) if t is not None]
+
+
+def shard_of(variable):
+    """The RowShard of a partitioned table's variable (a Keras variable or the tf.Variable it
+    holds), or None (a replicated table, or not a table)."""
+    table = table_of(variable)
+    return table.shard if table is not None and table.partitioned else None
