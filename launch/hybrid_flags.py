@@ -39,10 +39,10 @@ def describe(model):
     """A few words on the embedding half: placement, how the tables are held, de-duplication,
     staleness."""
     from tfscale import placement
-    from tfscale.embedding import state
+    from tfscale.embedding import state as embedding_state
 
     dedup = "de-duplicated lookups" if FLAGS.dedup_ids else "plain lookups"
     staleness = (f"embedding updates {FLAGS.embedding_staleness} step(s) stale"
                  if FLAGS.embedding_staleness else "synchronous embedding updates")
-    return (f"{placement.describe(model)}; {state.describe(model)}; {dedup}, "
+    return (f"{placement.describe(model)}; {embedding_state.describe(model)}; {dedup}, "
             f"{staleness}")

@@ -26,7 +26,7 @@ class StepCount(PerRankState):
         return {"halving/steps": self.steps}
 
 
-class HalvingExchange(exchanges.EmbeddingExchange):
+class HalvingExchange(exchanges.SynchronousExchange):
     """Halves every gradient and counts its steps (in one process: acts_in_one_process)."""
 
     name = "halving"

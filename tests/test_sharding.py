@@ -18,7 +18,7 @@ from tests.multiworker import sharded_steps
 from tests.test_distributed import load_state
 from tests.test_launcher import checkpoint_values, train_scalars
 from tfscale import exchanges
-from tfscale.embedding import state
+from tfscale.embedding import state as embedding_state
 from tfscale.embedding.table import RowShard
 from tfscale.data.synthetic import SyntheticCTR
 from tfscale.embeddings import FieldEmbedding
@@ -110,9 +110,9 @@ def test_one_process_sharded_equals_replicated_bitwise(optimizer, dtype):
     assert isinstance(sharded.embedding_exchange, exchanges.RowShardedExchange)
     for a, b in zip(sharded.get_weights(), replicated.get_weights()):
         np.testing.assert_array_equal(a, b)
-    assert state.describe(sharded).startswith(
+    assert embedding_state.describe(sharded).startswith(
         "tables row-sharded over 1 ranks: 374,398 rows, ")
-    assert state.describe(replicated).startswith("tables replicated: 374,398 rows, ")
+    assert embedding_state.describe(replicated).startswith("tables replicated: 374,398 rows, ")
 
 
 @pytest.mark.parametrize("num_shards", [1, 2, 3, 4, 7])
@@ -188,10 +188,10 @@ def test_an_optimizer_with_undeclared_state_of_a_shard_is_refused():
     model.optimizer.build(model.trainable_variables)
     with pytest.raises(UserError, match="Adafactor keeps adafactor/embeddings of shape .* for the "
                                         "row-sharded table .*: state that is neither per row"):
-        state.local_variables(model)
+        embedding_state.local_variables(model)
     model = _trained("row", CAME, steps=0)
     model.optimizer.build(model.trainable_variables)
-    local = [v.path.split("deep_embedding")[-1] for v in state.local_variables(model)
+    local = [v.path.split("deep_embedding")[-1] for v in embedding_state.local_variables(model)
              if "deep_embedding" in v.path]
     assert local == ["/embeddings", "_embeddings_momentum", "_embeddings_row",
                      "_embeddings_instability_row"], local

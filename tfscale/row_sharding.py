@@ -94,9 +94,9 @@ class ShardedTable(keras.layers.Layer):
 def lookup(tables, rows, name, scalars=None):
     """The rows `rows` (int64, any shape, global ids) of each of `tables` (built row-sharded
     Tables of one total size), as [*rows.shape, width] tensors; each table's lookup recorded on
-    it (Table.record_lookup) with each owned row's global occurrence count. `name` must be the same on every rank. With
-    `scalars` (a StepScalars), the step's alltoall bytes (payload, both passes) and the
-    lookup's seconds are recorded."""
+    it (Table.record_lookup) with each owned row's global occurrence count. `name` must be the
+    same on every rank. With `scalars` (a StepScalars), the step's alltoall bytes (payload, both
+    passes) and the lookup's seconds are recorded."""
     shard = tables[0].shard
     if shard.num_shards != distributed.size():
         raise UserError(

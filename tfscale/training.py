@@ -21,7 +21,7 @@ import tensorflow as tf
 from tfscale import callbacks as tfs_callbacks
 from tfscale import distributed
 from tfscale.checkpoints import CheckpointStore
-from tfscale.embedding import state
+from tfscale.embedding import state as embedding_state
 from tfscale.errors import UserError
 from tfscale.evaluation import evaluate_exact
 from tfscale.train_step import TrainStep
@@ -101,7 +101,7 @@ def train(model, source, config, print_fn=print):
     # (restored or freshly initialised) variables, and their own slice of the per-rank state.
     start_epoch, skip_batches, restored = distributed.broadcast_from_chief(
         lambda: _starting_position(store, config, print_fn), name="tfscale_start_position")
-    distributed.broadcast_model_and_optimizer(model, local=state.local_variables(model))
+    distributed.broadcast_model_and_optimizer(model, local=embedding_state.local_variables(model))
     if restored:
         store.finish_restore()
     if restored and start_epoch >= config.epochs:  # a finished run: nothing left to train

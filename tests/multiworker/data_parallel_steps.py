@@ -18,7 +18,7 @@ import tensorflow as tf  # noqa: E402
 
 import models  # noqa: E402
 from tfscale import distributed  # noqa: E402
-from tfscale.embedding import state  # noqa: E402
+from tfscale.embedding.state import local_variables  # noqa: E402
 from tfscale import metrics  # noqa: E402
 from tfscale.data.synthetic import SyntheticCTR  # noqa: E402
 from tfscale.evaluation import evaluate_exact  # noqa: E402
@@ -55,7 +55,7 @@ def compiled_model(schema, optimizer, embedding_exchange="allgather", embedding_
     model.compile(optimizer=optimizer, loss=keras.losses.BinaryCrossentropy(),
                   embedding_exchange=embedding_exchange, embedding_staleness=embedding_staleness)
     build_model_and_optimizer(model, schema)
-    distributed.broadcast_model_and_optimizer(model, local=state.local_variables(model))
+    distributed.broadcast_model_and_optimizer(model, local=local_variables(model))
     return model
 
 

@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 import models  # noqa: E402
 from tests.multiworker.sharded_steps import rank_batches, whole_state  # noqa: E402
 from tfscale import distributed  # noqa: E402
-from tfscale.embedding import state  # noqa: E402
+from tfscale.embedding.state import local_variables  # noqa: E402
 from tfscale.checkpoints import CheckpointStore  # noqa: E402
 from tfscale.data.synthetic import SyntheticCTR  # noqa: E402
 from tfscale.optimizers import CAME, FusedAdam  # noqa: E402
@@ -40,7 +40,7 @@ def build(sharding, optimizer):
                                embedding_sharding=sharding)
     model.compile(optimizer=OPTIMIZERS[optimizer](), loss="binary_crossentropy")
     build_model_and_optimizer(model, data.schema)
-    distributed.broadcast_model_and_optimizer(model, local=state.local_variables(model))
+    distributed.broadcast_model_and_optimizer(model, local=local_variables(model))
     directory = os.path.join(DIRECTORY, optimizer)
     return model, data, CheckpointStore(directory, model=model, optimizer=model.optimizer)
 
@@ -60,7 +60,7 @@ def read(sharding, optimizer):
     model, data, store = build(sharding, optimizer)
     distributed.broadcast_from_chief(lambda: store.restore_latest() and None,
                                      name="restore")
-    distributed.broadcast_model_and_optimizer(model, local=state.local_variables(model))
+    distributed.broadcast_model_and_optimizer(model, local=local_variables(model))
     store.finish_restore()
     with np.load(os.path.join(store.directory, "expected.npz")) as saved:
         expected = [saved[f"arr_{i}"] for i in range(len(saved.files))]

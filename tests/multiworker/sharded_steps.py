@@ -30,7 +30,7 @@ import tensorflow as tf  # noqa: E402
 
 import models  # noqa: E402
 from tfscale import distributed, exchanges, row_sharding  # noqa: E402
-from tfscale.embedding import state  # noqa: E402
+from tfscale.embedding.state import local_variables  # noqa: E402
 from tfscale.embedding.table import shard_of  # noqa: E402
 from tfscale.data.synthetic import SyntheticCTR  # noqa: E402
 from tfscale.errors import UserError  # noqa: E402
@@ -75,7 +75,7 @@ def trained(run, sharding, rank, num_ranks):
                   embedding_staleness=staleness)
     assert isinstance(model.embedding_exchange, exchanges.StaleExchange) == bool(staleness)
     build_model_and_optimizer(model, data.schema)
-    distributed.broadcast_model_and_optimizer(model, local=state.local_variables(model))
+    distributed.broadcast_model_and_optimizer(model, local=local_variables(model))
     model.fit(rank_batches(data, rank, num_ranks), epochs=1, verbose=0, shuffle=False)
     assert int(model.optimizer.iterations) == STEPS
     return model, data
@@ -97,7 +97,7 @@ def check_skip_on_inf(model, data, rank, num_ranks):
     features, labels = next(iter(rank_batches(data, rank, num_ranks)))
     if rank == 1:
         features = dict(features, dense=tf.fill(tf.shape(features["dense"]), np.inf))
-    local = state.local_variables(model)
+    local = local_variables(model)
     before = [v.numpy() for v in local]
     skipped = int(model.optimizer.skipped_steps.numpy())
     model.train_on_batch(features, labels)
@@ -111,7 +111,7 @@ def whole_state(model):
     (gathered from every rank by global id); per-rank scalars of shards (CowClip's clip
     statistics of its own rows) as None. State spanning every row (CAME's column statistics)
     is whole on every rank already."""
-    local = state.local_variables(model)
+    local = local_variables(model)
     shards = {v.path.replace("/", "_") + "_": shard_of(v)
               for v in local if shard_of(v) is not None}
     state = []

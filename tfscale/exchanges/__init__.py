@@ -1,5 +1,6 @@
 """Embedding exchanges: how a train step's gradients are averaged over the Horovod ranks, one
-class per method behind `EmbeddingExchange` (base.py), and the registry of their names that
+class per method behind `EmbeddingExchange` (base.py; `SynchronousExchange` for those that act
+once the gradients are known), and the registry of their names that
 `compile(embedding_exchange=...)` and the launcher's `--embedding_comm` read.
 
 - allgather (default): table gradients as rows, allgathered (per-id counts kept: CowClip);
@@ -11,7 +12,7 @@ class per method behind `EmbeddingExchange` (base.py), and the registry of their
 """
 
 from tfscale.exchanges.allgather import AllgatherExchange
-from tfscale.exchanges.base import EmbeddingExchange, StepExchange
+from tfscale.exchanges.base import EmbeddingExchange, StepExchange, SynchronousExchange
 from tfscale.exchanges.dense import DenseExchange
 from tfscale.exchanges.sharded import RowShardedExchange
 from tfscale.exchanges.stale import StaleExchange
@@ -38,4 +39,4 @@ def get(exchange):
 
 __all__ = ["AllgatherExchange", "DEFAULT", "DenseExchange", "EXCHANGES", "EmbeddingExchange",
            "GTopKExchange", "RowShardedExchange", "StaleExchange", "StepExchange",
-           "TopKAllgatherExchange", "TopKExchange", "get"]
+           "SynchronousExchange", "TopKAllgatherExchange", "TopKExchange", "get"]

@@ -9,10 +9,10 @@ import tensorflow as tf
 
 from tfscale import distributed
 from tfscale.distributed.gradients import average_over_ranks
-from tfscale.exchanges.base import EmbeddingExchange
+from tfscale.exchanges.base import SynchronousExchange
 
 
-class AveragingExchange(EmbeddingExchange):
+class AveragingExchange(SynchronousExchange):
     """Base of the exchanges that average every gradient in one grouped collective."""
 
     can_run_stale = True

@@ -7,13 +7,15 @@ A train step (tfscale.train_step) calls, in this order:
     gradients = step.exchange(gradients, variables)    # after tape.gradient
     optimizer.apply(gradients, variables)
     step.finish(gradients)                             # after the update
-A synchronous exchange does all its work in `exchange`; a stale one (tfscale.exchanges.stale)
-starts in `begin_step` what can overlap the forward and backward pass and queues the step's own
+Two kinds: a `SynchronousExchange` does all its work once the gradients are known, in its
+`exchange(gradients, variables, optimizer)`; an exchange that starts before the forward pass
+(the stale one, tfscale.exchanges.stale) implements `begin_step` and returns its own
+StepExchange, which can overlap the forward and backward pass and queue the step's own
 gradients in `finish`.
 
-To add an exchange: subclass EmbeddingExchange in a new module of this package (set `name` and
-the capabilities, implement `exchange`) and add the class to `EXCHANGES` in
-tfscale/exchanges/__init__.py."""
+To add an exchange: subclass SynchronousExchange (or EmbeddingExchange with a StepExchange) in
+a new module of this package (set `name` and the capabilities) and add the class to
+`EXCHANGES` in tfscale/exchanges/__init__.py."""
 
 import abc
 from typing import ClassVar
@@ -55,10 +57,30 @@ class EmbeddingExchange(abc.ABC):
         """{name: value} of the last step: bytes sent and received, exchange seconds, ..."""
         return self.scalars.summary_scalars()
 
+    @abc.abstractmethod
     def begin_step(self, variables, optimizer):
-        """Called before the forward pass; returns the step's StepExchange."""
+        """Called before the forward pass with the model's trainable `variables` and optimizer;
+        returns the step's StepExchange."""
+
+
+class StepExchange(abc.ABC):
+    """One train step's exchange, as `begin_step` started it."""
+
+    @abc.abstractmethod
+    def exchange(self, gradients, variables):
+        """The gradients (aligned with `variables`, None for unconnected ones) to hand to the
+        optimizer."""
+
+    def finish(self, applied_gradients):
+        """Called after the optimizer took `applied_gradients`; nothing by default."""
+
+
+class SynchronousExchange(EmbeddingExchange):
+    """An exchange that does all its work once the step's gradients are known."""
+
+    def begin_step(self, variables, optimizer):
         del variables
-        return StepExchange(self, optimizer)
+        return _SynchronousStep(self, optimizer)
 
     @abc.abstractmethod
     def exchange(self, gradients, variables, optimizer):
@@ -67,20 +89,15 @@ class EmbeddingExchange(abc.ABC):
         scale); it has not applied this step yet."""
 
 
-class StepExchange:
-    """One train step's exchange (what `begin_step` started): synchronous by default."""
+class _SynchronousStep(StepExchange):
+    """A step of a SynchronousExchange: its `exchange`, with the model's optimizer."""
 
     def __init__(self, exchange, optimizer):
         self._exchange = exchange
         self._optimizer = optimizer
 
     def exchange(self, gradients, variables):
-        """The gradients to hand to the optimizer."""
         return self._exchange.exchange(gradients, variables, self._optimizer)
-
-    def finish(self, applied_gradients):
-        """Called after the optimizer took `applied_gradients` (nothing to do when
-        synchronous)."""
 
 
 def loss_scale(optimizer, variables):

@@ -17,11 +17,11 @@ from tfscale import distributed
 from tfscale.embedding.table import shard_of
 from tfscale.errors import UserError
 from tfscale.exchanges.averaging import AveragingExchange
-from tfscale.exchanges.base import EmbeddingExchange
+from tfscale.exchanges.base import SynchronousExchange
 from tfscale.row_gradients import with_values
 
 
-class RowShardedExchange(EmbeddingExchange):
+class RowShardedExchange(SynchronousExchange):
     """`exchange` (an AveragingExchange) for the model's other gradients; shards stay local."""
 
     can_run_stale = True

@@ -207,16 +207,13 @@ class StaleExchange(EmbeddingExchange):
             self.scalars.record("exchange/embedding_seconds", seconds)
         return _StaleStep(self, optimizer, scale, step, queued, pending)
 
-    def exchange(self, gradients, variables, optimizer):
-        raise TypeError("a StaleExchange exchanges through the step begin_step returns")
-
 
 class _StaleStep(StepExchange):
     """One step of a StaleExchange: its queued table gradients (exchanged since begin_step) and
     this step's other gradients go to the optimizer; its own table gradients are queued."""
 
     def __init__(self, exchange, optimizer, scale, step, queued, pending):
-        super().__init__(exchange, optimizer)
+        self._exchange, self._optimizer = exchange, optimizer
         self._scale, self._step = scale, step
         self._queued, self._pending = queued, pending
         self._fresh = self._variables = None

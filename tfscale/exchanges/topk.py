@@ -30,7 +30,7 @@ from tfscale import distributed, tables
 from tfscale.distributed import topk
 from tfscale.distributed.per_rank import PerRankState
 from tfscale.exchanges.allgather import AllgatherExchange
-from tfscale.exchanges.base import EmbeddingExchange, loss_scale
+from tfscale.exchanges.base import SynchronousExchange, loss_scale
 
 DEFAULT_DENSITY = 0.001
 
@@ -54,7 +54,7 @@ class TopKResiduals(PerRankState):
         return {f"residual/{path}": residual for path, residual in self.residuals.items()}
 
 
-class TopKExchange(EmbeddingExchange):
+class TopKExchange(SynchronousExchange):
     """Top-k sparsified exchange with error feedback; subclasses choose the collective.
 
     Args:
