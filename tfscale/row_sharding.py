@@ -1,7 +1,7 @@
-"""The `row` table strategy (tfscale.embedding.strategy), row-sharded embedding tables
-(docs/sharding.md): rank r of P holds the rows of global ids
-r, r + P, r + 2P, ... of every sharded table (owner `id mod P`, local row `id div P`), their
-optimizer state with them, and looks rows up from the other ranks by alltoall.
+"""The `row` table strategy (tfscale.embedding.strategy): row-sharded embedding tables
+(docs/sharding.md). Rank r of P holds the rows of global ids r, r + P, r + 2P, ... of every
+sharded table (owner `id mod P`, local row `id div P`), their optimizer state with them, and
+looks rows up from the other ranks by alltoall.
 
 A lookup (`lookup`), per FieldEmbedding and step: this rank's unique ids; one `hvd.alltoall` of
 (id, occurrences) pairs (int32 while the table's ids fit) to the owners (one for all the layer's

@@ -1,8 +1,8 @@
 """`Table`: one embedding table, as the rest of tfscale sees it: its name and kind, its global
 shape, the strategy holding it (tfscale.embedding.strategy), the rows this rank holds, how its
 optimizer updates it, and the lookup of the step being traced. `table_of(variable)` finds the
-Table of a variable (optimizers and exchanges are handed variables), `tables_of(model)` a
-model's.
+Table of a variable (optimizers and exchanges are handed variables, so tables are found by
+them, through a registry this module keeps), `tables_of(variables)` those of a variable list.
 
 Why a lookup is read by its update: a variable that the optimizer updates by row (scatters)
 must be read by row in place (ResourceGather): once a variable is scattered into, TensorFlow
@@ -71,7 +71,7 @@ class Table:
         self.variable = None
         self.shard = None
         self.updated_by_row = False  # read whole until the train step says otherwise
-        self._lookups = []  # this trace's StepLookups (at most two are kept)
+        self._lookups = []  # this trace's StepLookups: the last two, enough to see a second one
         self._lookup_graph = None
 
     def __repr__(self):
