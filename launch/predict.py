@@ -7,8 +7,8 @@ Reads any file the data flags of launch.train accept (Criteo TSV or Avazu CSV, l
 .gz), with the model, precision and preprocessing the run recorded beside its checkpoints
 (launch/run_record.py). Writes CSV with a header: `probability`, or `id,probability` when the
 file has Avazu's id column; without --output the CSV goes to stdout and the report to stderr.
-Prints the AUC and log loss when the file has labels. Bad input ends with a one-paragraph error
-and exit status 2."""
+Prints the AUC (when both labels occur) and log loss when the file has labels. Bad input ends
+with a one-paragraph error and exit status 2."""
 
 import os
 import sys
@@ -58,9 +58,11 @@ def run():
         from tfscale.metrics import exact_auc, log_loss
 
         labels, probabilities = labelled
-        print(f"AUC {exact_auc(labels, probabilities):.4f}, logloss "
-              f"{log_loss(labels, probabilities):.4f} on {lines:,} labelled lines", file=report,
-              flush=True)
+        positives = int((labels > 0.5).sum())
+        auc = (f"AUC {exact_auc(labels, probabilities):.4f}" if 0 < positives < labels.size
+               else "AUC undefined (every label is the same)")
+        print(f"{auc}, logloss {log_loss(labels, probabilities):.4f} on {lines:,} labelled lines",
+              file=report, flush=True)
 
 
 def write_csv(predictions, stream):

@@ -4,7 +4,10 @@ model and read raw lines exactly as training did, from the checkpoint directory 
 
 Owns the record's contents (model name and Keras config with its dtype policy, data format, the
 training files' layout, the short-line policy, the preprocessing's config) and turning it back
-into a model with its trained weights, a Preprocessing and the serving RawInputs.
+into a model with its trained weights, a Preprocessing and the serving RawInputs; and the trained
+model's own scores of the first lines of its test split (`trained_predictions.json`), written at
+the end of training from the model in memory, against which any restored, predicting or served
+copy of the model can be checked.
 """
 
 import dataclasses
@@ -19,6 +22,8 @@ from tfscale.errors import UserError
 
 RECORD_FILE = "run.json"
 VOCABULARY_FILE = "vocabulary.json"
+TRAINED_PREDICTIONS_FILE = "trained_predictions.json"
+TRAINED_PREDICTION_LINES = 32  # test lines the run scores at its end
 _KIND, _VERSION = "tfscale run", 1
 
 
@@ -41,6 +46,37 @@ def write(checkpoint_dir, model_name, model, source, data_name, precision):
     with open(path + ".tmp", "w") as stream:
         json.dump(record, stream, indent=1)
     os.replace(path + ".tmp", path)
+
+
+def write_trained_predictions(checkpoint_dir, model, source, global_step,
+                              count=TRAINED_PREDICTION_LINES):
+    """Scores the first `count` lines of `source`'s test split with `model` as training left it
+    (the weights of its last checkpoint, from memory, not read back) and writes the lines, their
+    probabilities and the global step to TRAINED_PREDICTIONS_FILE; returns its path, or None
+    when the source reads no files (synthetic data) or has no test lines. Under Horovod every
+    rank calls it (row-sharded tables are looked up from every rank); rank 0 writes."""
+    preprocessing = getattr(source, "preprocessing", None)
+    if preprocessing is None:
+        return None
+    lines = source.test_lines(count)
+    if not lines:
+        return None
+    import tensorflow as tf
+
+    from tfscale import distributed
+    from tfscale.serving import RawInputs, RawScorer
+
+    scorer = RawScorer(model, preprocessing, RawInputs(
+        preprocessing.text_format, source.train_layout, source.on_short_line))
+    probabilities = tf.function(scorer.lines, autograph=False)(tf.constant(lines)).numpy()
+    if not distributed.is_chief():
+        return None
+    path = os.path.join(checkpoint_dir, TRAINED_PREDICTIONS_FILE)
+    with open(path + ".tmp", "w") as stream:
+        json.dump({"global_step": int(global_step), "lines": lines,
+                   "probabilities": [float(p) for p in probabilities]}, stream, indent=1)
+    os.replace(path + ".tmp", path)
+    return path
 
 
 @dataclasses.dataclass

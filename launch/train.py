@@ -84,6 +84,10 @@ def run():
         checkpoint_every_steps=FLAGS.checkpoint_every_steps, resume=FLAGS.resume,
         stop_after_steps=FLAGS.stop_after_steps)
     result = train(model, source, config, print_fn=lambda line: print(line, flush=True))
+    if checkpoint_dir and not result.stopped_early and not result.finished_before:
+        # On every rank (row-sharded lookups need them all): the trained model's own scores of
+        # a few test lines, what launch.predict and launch.export can be checked against.
+        run_record.write_trained_predictions(checkpoint_dir, model, source, result.global_step)
     if distributed.is_chief():
         common_flags.report(result, source, logdir, checkpoint_dir)
 

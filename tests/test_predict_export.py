@@ -1,11 +1,20 @@
 """From a trained run to predictions and a served model: `launch.predict` scores every line of a
 file in order, `launch.export` writes a SavedModel whose graph holds the preprocessing, and that
 SavedModel, loaded by TensorFlow alone in a fresh process where tfscale cannot be imported,
-gives the probabilities of the trained model (launch.predict's) on the same lines, through both
-signatures. Hashed and vocabulary models, DeepFM and DCN-v2, float32 and mixed_bfloat16, one
-process and two Horovod ranks (replicated and row-sharded tables); Criteo and Avazu."""
+scores lines through both signatures.
+
+All of them are checked against the trained model itself: at its end a run scores the first
+lines of its test split with the model still in memory (`trained_predictions.json` beside the
+checkpoints), so a restore that lost trained weights (tables back from their initializer, say)
+cannot agree with it, even though predict and export would still agree with each other. Each
+run trains once (module fixture) and is shared by the tests that use it. Hashed, vocabulary and
+min-max encodings; DeepFM, Wide & Deep, DCN and DCN-v2; float32, mixed_float16 and
+mixed_bfloat16; one process and two Horovod ranks (replicated and row-sharded tables); Criteo
+(plain, and a .gz file longer than two read chunks) and Avazu."""
 
 import csv
+import gzip
+import json
 import os
 import subprocess
 import sys
@@ -16,9 +25,34 @@ import pytest
 
 from tests.horovod_launch import REPO_ROOT, horovodrun
 
+# A tiny model, one epoch of about 9 steps; learning rates high enough that the trained weights
+# are far from their initial values (so a restore that loses them cannot pass as trained).
 TINY_RUN = ["--batch_size=64", "--dnn_units=16", "--cross_layers=1", "--epochs=1",
             "--logdir=none", "--vocabulary_min_count=2", "--hash_buckets=300",
-            "--checkpoint_every_steps=0"]
+            "--checkpoint_every_steps=0", "--learning_rate=0.01",
+            "--embedding_learning_rate=0.05", "--warmup_epochs=0"]
+
+# How far launch.predict and the SavedModel may be from the trained model's own scores. float32:
+# the same computation on batches of another size, which changes at most the last bits of the
+# sums. Mixed precision computes the logit in float16/bfloat16 and casts it to float32 before
+# the sigmoid (slope <= 1/4): another batch size may round a sum differently by one unit in the
+# last place of the compute dtype, about eps * |logit| <= 4 eps for |logit| <= 4, i.e. at most
+# eps in probability (float16: eps = 2^-10, bfloat16: 2^-7). Training moves the probabilities
+# by far more: a restore that left the tables at their initial values was off by 0.26 to 0.72
+# in float32, float16 and bfloat16 alike (checked by hand).
+TOLERANCE = {"float32": 1e-5, "mixed_float16": 2.0**-10, "mixed_bfloat16": 2.0**-7}
+
+# name: (training flags beside TINY_RUN and the data flags, Horovod ranks)
+RUNS = {
+    "deepfm-hash": (["--model=deepfm", "--categorical_encoding=hash"], 1),
+    "dcn_v2-bfloat16": (["--model=dcn_v2", "--precision=mixed_bfloat16"], 1),
+    "wide_deep-hash-float16": (["--model=wide_deep", "--categorical_encoding=hash",
+                                "--precision=mixed_float16"], 1),
+    "dcn-minmax": (["--model=dcn", "--integer_transform=minmax"], 1),
+    "deepfm-2-ranks": (["--model=deepfm"], 2),
+    # each rank wrote its own rows; predict and export read them all in one process
+    "deepfm-2-ranks-sharded": (["--model=deepfm", "--embedding_sharding=row"], 2),
+}
 
 
 def run_module(module, *flags, timeout=300):
@@ -40,27 +74,36 @@ def criteo_files(directory, rows=700):
     lines[9] = "\t".join(lines[9].split("\t")[:20])
     labelled.write_text("\n".join(lines) + "\n")
     unlabelled = directory / "test.txt"
-    unlabelled.write_text("\n".join(line.split("\t", 1)[1] for line in lines) + "\n")
+    unlabelled.write_text("\n".join(criteo_without_label(lines)) + "\n")
     return labelled, unlabelled
+
+
+def criteo_without_label(lines):
+    return [line.split("\t", 1)[1] for line in lines]
+
+
+AVAZU_HEADER = ("id,click,hour,C1,banner_pos,site_id,site_domain,site_category,app_id,"
+                "app_domain,app_category,device_id,device_ip,device_model,device_type,"
+                "device_conn_type,C14,C15,C16,C17,C18,C19,C20,C21")
+
+
+def avazu_without_label(lines):
+    """Avazu lines (header or data) without their second column, the label."""
+    return [",".join(fields[:1] + fields[2:]) for fields in (line.split(",") for line in lines)]
 
 
 def avazu_files(directory, rows=500):
     rng = np.random.default_rng(0)
-    header = ("id,click,hour,C1,banner_pos,site_id,site_domain,site_category,app_id,app_domain,"
-              "app_category,device_id,device_ip,device_model,device_type,device_conn_type,"
-              "C14,C15,C16,C17,C18,C19,C20,C21")
-    labelled, unlabelled = [header], [header.replace("id,click,", "id,")]
+    labelled = []
     for row in range(rows):
         values = [f"v{rng.integers(0, 4 + 3 * column)}" for column in range(21)]
         click = str(int(values[2] in ("v0", "v1")))
         row_id = str(10**19 + row * 7919)  # larger than int64, passed through as text
         hour = f"1410{21 + row % 9:02d}{row % 24:02d}"
         labelled.append(",".join([row_id, click, hour] + values))
-        unlabelled.append(",".join([row_id, hour] + values))
-    paths = directory / "avazu_train.csv", directory / "avazu_test.csv"
-    for path, lines in zip(paths, (labelled, unlabelled)):
-        path.write_text("\n".join(lines) + "\n")
-    return paths
+    path = directory / "avazu_train.csv"
+    path.write_text("\n".join([AVAZU_HEADER] + labelled) + "\n")
+    return path, labelled
 
 
 def read_predictions(path):
@@ -69,39 +112,61 @@ def read_predictions(path):
     return rows[0], rows[1:]
 
 
+def trained_predictions(checkpoint_dir):
+    """(lines, float32 probabilities, global step) the run recorded from the model in memory."""
+    record = json.loads((checkpoint_dir / "trained_predictions.json").read_text())
+    assert len(record["lines"]) == len(record["probabilities"]) > 0
+    return record["lines"], np.array(record["probabilities"], np.float32), record["global_step"]
+
+
+def predict(checkpoint_dir, path, output):
+    """launch.predict on `path`: (CSV header, rows, its report on stdout)."""
+    done = run_module("launch.predict", f"--checkpoint_dir={checkpoint_dir}", f"--input={path}",
+                      f"--output={output}", "--batch_size=100")
+    assert done.returncode == 0, done.stdout + done.stderr
+    header, rows = read_predictions(output)
+    return header, rows, done.stdout
+
+
+def export(checkpoint_dir, output):
+    done = run_module("launch.export", f"--checkpoint_dir={checkpoint_dir}", f"--output={output}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return output
+
+
 LOAD_SCRIPT = textwrap.dedent("""
-    import json, sys
+    import sys
     # tfscale (installed in this environment) and the repository's packages cannot be imported
     # here: loading needs TensorFlow alone.
     for blocked in ("tfscale", "models", "launch"):
         sys.modules[blocked] = None
     import numpy as np
     import tensorflow as tf
-    saved_model, lines_path, delimiter, header_lines, out = sys.argv[1:]
+    saved_model, out, *files = sys.argv[1:]
     loaded = tf.saved_model.load(saved_model)
-    lines = open(lines_path).read().splitlines()[int(header_lines):]
     score_lines = loaded.signatures["score_lines"]
-    serving = loaded.signatures["serving_default"]
-    results = {"lines": score_lines(lines=tf.constant(lines))["probability"].numpy()}
-    results["one_by_one"] = np.concatenate([
-        score_lines(lines=tf.constant(lines[i:i + 1]))["probability"].numpy()
-        for i in range(0, len(lines), 97)])
-    names = list(serving.structured_input_signature[1])
-    json.dump({"names": names}, open(out + ".json", "w"))
+    results = {}
+    for name, path, header_lines in zip(files[::3], files[1::3], files[2::3]):
+        lines = open(path).read().splitlines()[int(header_lines):]
+        results[name] = score_lines(lines=tf.constant(lines))["probability"].numpy()
+        results[name + "_one_by_one"] = np.concatenate([
+            score_lines(lines=tf.constant(lines[i:i + 1]))["probability"].numpy()
+            for i in range(0, len(lines), 97)])
     np.savez(out, **results)
 """)
 
 
-def load_in_fresh_process(tmp_path, saved_model, lines_path, delimiter="\\t", header_lines=0):
-    """Runs LOAD_SCRIPT with TensorFlow only: outside the checkout, no PYTHONPATH, isolated,
-    tfscale's packages blocked."""
+def load_in_fresh_process(tmp_path, saved_model, files):
+    """score_lines of the SavedModel on each {name: (path, header lines)}, whole and every 97th
+    line alone (`<name>_one_by_one`), run by TensorFlow only: outside the checkout, no
+    PYTHONPATH, isolated, tfscale's packages blocked."""
     script = tmp_path / "load_saved_model.py"
     script.write_text(LOAD_SCRIPT)
     out = tmp_path / "loaded"
+    args = [str(value) for name, (path, header) in files.items() for value in (name, path, header)]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([sys.executable, "-I", str(script), str(saved_model), str(lines_path),
-                           delimiter, str(header_lines), str(out)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-I", str(script), str(saved_model), str(out), *args],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     return dict(np.load(f"{out}.npz"))
 
@@ -116,8 +181,7 @@ def served_by_fields(saved_model, rows_by_name):
         "probability"].numpy()
 
 
-def train(tmp_path, name, data_flags, *extra, ranks=1):
-    checkpoint_dir = tmp_path / name
+def train(checkpoint_dir, data_flags, *extra, ranks=1):
     flags = [*TINY_RUN, *data_flags, f"--checkpoint_dir={checkpoint_dir}", *extra]
     if ranks == 1:
         done = run_module("launch.train", *flags)
@@ -128,98 +192,169 @@ def train(tmp_path, name, data_flags, *extra, ranks=1):
     return checkpoint_dir
 
 
+def assert_scores(actual, expected, tolerance, what):
+    np.testing.assert_allclose(actual, expected, rtol=0, atol=tolerance, err_msg=what)
+
+
 @pytest.fixture(scope="module")
 def criteo(tmp_path_factory):
     return criteo_files(tmp_path_factory.mktemp("criteo"))
 
 
-@pytest.mark.parametrize("encoding, model, precision, ranks, sharding", [
-    ("hash", "deepfm", "float32", 1, "replicated"),
-    ("vocabulary", "dcn_v2", "mixed_bfloat16", 1, "replicated"),
-    ("hash", "dcn_v2", "float32", 1, "replicated"),
-    ("vocabulary", "deepfm", "mixed_bfloat16", 1, "replicated"),
-    ("vocabulary", "deepfm", "float32", 2, "replicated"),
-    # each rank wrote its own rows; predict and export read them all in one process
-    ("vocabulary", "deepfm", "float32", 2, "row"),
-])
-def test_saved_model_scores_as_the_trained_model(tmp_path, criteo, encoding, model, precision,
-                                                  ranks, sharding):
-    labelled, unlabelled = criteo
-    checkpoint_dir = train(tmp_path, "run", ["--data=criteo", f"--train_path={labelled}"],
-                           f"--categorical_encoding={encoding}", f"--model={model}",
-                           f"--precision={precision}", f"--embedding_sharding={sharding}",
-                           ranks=ranks)
-    # The trained model, restored by launch.predict, on the unlabelled file.
-    predicted = run_module("launch.predict", f"--checkpoint_dir={checkpoint_dir}",
-                           f"--input={unlabelled}", f"--output={tmp_path}/p.csv",
-                           "--batch_size=100")
-    assert predicted.returncode == 0, predicted.stderr
-    header, rows = read_predictions(tmp_path / "p.csv")
-    assert header == ["probability"]
-    lines = unlabelled.read_text().splitlines()
-    assert len(rows) == len(lines)
-    probabilities = np.array([row[0] for row in rows], np.float32)
-    # The labelled file gives the same probabilities and the metrics.
-    scored = run_module("launch.predict", f"--checkpoint_dir={checkpoint_dir}",
-                        f"--input={labelled}", f"--output={tmp_path}/q.csv")
-    assert scored.returncode == 0, scored.stderr
-    assert "AUC " in scored.stdout and "logloss" in scored.stdout, scored.stdout
-    _, labelled_rows = read_predictions(tmp_path / "q.csv")
-    np.testing.assert_allclose(np.array([r[0] for r in labelled_rows], np.float32),
-                               probabilities, rtol=0, atol=1e-6)  # other batches: 1 ulp apart
+@pytest.fixture(scope="module")
+def trained_run(criteo, tmp_path_factory):
+    """The checkpoint directory of a run of RUNS by name, trained on the Criteo file on first
+    use and shared by every test of the module."""
+    labelled, _ = criteo
+    runs = {}
 
-    exported = run_module("launch.export", f"--checkpoint_dir={checkpoint_dir}",
-                          f"--output={tmp_path}/served")
-    assert exported.returncode == 0, exported.stderr
-    with_labels = load_in_fresh_process(tmp_path, tmp_path / "served", labelled)
-    without_labels = load_in_fresh_process(tmp_path, tmp_path / "served", unlabelled)
-    np.testing.assert_allclose(with_labels["lines"], probabilities, rtol=0, atol=1e-6)
-    np.testing.assert_allclose(without_labels["lines"], probabilities, rtol=0, atol=1e-6)
-    np.testing.assert_allclose(without_labels["one_by_one"], probabilities[::97], rtol=0,
-                               atol=1e-6)
+    def get(name):
+        if name not in runs:
+            flags, ranks = RUNS[name]
+            runs[name] = train(tmp_path_factory.mktemp(name) / "checkpoints",
+                               ["--data=criteo", f"--train_path={labelled}"], *flags, ranks=ranks)
+        return runs[name]
+
+    return get
+
+
+def precision_of(run):
+    flags, _ = RUNS[run]
+    return next((flag.split("=")[1] for flag in flags if flag.startswith("--precision=")),
+                "float32")
+
+
+@pytest.mark.parametrize("run", list(RUNS))
+def test_predict_and_saved_model_score_as_the_trained_model(tmp_path, criteo, trained_run, run):
+    """launch.predict on a labelled file and the SavedModel's score_lines (lines with and without
+    labels, whole and one by one) and serving_default (fields by name) give the trained model's
+    own scores of its test lines, and agree with each other on every line of the file."""
+    labelled, _ = criteo
+    checkpoint_dir = trained_run(run)
+    reference_lines, reference, global_step = trained_predictions(checkpoint_dir)
+    tolerance = TOLERANCE[precision_of(run)]
+    n = len(reference)
+    lines = reference_lines + labelled.read_text().splitlines()
+    scored = tmp_path / "lines.txt"
+    scored.write_text("\n".join(lines) + "\n")
+    unlabelled = tmp_path / "unlabelled.txt"
+    unlabelled.write_text("\n".join(criteo_without_label(lines)) + "\n")
+
+    header, rows, report = predict(checkpoint_dir, scored, tmp_path / "p.csv")
+    assert f"at global step {global_step};" in report, report
+    assert "AUC " in report and "logloss" in report, report
+    assert header == ["probability"] and len(rows) == len(lines)
+    probabilities = np.array([row[0] for row in rows], np.float32)
+    assert_scores(probabilities[:n], reference, tolerance, "launch.predict")
+
+    served = export(checkpoint_dir, tmp_path / "served")
+    loaded = load_in_fresh_process(tmp_path, served, {"labelled": (scored, 0),
+                                                      "unlabelled": (unlabelled, 0)})
+    for name in ("labelled", "unlabelled"):
+        assert_scores(loaded[name][:n], reference, tolerance, f"score_lines, {name}")
+        assert_scores(loaded[name], probabilities, 1e-6, f"score_lines, {name}, vs predict")
+        assert_scores(loaded[f"{name}_one_by_one"], probabilities[::97], 1e-6,
+                      f"score_lines one line at a time, {name}")
 
     from tfscale.data.criteo import CATEGORICAL_NAMES, DENSE_NAMES
 
     names = DENSE_NAMES + CATEGORICAL_NAMES
-    columns = [line.split("\t") + [""] * (len(names) - len(line.split("\t"))) for line in lines]
-    by_fields = served_by_fields(tmp_path / "served", {
+    columns = [line.split("\t") + [""] * (len(names) - len(line.split("\t")))
+               for line in criteo_without_label(lines)]
+    by_fields = served_by_fields(served, {
         name: [column[i] for column in columns] for i, name in enumerate(names)})
-    np.testing.assert_allclose(by_fields, probabilities, rtol=0, atol=1e-6)
+    assert_scores(by_fields[:n], reference, tolerance, "serving_default")
+    assert_scores(by_fields, probabilities, 1e-6, "serving_default vs predict")
+
+
+def test_predict_reads_a_gz_file_of_several_chunks_in_order(tmp_path, criteo, trained_run):
+    """An unlabelled .gz file longer than two read chunks (CHUNK_LINES lines each) is scored line
+    for line: the trained model's test lines, placed across the first chunk boundary and at the
+    end, get the trained model's scores, and every line gets score_lines' score."""
+    from tfscale.data.text_lines import CHUNK_LINES
+
+    _, unlabelled = criteo
+    checkpoint_dir = trained_run("deepfm-hash")
+    reference_lines, reference, _ = trained_predictions(checkpoint_dir)
+    n = len(reference)
+    filler = unlabelled.read_text().splitlines()
+    filler = filler * (2 * CHUNK_LINES // len(filler) + 2)
+    first = CHUNK_LINES - n // 2  # the reference lines straddle the end of the first chunk
+    lines = (filler[:first] + criteo_without_label(reference_lines)
+             + filler[first:2 * CHUNK_LINES + 50] + criteo_without_label(reference_lines))
+    last = len(lines) - n
+    assert len(lines) > 2 * CHUNK_LINES
+    path = tmp_path / "many.txt.gz"
+    with gzip.open(path, "wt") as stream:
+        stream.write("\n".join(lines) + "\n")
+
+    header, rows, _ = predict(checkpoint_dir, path, tmp_path / "p.csv")
+    assert header == ["probability"] and len(rows) == len(lines)
+    probabilities = np.array([row[0] for row in rows], np.float32)
+    assert_scores(probabilities[first:first + n], reference, TOLERANCE["float32"],
+                  "across the chunk boundary")
+    assert_scores(probabilities[last:], reference, TOLERANCE["float32"], "at the end")
+
+    plain = tmp_path / "many.txt"
+    plain.write_text("\n".join(lines) + "\n")
+    served = export(checkpoint_dir, tmp_path / "served")
+    loaded = load_in_fresh_process(tmp_path, served, {"lines": (plain, 0)})
+    assert_scores(loaded["lines"], probabilities, 1e-6, "every line, score_lines vs predict")
+
+
+def test_predict_scores_a_labelled_file_of_one_class(tmp_path, criteo, trained_run):
+    """A labelled file whose labels are all 0 is scored, with its log loss and an undefined AUC
+    in the report (it used to end in a traceback from the AUC)."""
+    labelled, _ = criteo
+    negatives = [line for line in labelled.read_text().splitlines() if line.startswith("0\t")]
+    path = tmp_path / "negatives.txt"
+    path.write_text("\n".join(negatives[:20]) + "\n")
+    header, rows, report = predict(trained_run("deepfm-hash"), path, tmp_path / "p.csv")
+    assert header == ["probability"] and len(rows) == 20
+    assert "AUC undefined" in report and "logloss" in report, report
 
 
 def test_avazu_predictions_keep_order_and_ids(tmp_path):
-    labelled, unlabelled = avazu_files(tmp_path)
-    checkpoint_dir = train(tmp_path, "run", ["--data=avazu", f"--train_path={labelled}"])
-    predicted = run_module("launch.predict", f"--checkpoint_dir={checkpoint_dir}",
-                           f"--input={unlabelled}", f"--output={tmp_path}/p.csv")
-    assert predicted.returncode == 0, predicted.stderr
-    header, rows = read_predictions(tmp_path / "p.csv")
+    """Avazu: launch.predict hands the id column through in order and gives the trained model's
+    scores of its test lines; score_lines (labelled, with the header skipped) and
+    serving_default agree."""
+    labelled, train_lines = avazu_files(tmp_path)
+    checkpoint_dir = train(tmp_path / "checkpoints", ["--data=avazu", f"--train_path={labelled}"])
+    reference_lines, reference, _ = trained_predictions(checkpoint_dir)
+    n = len(reference)
+    lines = reference_lines + train_lines
+    unlabelled = tmp_path / "unlabelled.csv"
+    unlabelled.write_text("\n".join(avazu_without_label([AVAZU_HEADER] + lines)) + "\n")
+    header, rows, _ = predict(checkpoint_dir, unlabelled, tmp_path / "p.csv")
     assert header == ["id", "probability"]
-    lines = unlabelled.read_text().splitlines()[1:]
     assert [row[0] for row in rows] == [line.split(",")[0] for line in lines]
     probabilities = np.array([row[1] for row in rows], np.float32)
+    assert_scores(probabilities[:n], reference, TOLERANCE["float32"], "launch.predict")
 
-    exported = run_module("launch.export", f"--checkpoint_dir={checkpoint_dir}",
-                          f"--output={tmp_path}/served")
-    assert exported.returncode == 0, exported.stderr
-    loaded = load_in_fresh_process(tmp_path, tmp_path / "served", labelled, ",", 1)
-    np.testing.assert_allclose(loaded["lines"], probabilities, rtol=0, atol=1e-6)
+    scored = tmp_path / "lines.csv"
+    scored.write_text("\n".join([AVAZU_HEADER] + lines) + "\n")
+    served = export(checkpoint_dir, tmp_path / "served")
+    loaded = load_in_fresh_process(tmp_path, served, {"lines": (scored, 1)})
+    assert_scores(loaded["lines"], probabilities, 1e-6, "score_lines vs predict")
 
-    columns = unlabelled.read_text().splitlines()[0].split(",")
-    values = [line.split(",") for line in lines]
-    by_fields = served_by_fields(tmp_path / "served", {
+    columns = avazu_without_label([AVAZU_HEADER])[0].split(",")
+    values = [line.split(",") for line in avazu_without_label(lines)]
+    by_fields = served_by_fields(served, {
         name: [v[columns.index(name)] for v in values] for name in columns if name != "id"})
-    np.testing.assert_allclose(by_fields, probabilities, rtol=0, atol=1e-6)
+    assert_scores(by_fields, probabilities, 1e-6, "serving_default vs predict")
 
 
 def test_predict_and_export_errors_are_one_paragraph(tmp_path, criteo):
+    """Predict without a run record and export of a synthetic-data run (no file format, so no
+    trained predictions either) end with one paragraph and exit status 2."""
     labelled, _ = criteo
     missing = run_module("launch.predict", f"--checkpoint_dir={tmp_path}/nothing",
                          f"--input={labelled}")
     assert missing.returncode == 2 and "has no run.json" in missing.stderr, missing.stderr
     assert "Traceback" not in missing.stderr
-    synthetic = train(tmp_path, "synthetic", ["--train_rows=2000", "--test_rows=200",
-                                              "--synthetic_vocabulary_scale=0.001"])
+    synthetic = train(tmp_path / "synthetic", ["--train_rows=2000", "--test_rows=200",
+                                               "--synthetic_vocabulary_scale=0.001"])
+    assert not os.path.exists(synthetic / "trained_predictions.json")
     refused = run_module("launch.export", f"--checkpoint_dir={synthetic}",
                          f"--output={tmp_path}/served")
     assert refused.returncode == 2, refused.stderr

@@ -44,11 +44,13 @@ class TrainingConfig:
 @dataclasses.dataclass
 class TrainingResult:
     """What a run did: per-epoch test metrics (dicts with epoch, auc, logloss, examples,
-    train_seconds, examples_per_second), the final global step, and whether it stopped early."""
+    train_seconds, examples_per_second), the final global step, whether it stopped early, and
+    whether its checkpoint had finished every epoch already (nothing was trained)."""
 
     epochs: list
     global_step: int
     stopped_early: bool
+    finished_before: bool = False
 
     @property
     def final(self):
@@ -207,7 +209,8 @@ def _finished_result(store, config, print_fn):
     print_fn(f"the run finished its {config.epochs} epochs at global step "
              f"{progress['global_step']}; nothing left to do")
     epochs = [final] if final["auc"] is not None else []
-    return TrainingResult(epochs, progress["global_step"], stopped_early=False)
+    return TrainingResult(epochs, progress["global_step"], stopped_early=False,
+                          finished_before=True)
 
 
 def _silent(line):

@@ -17,6 +17,7 @@ import collections
 import dataclasses
 import glob
 import gzip
+import itertools
 import os
 import re
 
@@ -561,6 +562,34 @@ class DelimitedTextSource(CTRSource):
         selection = LineSelection(self._test_fraction, True, shard_index, num_shards)
         rows = self._rows(files, selection, np.arange(len(files.paths)))
         return without_autotuning(rows.rebatch(batch_size).prefetch(tf.data.AUTOTUNE))
+
+    def test_lines(self, count, max_scanned_lines=1_000_000):
+        """The text of the first `count` well-formed lines of the test split (fewer when it is
+        shorter), in file order, without line ends: lines of the test files, or the held-out
+        lines of the training files. At most `max_scanned_lines` lines of each file are read."""
+        files = self._test or self._train
+        parser = LineParser(self.FORMAT, files, skip_bad_lines=True,
+                            on_short_line=self.on_short_line)
+        found = []
+        for file_index, path in enumerate(files.paths):
+            opener = gzip.open if compression_of(path) else open
+            with opener(path, "rb") as stream:
+                numbered = itertools.islice(enumerate(stream, 1), files.header_lines,
+                                            files.header_lines + max_scanned_lines)
+                while len(found) < count:
+                    block = list(itertools.islice(numbered, CHUNK_LINES))
+                    if not block:
+                        break
+                    numbers = tf.constant([number for number, _ in block], tf.int64)
+                    lines = [raw.rstrip(b"\r\n").decode("utf-8", "replace") for _, raw in block]
+                    keep = tf.logical_not(parser.bad_lines_mask(tf.constant(lines)))
+                    if self._test_fraction is not None:
+                        keep &= in_test_split(tf.constant(file_index, tf.int64), numbers,
+                                              self._test_fraction)
+                    found += [line for line, kept in zip(lines, keep.numpy()) if kept]
+            if len(found) >= count:
+                break
+        return found[:count]
 
     def train_steps_per_epoch(self, batch_size, num_shards=1):
         """Full batches per epoch that every shard can read (the smallest shard's count), from
