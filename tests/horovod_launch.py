@@ -1,12 +1,15 @@
 """Launching test scripts under `horovodrun -np N --gloo` on loopback, for the multi-process
-tests, or as one plain process (a reference computed away from pytest's process, where earlier
-tests have run). A launch that outlives its timeout is killed with every process it started
-(horovodrun's ranks run in sessions of their own), so a hung job cannot outlive its test."""
+tests, or as plain processes (a reference computed away from pytest's process, where earlier
+tests have run; independent runs side by side). A launch that outlives its timeout is killed
+with every process it started (horovodrun's ranks run in sessions of their own), so a hung job
+cannot outlive its test."""
 
 import os
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -26,12 +29,62 @@ def python(args, timeout=240):
     return _run([sys.executable] + list(args), timeout)
 
 
+def python_side_by_side(arg_lists, timeout=240, separate_stderr=False):
+    """Runs `python ARGS` for each ARGS of `arg_lists` as concurrent processes (no Horovod), so
+    that independent runs share the machine's cores (one TensorFlow process of a small model
+    keeps about one busy), and returns their CompletedProcesses in order (stderr merged into
+    stdout unless `separate_stderr`); on timeout, kills them all and raises
+    subprocess.TimeoutExpired with the first unfinished one's output."""
+    deadline = time.monotonic() + timeout
+    started = []
+    try:
+        for args in arg_lists:
+            # Files, not pipes: a full pipe would stall its process until the ones before end.
+            stdout = tempfile.TemporaryFile(mode="w+")
+            stderr = tempfile.TemporaryFile(mode="w+") if separate_stderr else None
+            command = [sys.executable] + list(args)
+            started.append((command, stdout, stderr, _start(command, stdout, stderr)))
+        results = []
+        for command, stdout, stderr, process in started:
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise subprocess.TimeoutExpired(command, timeout, output=_read(stdout),
+                                                stderr=_read(stderr)) from None
+            results.append(subprocess.CompletedProcess(command, process.returncode,
+                                                       _read(stdout), _read(stderr)))
+        return results
+    finally:
+        for _, stdout, stderr, process in started:
+            if process.poll() is None:
+                kill_process_tree(process.pid)
+                process.wait()
+            for stream in (stdout, stderr):
+                if stream is not None:
+                    stream.close()
+
+
+def _read(stream):
+    """All that was written to the temporary file `stream` (None for None)."""
+    if stream is None:
+        return None
+    stream.seek(0)
+    return stream.read()
+
+
+def _start(command, stdout, stderr=None):
+    """The Popen of `command` from the repository root, in a session of its own, its stderr
+    merged into `stdout` unless a `stderr` is given."""
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=stdout,
+                            stderr=subprocess.STDOUT if stderr is None else stderr, text=True,
+                            start_new_session=True)
+
+
 def _run(command, timeout):
     """The CompletedProcess of `command` (stdout and stderr merged); on timeout, kills the
     command and all its descendants, then raises subprocess.TimeoutExpired with the output."""
-    env = dict(os.environ, PYTHONPATH=REPO_ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    process = _start(command, subprocess.PIPE)
     try:
         output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

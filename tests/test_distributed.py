@@ -42,8 +42,10 @@ def load_state(path):
 
 @pytest.fixture(scope="module")
 def two_rank_dir(tmp_path_factory):
+    """The output directory of one 2-rank launch of the data-parallel runs and of the run with an
+    inf on one rank (tests/multiworker/two_rank_runs.py)."""
     out_dir = tmp_path_factory.mktemp("data_parallel")
-    result = horovodrun(2, ["tests/multiworker/data_parallel_steps.py", str(out_dir)])
+    result = horovodrun(2, ["tests/multiworker/two_rank_runs.py", str(out_dir)], timeout=400)
     assert result.returncode == 0, result.stdout
     return out_dir
 
@@ -121,10 +123,8 @@ def test_dense_embedding_exchange_is_refused_with_cowclip():
             "cowclip"), embedding_exchange="dense")
 
 
-def test_inf_on_one_rank_skips_the_step_on_every_rank(tmp_path):
-    result = horovodrun(2, ["tests/multiworker/loss_scale_skip.py", str(tmp_path)])
-    assert result.returncode == 0, result.stdout
-    ranks = [np.load(tmp_path / f"rank{rank}.npz") for rank in (0, 1)]
+def test_inf_on_one_rank_skips_the_step_on_every_rank(two_rank_dir):
+    ranks = [np.load(two_rank_dir / f"rank{rank}.npz") for rank in (0, 1)]
     for saved in ranks:
         assert int(saved["skipped_steps"]) == 1
         assert float(saved["scale"]) == loss_scale_skip.INITIAL_SCALE / 2

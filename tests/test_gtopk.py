@@ -1,8 +1,8 @@
 """The top-k embedding gradient exchanges (tfscale.distributed.topk, sparse_exchange): the gTop-k
-butterfly and the allgather top-k against a NumPy statement of docs/gtopk.md under horovodrun with 2,
-3 (folded) and 4 ranks, error feedback conserving the gradients with every rank applying the same
-gradient; and, in one process, the loss-scale invariance, the refusals and the single-rank
-collective."""
+butterfly and the allgather top-k against a NumPy statement of docs/gtopk.md under horovodrun with
+3 ranks (folded onto 2) and 4 (two butterfly rounds, the first of them 2 ranks' whole butterfly),
+error feedback conserving the gradients with every rank applying the same gradient; and, in one
+process, the loss-scale invariance, the refusals and the single-rank collective."""
 
 import keras
 import numpy as np
@@ -18,7 +18,7 @@ from tfscale.errors import UserError
 from tfscale.optimizers import CowClip, FusedAdam
 
 
-@pytest.mark.parametrize("num_ranks", [2, 3, 4])
+@pytest.mark.parametrize("num_ranks", [3, 4])
 def test_collectives_and_error_feedback_under_horovodrun(num_ranks):
     result = horovodrun(num_ranks, ["tests/multiworker/topk_all.py"], timeout=400)
     assert result.returncode == 0, result.stdout

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.horovod_launch import REPO_ROOT, python_side_by_side
 
 # A small DeepFM on a small synthetic set, so a few hundred steps take seconds.
 # CowClip given: on the built-in data the launcher's default is Adam with sqrt scaling.
@@ -25,6 +25,13 @@ def launch(*flags, timeout=300):
     return subprocess.run([sys.executable, "-m", "launch.train", *flags], cwd=REPO_ROOT, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           timeout=timeout)
+
+
+def launch_side_by_side(*flag_lists, timeout=300):
+    """The CompletedProcesses of `python -m launch.train FLAGS` for each of `flag_lists`, run as
+    concurrent processes (independent runs, one per core)."""
+    return python_side_by_side([["-m", "launch.train", *flags] for flags in flag_lists],
+                               timeout=timeout, separate_stderr=True)
 
 
 def checkpoint_values(checkpoint_dir):
@@ -106,14 +113,15 @@ def _has_loss_scale_state(values):
 def test_stopped_and_resumed_run_equals_uninterrupted_run(tmp_path, flags, has_its_state):
     common = [*SMALL_RUN, "--train_rows=12800", "--epochs=2", "--checkpoint_every_steps=15",
               "--logdir=none", *flags]
-    whole = launch(*common, f"--checkpoint_dir={tmp_path}/whole")
+    # The uninterrupted run, and one that stops at step 37 (mid-epoch 1): its newest checkpoint
+    # is step 30, so 7 steps are redone.
+    whole, first = launch_side_by_side(
+        [*common, f"--checkpoint_dir={tmp_path}/whole"],
+        [*common, f"--checkpoint_dir={tmp_path}/split", "--stop_after_steps=37"])
     assert whole.returncode == 0, whole.stderr
     warns = "warning: --precision=mixed_float16 with no GPU" in whole.stdout
     assert warns == ("--precision=mixed_float16" in flags
                      and not tf.config.list_physical_devices("GPU")), whole.stdout
-
-    # Stops at step 37 (mid-epoch 1); the newest checkpoint is step 30, so 7 steps are redone.
-    first = launch(*common, f"--checkpoint_dir={tmp_path}/split", "--stop_after_steps=37")
     assert first.returncode == 0, first.stderr
     assert "stopped after global step 37" in first.stdout
     second = launch(*common, f"--checkpoint_dir={tmp_path}/split", "--resume")
@@ -135,17 +143,15 @@ def test_stopped_and_resumed_run_equals_uninterrupted_run(tmp_path, flags, has_i
         np.testing.assert_array_equal(expected[name], actual[name], err_msg=name)
 
 
-def test_refuses_to_overwrite_a_run_without_resume(tmp_path):
-    args = [*SMALL_RUN, "--train_rows=2560", "--epochs=1", "--logdir=none",
-            f"--checkpoint_dir={tmp_path}"]
-    assert launch(*args).returncode == 0
-    again = launch(*args)
+def test_refuses_to_overwrite_a_run_without_resume(criteo_checkpointed_run):
+    _, flags, checkpoint_dir, _ = criteo_checkpointed_run
+    again = launch(*flags)
     assert again.returncode == 2
-    assert f"--checkpoint_dir={tmp_path} already holds a checkpoint" in again.stderr
+    assert f"--checkpoint_dir={checkpoint_dir} already holds a checkpoint" in again.stderr
     assert "give --resume to continue" in again.stderr and "Traceback" not in again.stderr
 
 
-@pytest.mark.parametrize("flags, message", [
+BAD_FLAGS = [
     (["--model=deepcross"], "--model"),
     (["--batch_size=0"], "--batch_size"),
     (["--batch_size=-5"], "--batch_size"),
@@ -178,9 +184,29 @@ def test_refuses_to_overwrite_a_run_without_resume(tmp_path):
      "--scaling_rule=sqrt)"),
     (["--train_rows=1000", "--batch_size=2048"],
      "--batch_size=2048 is larger than the training split"),
-])
-def test_bad_flags_give_a_clear_error(flags, message):
-    result = launch(*flags, "--logdir=none", "--checkpoint_dir=none")
+]
+# Small data under every bad flag (whose own flags come after, and win), so that the refusals
+# that come once the data and the model are built do not build the default 4M-row set first.
+SMALL_DATA = ["--train_rows=1000", "--test_rows=100", "--synthetic_vocabulary_scale=0.002",
+              "--dnn_units=16", "--batch_size=128"]
+
+
+@pytest.fixture(scope="module")
+def bad_flag_launches():
+    """{flags: the CompletedProcess of launching with them} for every row of BAD_FLAGS, two
+    launches at a time side by side."""
+    launches = {}
+    for first in range(0, len(BAD_FLAGS), 2):
+        rows = [flags for flags, _ in BAD_FLAGS[first:first + 2]]
+        results = launch_side_by_side(*[[*SMALL_DATA, *flags, "--logdir=none",
+                                         "--checkpoint_dir=none"] for flags in rows])
+        launches.update(zip(map(tuple, rows), results))
+    return launches
+
+
+@pytest.mark.parametrize("flags, message", BAD_FLAGS)
+def test_bad_flags_give_a_clear_error(bad_flag_launches, flags, message):
+    result = bad_flag_launches[tuple(flags)]
     assert result.returncode != 0
     assert message in result.stderr
     assert "Traceback" not in result.stderr
@@ -236,9 +262,18 @@ CRITEO_RUN = ["--data=criteo", "--batch_size=256", "--dnn_units=32", "--hash_buc
               "--epochs=1", "--logdir=none", "--checkpoint_dir=none"]
 
 
-def test_trains_on_a_criteo_file(tmp_path):
-    path = _criteo_file(tmp_path / "train.txt")
-    result = launch(*CRITEO_RUN, f"--train_path={path}")
+@pytest.fixture(scope="module")
+def criteo_checkpointed_run(tmp_path_factory):
+    """(training file, flags, checkpoint directory, CompletedProcess) of a whole run on a Criteo
+    file with checkpoints."""
+    directory = tmp_path_factory.mktemp("criteo_run")
+    path = _criteo_file(directory / "train.txt")
+    flags = [*CRITEO_RUN[:-1], f"--train_path={path}", f"--checkpoint_dir={directory}/ckpt"]
+    return path, flags, f"{directory}/ckpt", launch(*flags)
+
+
+def test_trains_on_a_criteo_file(criteo_checkpointed_run):
+    result = criteo_checkpointed_run[-1]
     assert result.returncode == 0, result.stderr
     assert "final test AUC" in result.stdout
 
@@ -277,19 +312,17 @@ def test_malformed_line_names_file_and_line(tmp_path, corrupt, message):
 
 
 def test_missing_and_empty_files_give_a_clear_error(tmp_path):
-    missing = launch(*CRITEO_RUN, f"--train_path={tmp_path}/nope.txt")
+    (tmp_path / "empty.txt").write_text("")
+    missing, empty = launch_side_by_side([*CRITEO_RUN, f"--train_path={tmp_path}/nope.txt"],
+                                         [*CRITEO_RUN, f"--train_path={tmp_path}/empty.txt"])
     assert missing.returncode == 2 and "nope.txt" in missing.stderr
     assert "Traceback" not in missing.stderr
-    (tmp_path / "empty.txt").write_text("")
-    empty = launch(*CRITEO_RUN, f"--train_path={tmp_path}/empty.txt")
     assert empty.returncode == 2 and "empty.txt" in empty.stderr and "empty" in empty.stderr
     assert "Traceback" not in empty.stderr
 
 
-def test_resume_of_a_finished_run_reports_its_result(tmp_path):
-    path = _criteo_file(tmp_path / "train.txt")
-    flags = [*CRITEO_RUN[:-1], f"--train_path={path}", f"--checkpoint_dir={tmp_path}/ckpt"]
-    first = launch(*flags)
+def test_resume_of_a_finished_run_reports_its_result(criteo_checkpointed_run):
+    path, flags, checkpoint_dir, first = criteo_checkpointed_run
     assert first.returncode == 0, first.stderr
     final = [line for line in first.stdout.splitlines() if line.startswith("final test AUC")]
     with open(path, "a") as stream:  # the data changes: its cached vocabulary is recounted,
@@ -299,7 +332,7 @@ def test_resume_of_a_finished_run_reports_its_result(tmp_path):
     assert "the run finished its 1 epochs at global step 10; nothing left to do" in again.stdout
     assert final and final[0] in again.stdout.splitlines(), again.stdout
     assert "resumed from" not in again.stdout
-    assert f"vocabulary: the resumed run's own, {tmp_path}/ckpt/vocabulary.json" in again.stdout
+    assert f"vocabulary: the resumed run's own, {checkpoint_dir}/vocabulary.json" in again.stdout
     assert "counting the categorical values" not in again.stdout
 
 

@@ -3,9 +3,10 @@ each value of its enumerations, in small one-epoch runs, each asserting what the
 (the optimizer's rates, warm-up, L2 and CowClip settings, the tables, layers, dtype policy, loss
 scaling, exchange, data split and order, initial weights).
 
-The runs share one process (tests/launcher_matrix.py, which reports what each run built) so that
-TensorFlow starts once; expected values come from the flags' contract (the scaling rules of
-tfscale.optimizers.scaling, the files' contents), not from earlier output."""
+The runs share two processes side by side (tests/launcher_matrix.py, which reports what each run
+built), so that TensorFlow starts only twice and both cores work; expected values come from the
+flags' contract (the scaling rules of tfscale.optimizers.scaling, the files' contents), not from
+earlier output."""
 
 import importlib
 import json
@@ -16,7 +17,7 @@ import sys
 
 import pytest
 
-from tests.horovod_launch import REPO_ROOT, python
+from tests.horovod_launch import REPO_ROOT, python_side_by_side
 from tfscale.optimizers.scaling import PRESETS
 
 BATCH = 128
@@ -184,14 +185,21 @@ def data(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def facts(data, tmp_path_factory):
-    """{case: what its run built} from one run of tests/launcher_matrix.py over CASES."""
-    cases = {name: [flag.format(data=data) for flag in flags] for name, flags in CASES.items()}
-    cases_file = tmp_path_factory.mktemp("cases") / "cases.json"
-    cases_file.write_text(json.dumps(cases))
-    result = python(["tests/launcher_matrix.py", str(cases_file)], timeout=900)
-    assert result.returncode == 0, result.stdout[-5000:]
-    reported = [json.loads(line[len("MATRIX "):]) for line in result.stdout.splitlines()
-                if line.startswith("MATRIX ")]
+    """{case: what its run built} from two runs of tests/launcher_matrix.py side by side, one
+    over each half of CASES (the seed and determinism cases, first, share a process)."""
+    names = list(CASES)
+    directory = tmp_path_factory.mktemp("cases")
+    halves = []
+    for half, part in enumerate((names[:len(names) // 2], names[len(names) // 2:])):
+        cases = {name: [flag.format(data=data) for flag in CASES[name]] for name in part}
+        halves.append(directory / f"cases{half}.json")
+        halves[-1].write_text(json.dumps(cases))
+    reported = []
+    for result in python_side_by_side([["tests/launcher_matrix.py", str(cases)]
+                                       for cases in halves], timeout=900):
+        assert result.returncode == 0, result.stdout[-5000:]
+        reported += [json.loads(line[len("MATRIX "):]) for line in result.stdout.splitlines()
+                     if line.startswith("MATRIX ")]
     return {case.pop("case"): case for case in reported}
 
 

@@ -1,10 +1,9 @@
-"""Run under horovodrun (2 ranks) with an output directory: trains a float32 DeepFM with a
-dynamic loss scaler for STEPS steps, feeding inf into rank 1's dense features at step
-BAD_STEP only, and writes each rank's final variables, skipped-step count and loss scale to
+"""Under horovodrun (2 ranks; run by two_rank_runs.py) with an output directory: trains a float32
+DeepFM with a dynamic loss scaler for STEPS steps, feeding inf into rank 1's dense features at
+step BAD_STEP only, and writes each rank's final variables, skipped-step count and loss scale to
 OUT_DIR/rank<r>.npz."""
 
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
@@ -45,7 +44,3 @@ def main(out_dir):
              skipped_steps=optimizer.skipped_steps.numpy(), scale=optimizer.dynamic_scale.numpy())
     print(f"rank {rank}: skipped {int(optimizer.skipped_steps.numpy())} steps, loss scale "
           f"{float(optimizer.dynamic_scale.numpy()):g}", flush=True)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1])
