@@ -2,14 +2,17 @@
 B/P with sharded tables train to the whole tables and optimizer state of one process at B with
 replicated ones (P = 2, 3, 4 under horovodrun, rtol 1e-5; synchronous and 1 step stale),
 float16 with a loss scaler equals replicated tables at the same P (bitwise) and skips an inf
-step everywhere, the lookup's edge cases, and in one process: sharded equals replicated,
-initial rows do not depend on P, refusals."""
+step everywhere, the lookup's edge cases and its alltoall byte counters (exact, from the ids),
+checkpoints resumed at another P holding exactly the tables and optimizer state written, and in
+one process: sharded equals replicated, initial rows do not depend on P and follow the
+initializer's (seed, block) rule, refusals."""
 
 import re
 
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import models
 from launch.user_errors import in_flag_terms
@@ -17,7 +20,7 @@ from tests.horovod_launch import horovodrun, python
 from tests.multiworker import sharded_steps
 from tests.test_distributed import load_state
 from tests.test_launcher import checkpoint_values, train_scalars
-from tfscale import exchanges
+from tfscale import exchanges, initializers
 from tfscale.embedding import state as embedding_state
 from tfscale.embedding.table import RowShard
 from tfscale.data.synthetic import SyntheticCTR
@@ -127,6 +130,32 @@ def test_initial_rows_do_not_depend_on_the_number_of_shards(num_shards):
     assert [RowShard(10, 4, i).rows for i in range(4)] == [3, 3, 2, 2]
 
 
+def test_initial_rows_of_different_blocks_follow_the_rule_and_are_independent():
+    """Row i is row i mod CHUNK_ROWS of a stateless normal block drawn from (seed, i div
+    CHUNK_ROWS) (the module's rule, restated here), so rows at the same place of different
+    blocks differ and are uncorrelated; a shard's rows from three blocks are the rule's rows."""
+    chunk, dim, seed, mean, stddev = initializers.CHUNK_ROWS, 4, 11, 0.5, 0.1
+    initializer = RowSeededNormal(mean=mean, stddev=stddev, seed=seed)
+
+    def rule(ids):
+        blocks = {b: tf.random.stateless_normal([chunk, dim], seed=[seed, b]).numpy()
+                  for b in set(ids // chunk)}
+        return np.stack([mean + stddev * blocks[i // chunk][i % chunk] for i in ids])
+
+    whole = initializer((2 * chunk + 5, dim)).numpy()
+    first, second = whole[:chunk], whole[chunk:2 * chunk]
+    assert not (first == second).all(axis=1).any()  # no row repeats its block-0 twin
+    correlation = np.corrcoef(first.ravel(), second.ravel())[0, 1]
+    assert abs(correlation) < 0.02, correlation  # 262,144 pairs: |r| ~ 0.002 if independent
+    np.testing.assert_allclose(whole.mean(), mean, atol=3e-3)
+    np.testing.assert_allclose(whole.std(), stddev, rtol=1e-2)
+    ids = np.array([0, 3, chunk - 1, chunk, chunk + 3, 2 * chunk, 2 * chunk + 4], np.int64)
+    np.testing.assert_allclose(whole[ids], rule(ids), rtol=1e-6, atol=1e-7)
+    shard_ids = np.array([3, chunk + 3, 5 * chunk + 3])  # one row each of blocks 0, 1 and 5
+    np.testing.assert_allclose(initializer.rows(shard_ids, dim).numpy(), rule(shard_ids),
+                               rtol=1e-6, atol=1e-7)
+
+
 def test_refusals_name_the_argument():
     schema = SyntheticCTR(seed=0, train_rows=10, test_rows=10, vocabulary_scale=0.002).schema
     model = models.build_model("deepfm", schema, hidden_units=[8], embedding_sharding="row")
@@ -223,33 +252,94 @@ def test_checkpoints_resume_at_another_number_of_ranks_and_sharding(tmp_path):
 
 # 7,680 rows / 384 = 20 steps per epoch at any P of 2, 3, 4; CowClip, whose state per row is the
 # largest.
-SHARDED_RUN = ["-m", "launch.train", "--embedding_sharding=row", "--train_rows=7680",
-               "--test_rows=1000", "--synthetic_vocabulary_scale=0.002", "--dnn_units=32,32",
-               "--batch_size=384", "--log_every_steps=10", "--checkpoint_every_steps=10",
-               "--logdir=none", "--optimizer=cowclip"]
+SHARDED_DATA = dict(seed=0, train_rows=7680, test_rows=1000, vocabulary_scale=0.002)
+SHARDED_BATCH = 384
+SHARDED_RUN = ["-m", "launch.train", "--embedding_sharding=row",
+               f"--train_rows={SHARDED_DATA['train_rows']}",
+               f"--test_rows={SHARDED_DATA['test_rows']}",
+               f"--synthetic_vocabulary_scale={SHARDED_DATA['vocabulary_scale']}",
+               "--dnn_units=32,32", f"--batch_size={SHARDED_BATCH}", "--log_every_steps=10",
+               "--checkpoint_every_steps=10", "--logdir=none", "--optimizer=cowclip"]
+DEEP_TABLE = "deepfm/field_embedding/deep_embedding/embeddings"
+WIDE_TABLE = "deepfm/field_embedding/wide_embedding/embeddings"
+
+
+def _expected_alltoall_bytes(step, rank, num_ranks, widths):
+    """(sent, received) payload bytes of rank `rank`'s lookup at global step `step` (1-based, in
+    the first epoch) of SHARDED_RUN on `num_ranks` ranks and its backward pass, from every
+    rank's batch: each rank's unique rows (field id + field offset); the owner of row i is
+    i mod P; an (id, count) pair per row asked of another rank, two int32s while the table's ids
+    fit in int32 (else int64); a float32 row of every table (`widths`) back per pair received,
+    and a float32 row gradient of every table back to the owner per row received."""
+    data = SyntheticCTR(**SHARDED_DATA)
+    sizes = np.array(data.schema.vocabulary_sizes, np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    unique = []
+    for r in range(num_ranks):
+        features, _ = next(iter(data.train_batches(
+            SHARDED_BATCH // num_ranks, skip_batches=step - 1, shard_index=r,
+            num_shards=num_ranks)))
+        unique.append(np.unique(features["categorical"].numpy() + offsets))
+    asked_of_others = int(np.sum(unique[rank] % num_ranks != rank))
+    asked_by_others = sum(int(np.sum(unique[r] % num_ranks == rank))
+                          for r in range(num_ranks) if r != rank)
+    pair = 2 * (4 if sizes.sum() <= np.iinfo(np.int32).max else 8)
+    row = 4 * sum(widths)
+    sent = pair * asked_of_others + row * asked_by_others + row * asked_of_others
+    received = pair * asked_by_others + row * asked_of_others + row * asked_by_others
+    return sent, received
+
+
+def _whole_tables(step_dir):
+    """{variable: whole array} of a checkpoint's tables files, each file's rows put at their
+    global ids (row k of shard i of n is id i + n k); every row written exactly once."""
+    files = sorted(step_dir.glob("tables-*-of-*.npz"))
+    stored = []
+    for path in files:
+        with np.load(path) as arrays:
+            stored.append(dict(arrays))
+    whole, num_shards = {}, len(files)
+    for name in stored[0]:
+        parts = [arrays[name] for arrays in stored]
+        table = np.full((sum(len(p) for p in parts),) + parts[0].shape[1:], np.nan, parts[0].dtype)
+        for path, part in zip(files, parts):
+            index = int(path.name.split("-")[1])
+            assert path.name == f"tables-{index}-of-{num_shards}.npz", path
+            table[index::num_shards] = part
+        assert not np.isnan(table).any(), name
+        whole[name] = table
+    return whole
 
 
 def test_sharded_launcher_run_resumes_bitwise_and_continues_on_fewer_ranks(tmp_path):
     """1 step stale at P = 2 (each rank's queues of its shards' gradients are checkpointed with
-    them), synchronous from 3 ranks to 2 (queues belong to their rank's rows)."""
+    them), synchronous from 3 ranks to 2 (queues belong to their rank's rows): the 2 ranks
+    resume with exactly the 3 ranks' tables and per-row CowClip state. Rank 0's alltoall byte
+    counters equal those computed from the last step's ids, its table bytes its share of rows."""
     stale = [*SHARDED_RUN, "--embedding_staleness=1"]
     whole = horovodrun(2, [*stale, f"--checkpoint_dir={tmp_path}/whole",
                            f"--logdir={tmp_path}/logs"])
     assert whole.returncode == 0, whole.stdout
-    assert re.search(r"tables row-sharded over 2 ranks: 187,200 rows, [0-9,]+ MB with "
-                     r"optimizer state per rank", whole.stdout), whole.stdout
+    # Rank 0 holds rows 0, 2, 4, ... of the deep and the wide table (float32).
+    rank0_rows = len(range(0, SyntheticCTR(**SHARDED_DATA).schema.total_vocabulary, 2))
+    assert re.search(rf"tables row-sharded over 2 ranks: {2 * rank0_rows:,} rows, [0-9,]+ MB "
+                     r"with optimizer state per rank", whole.stdout), whole.stdout
+    expected = checkpoint_values(f"{tmp_path}/whole")
+    widths = [expected[f"tables-0-of-2/{t}"].shape[1] for t in (DEEP_TABLE, WIDE_TABLE)]
     scalars = train_scalars(f"{tmp_path}/logs")
-    # Rank 0's 93,600 rows of the deep (10 wide) and the wide table, float32.
-    assert scalars["sharding/table_bytes"] == 93_600 * 11 * 4, scalars
-    for name in ("alltoall_bytes_sent", "alltoall_bytes_received", "lookup_seconds"):
-        assert scalars[f"sharding/{name}"] > 0, scalars
+    assert scalars["sharding/table_bytes"] == rank0_rows * 4 * sum(widths), scalars
+    # The last values written are the epoch's last step's.
+    last_step = SHARDED_DATA["train_rows"] // SHARDED_BATCH
+    sent, received = _expected_alltoall_bytes(last_step, 0, 2, widths)
+    assert scalars["sharding/alltoall_bytes_sent"] == sent, (scalars, sent)
+    assert scalars["sharding/alltoall_bytes_received"] == received, (scalars, received)
+    assert scalars["sharding/lookup_seconds"] > 0, scalars
     assert scalars["embedding/staleness"] == 1, scalars
     first = horovodrun(2, [*stale, f"--checkpoint_dir={tmp_path}/split", "--stop_after_steps=15"])
     assert first.returncode == 0, first.stdout
     second = horovodrun(2, [*stale, f"--checkpoint_dir={tmp_path}/split", "--resume"])
     assert second.returncode == 0, second.stdout
     assert "resumed from global step 10: epoch 1, batch 10" in second.stdout, second.stdout
-    expected = checkpoint_values(f"{tmp_path}/whole")
     actual = checkpoint_values(f"{tmp_path}/split")
     assert expected.keys() == actual.keys()
     assert any(name.startswith("tables-1-of-2/") for name in expected), list(expected)
@@ -261,10 +351,21 @@ def test_sharded_launcher_run_resumes_bitwise_and_continues_on_fewer_ranks(tmp_p
     stopped = horovodrun(3, [*SHARDED_RUN, f"--checkpoint_dir={tmp_path}/shrunk",
                              "--stop_after_steps=15"])
     assert stopped.returncode == 0, stopped.stdout
-    resumed = horovodrun(2, [*SHARDED_RUN, f"--checkpoint_dir={tmp_path}/shrunk", "--resume"])
+    resumed = horovodrun(2, ["tests/multiworker/launcher_resume.py", str(tmp_path / "restored.npz"),
+                             *SHARDED_RUN[2:], f"--checkpoint_dir={tmp_path}/shrunk", "--resume"])
     assert resumed.returncode == 0, resumed.stdout
     assert "resumed from global step 10: epoch 1, batch 10" in resumed.stdout, resumed.stdout
     assert re.search(r"final test AUC 0\.\d{4}", resumed.stdout), resumed.stdout
     assert sorted(p.name for p in (tmp_path / "shrunk").glob("step-*/tables-*")) == [
         "tables-0-of-2.npz", "tables-0-of-3.npz", "tables-1-of-2.npz", "tables-1-of-3.npz",
         "tables-2-of-3.npz"]
+    reference = _whole_tables(tmp_path / "shrunk" / "step-0000000010")
+    with np.load(tmp_path / "restored.npz") as restored:
+        assert sorted(restored.files) == sorted(reference), (restored.files, list(reference))
+        for name, want in reference.items():
+            np.testing.assert_array_equal(restored[name], want, err_msg=name)
+    for table in (DEEP_TABLE, WIDE_TABLE):  # each table with its Adam moments (CowClip's)
+        assert {f"embedding/{table.replace('/', '_')}_{slot}" for slot in
+                ("momentum", "velocity")} | {table} <= set(reference), list(reference)
+    final = _whole_tables(tmp_path / "shrunk" / "step-0000000020")
+    assert all(np.abs(final[name] - want).max() > 0 for name, want in reference.items())

@@ -16,7 +16,8 @@ every rank ("built before Horovod refused"), and, printing "edge cases ok": the 
 table (rank 3 of 4 owns no row) where every rank looks up the same id, ids only one rank looks up,
 and ranks whose batch holds no id of some owners (empty splits), against the gathered whole table,
 with the gradient each owner receives; and an inf in one rank's shard gradient alone makes every
-rank's RowShardedExchange hand NaN shard gradients (so every loss scaler skips). Used by
+rank's RowShardedExchange hand NaN shard gradients (so every loss scaler skips); the lookup's
+alltoall byte counters equal the bytes computed from every rank's ids. Used by
 tests/test_sharding.py."""
 
 import dataclasses
@@ -37,6 +38,7 @@ from tfscale.errors import UserError  # noqa: E402
 from tfscale.loss_scaling import LossScaleOptimizer  # noqa: E402
 from tfscale.optimizers import (CAME, CowClip, FusedAdam, RowSparseAdam,  # noqa: E402
                                 factory, large_batch_settings)
+from tfscale.step_scalars import StepScalars  # noqa: E402
 from tfscale.training import build_model_and_optimizer  # noqa: E402
 
 GLOBAL_BATCH = 384  # divides over 2, 3 and 4 ranks
@@ -158,16 +160,20 @@ def check_edge_cases():
     shard = table.shard
     ids = shard.global_ids()
     table.variable.assign(tf.constant(np.stack([ids * 10.0, ids * 10.0 + 1], axis=1),
-                                        tf.float32))
+                                      tf.float32))
     # Every rank looks up id 0; rank r also looks up id 1 + r (beyond the table: skipped) and
     # rank 0 id 2 twice: some ranks send nothing to some owners.
-    wanted = [0] + ([1 + rank] if 1 + rank < 3 else []) + ([2, 2] if rank == 0 else [])
+    def wanted_by(r):
+        return [0] + ([1 + r] if 1 + r < 3 else []) + ([2, 2] if r == 0 else [])
+
+    wanted = wanted_by(rank)
     rows = tf.constant(wanted, tf.int64)
+    scalars = StepScalars()
 
     @tf.function
     def look_up_and_differentiate():
         with tf.GradientTape() as tape:
-            (vectors,) = row_sharding.lookup([table], rows, name="edge")
+            (vectors,) = row_sharding.lookup([table], rows, name="edge", scalars=scalars)
             loss = tf.reduce_sum(vectors * tf.cast(rank + 1, tf.float32))
         return vectors, tape.gradient(loss, table.variable.value)
 
@@ -179,12 +185,22 @@ def check_edge_cases():
     # divided by P (each rank's loss is its share of the global mean).
     occurrences = np.zeros((size, 3))
     for r in range(size):
-        for i in [0] + ([1 + r] if 1 + r < 3 else []) + ([2, 2] if r == 0 else []):
+        for i in wanted_by(r):
             occurrences[r, i] += 1
     expected = (occurrences * np.arange(1, size + 1)[:, None]).sum(axis=0)
     dense = tf.convert_to_tensor(gradient).numpy() if shard.rows else np.zeros((0, 2))
     np.testing.assert_allclose(dense, np.repeat(expected[ids][:, None] / size, 2, axis=1),
                                rtol=1e-6)
+    # The payload bytes: an (id, count) pair of int32s (3 rows fit) per unique id asked of its
+    # owner (id mod P), a float32 row of 2 back per pair, a row gradient to the owner per row.
+    asked_of_others = len({i for i in wanted if i % size != rank})
+    asked_by_others = sum(len({i for i in wanted_by(r) if i % size == rank})
+                          for r in range(size) if r != rank)
+    recorded = scalars.summary_scalars()
+    assert recorded["sharding/alltoall_bytes_sent"] == (
+        8 * asked_of_others + 4 * 2 * (asked_by_others + asked_of_others)), (rank, recorded)
+    assert recorded["sharding/alltoall_bytes_received"] == (
+        8 * asked_by_others + 4 * 2 * (asked_of_others + asked_by_others)), (rank, recorded)
 
     # An inf in rank 1's shard gradient alone: every rank's shard gradients become NaN.
     table = sharded_table("edge8", 8)
