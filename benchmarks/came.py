@@ -44,7 +44,7 @@ from tfscale.data.synthetic import SyntheticCTR  # noqa: E402
 from tfscale.optimizers.came import CAME  # noqa: E402
 from tfscale.optimizers.fused_adam import FusedAdam  # noqa: E402
 from tfscale.optimizers.memory import factored_minimum_bytes, optimizer_state_bytes  # noqa: E402
-from tfscale.training import TrainingConfig, train  # noqa: E402
+from tfscale.training.run import TrainingConfig, train  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("optimizers", ["adam:1e-3", "adafactor:3e-2", "came:1e-4", "came:2e-4"],

@@ -7,7 +7,7 @@ On one [rows, dim] table (DeepFM's deep table at the built-in data's two sizes),
 side in one process, alternating, the median of --rounds:
   - a row step without catch-up (lazy Adam) and with it, on --unique_ids random rows (about a
     batch of 8,192 at 1.8M ids after de-duplication): what the catch-up adds to every step;
-  - `catch_up_every_row` (the whole-table pass tfscale.callbacks.CatchUpRows runs once per
+  - `catch_up_every_row` (the whole-table pass tfscale.training.callbacks.CatchUpRows runs once per
     epoch) against one step of the dense update (FusedAdam on the densified gradient), which
     the dense path pays every step.
 Prints one markdown row per table size, with the machine and the CPU time other processes took."""

@@ -25,11 +25,11 @@ from absl import app, flags  # noqa: E402
 import models  # noqa: E402
 from benchmarks.id_rarity import rare_row_mask  # noqa: E402
 from tfscale.data.synthetic import SyntheticCTR  # noqa: E402
-from tfscale.evaluation import predict_with_labels  # noqa: E402
 from tfscale.metrics import exact_auc  # noqa: E402
 from tfscale.optimizers import factory  # noqa: E402
 from tfscale.optimizers.scaling import BASE_BATCH_SIZE, large_batch_settings  # noqa: E402
-from tfscale.training import TrainingConfig, train  # noqa: E402
+from tfscale.training.evaluation import predict_with_labels  # noqa: E402
+from tfscale.training.run import TrainingConfig, train  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["deepfm"], "Models swept over every batch size and rule.")

@@ -37,12 +37,12 @@ from benchmarks.id_rarity import rare_row_mask  # noqa: E402
 from benchmarks.timing import OtherProcessesCPU  # noqa: E402
 from tfscale.data.synthetic import SyntheticCTR  # noqa: E402
 from tfscale.errors import NonFiniteTraining  # noqa: E402
-from tfscale.evaluation import predict_with_labels  # noqa: E402
 from tfscale.metrics import exact_auc, log_loss  # noqa: E402
 from tfscale.optimizers import factory  # noqa: E402
-from tfscale.optimizers.scaling import (  # noqa: E402
-    BASE_BATCH_SIZE, PRESETS, Preset, large_batch_settings)
-from tfscale.training import TrainingConfig, train  # noqa: E402
+from tfscale.optimizers.scaling import (BASE_BATCH_SIZE, PRESETS, Preset,  # noqa: E402
+                                        large_batch_settings)
+from tfscale.training.evaluation import predict_with_labels  # noqa: E402
+from tfscale.training.run import TrainingConfig, train  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("stage", "report", ["tune", "scale", "report"], "What to run (module docstring).")

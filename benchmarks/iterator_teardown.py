@@ -4,7 +4,7 @@ and off (tfscale's pipelines, `tfscale.data.pipeline`):
     python -m benchmarks.iterator_teardown
 
 DeepFM (Adam) trains one epoch of the built-in data's training pipeline per `fit` call, the
-dataset cut to its known length as `tfscale.training` does, the two settings alternating
+dataset cut to its known length as `tfscale.training.run` does, the two settings alternating
 --repeats times. "Wait" is the time from the end of the epoch's last step to
 `fit` returning: Keras deleting the epoch's iterator, plus its callbacks' epoch end (the same in
 both settings). What autotuning off costs is read on the Criteo reader, whose parse map it leaves
@@ -53,7 +53,7 @@ def timed_epoch(model, source, autotune):
     """(epoch seconds, seconds from the last step's end to `fit` returning, other processes' CPU
     seconds) of one epoch."""
     steps = source.train_steps_per_epoch(FLAGS.batch_size)
-    # As tfscale.training hands an epoch to Keras: with a known length, so Keras stops after the
+    # As tfscale.training.run hands an epoch to Keras: with a known length, so Keras stops after the
     # last step rather than at the end of the data.
     dataset = with_autotuning(source.train_batches(FLAGS.batch_size), autotune).take(steps).apply(
         tf.data.experimental.assert_cardinality(steps))

@@ -27,7 +27,7 @@ from benchmarks.timing import machine_description  # noqa: E402
 from tfscale.data.synthetic import SyntheticCTR  # noqa: E402
 from tfscale.optimizers import factory  # noqa: E402
 from tfscale.optimizers.scaling import large_batch_settings  # noqa: E402
-from tfscale.precision import PRECISIONS, parse_loss_scale, with_loss_scaling  # noqa: E402
+from tfscale.training.precision import PRECISIONS, parse_loss_scale, with_loss_scaling  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("batch_size", 65536, "Examples per step.")

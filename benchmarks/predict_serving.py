@@ -107,7 +107,7 @@ def serving(data, checkpoint_dir, workdir):
     score_lines = tf.saved_model.load(saved_model).signatures["score_lines"]
     with open(data) as stream:
         lines = stream.read().splitlines()
-    from tfscale.serving import RawScorer
+    from tfscale.serving.export import RawScorer
 
     scorer = RawScorer(model, preprocessing, record.raw_inputs())
     parse = tf.function(scorer.line_features)

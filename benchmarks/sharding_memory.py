@@ -1,14 +1,15 @@
-"""Memory per rank of replicated against row-sharded embedding tables (tfscale.row_sharding):
-DeepFM over the synthetic data's schema at Criteo's full cardinalities (--vocabulary_scale=1,
-33.8M ids), FusedAdam, a few training steps at a global batch of 8,192 on batches of uniformly
-drawn ids (the synthetic generator's planted teacher holds several GB per process at this
-scale, which would hide the tables; a table's memory does not depend on which ids are drawn):
+"""Memory per rank of replicated against row-sharded embedding tables
+(tfscale.embedding.row_sharding): DeepFM over the synthetic data's schema at Criteo's full
+cardinalities (--vocabulary_scale=1, 33.8M ids), FusedAdam, a few training steps at a global batch
+of 8,192 on batches of uniformly drawn ids (the synthetic generator's planted teacher holds several
+GB per process at this scale, which would hide the tables; a table's memory does not depend on which
+ids are drawn):
 
     python -m benchmarks.sharding_memory --sharding=replicated                  # P = 1
     horovodrun -np P -H localhost:P --gloo python -m benchmarks.sharding_memory --sharding=row
 
 Every rank measures the bytes of the embedding tables and their optimizer state it holds
-(tfscale.table_checkpoints.table_variables: tables, Adam moments) and its peak resident set
+(tfscale.training.table_checkpoints.table_variables: tables, Adam moments) and its peak resident set
 size (getrusage) after the steps; rank 0 appends one JSON line per rank to --results and prints
 them. `--report` prints the markdown table of every line in --results, with sharded state as a
 fraction of the replicated state at the same P."""
@@ -27,11 +28,12 @@ from absl import app, flags  # noqa: E402
 
 import models  # noqa: E402
 from benchmarks.timing import machine_description  # noqa: E402
-from tfscale import distributed, table_checkpoints  # noqa: E402
+from tfscale import distributed  # noqa: E402
 from tfscale.data.schema import FeatureSchema  # noqa: E402
 from tfscale.data.synthetic import scaled_cardinalities  # noqa: E402
 from tfscale.optimizers import FusedAdam  # noqa: E402
-from tfscale.training import build_model_and_optimizer  # noqa: E402
+from tfscale.training import table_checkpoints  # noqa: E402
+from tfscale.training.run import build_model_and_optimizer  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("sharding", "row", ["replicated", "row"], "How the tables are held.")

@@ -104,7 +104,7 @@ def run_directories(logdir, checkpoint_dir):
 def build_model(schema, settings, optimizer_name, dtype_policy="float32"):
     """The --model over `schema`, initialised and regularised as `settings` (LargeBatchSettings)
     say for the optimizer `optimizer_name`, computing in `dtype_policy`."""
-    from tfscale.initializers import RowSeededNormal
+    from tfscale.embedding.initializers import RowSeededNormal
     from tfscale.optimizers.factory import model_regularization
 
     return models.build_model(

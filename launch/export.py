@@ -4,7 +4,7 @@
 
 The graph holds the whole preprocessing of the run (hashing or the vocabulary lookup, the
 integer transform, missing values; the run record beside the checkpoints says which), so a
-served model and launch.predict score a line alike. Signatures (tfscale/serving.py):
+served model and launch.predict score a line alike. Signatures (tfscale/serving/export.py):
 `serving_default` takes the raw fields by name as strings (Criteo I1..I13, C1..C26, empty =
 missing; Avazu's columns) and `score_lines` raw lines in the training file's format, with or
 without the label; both return {"probability": float32 [n]}. Loading needs TensorFlow only.
@@ -30,7 +30,7 @@ def run():
 
     from launch import run_record
     from tfscale.errors import UserError
-    from tfscale.serving import SCORE_LINES, SERVING_DEFAULT, export_saved_model
+    from tfscale.serving.export import SCORE_LINES, SERVING_DEFAULT, export_saved_model
 
     if os.path.exists(FLAGS.output):
         raise UserError(f"--output={FLAGS.output} exists already; give a new directory (TF "

@@ -1,6 +1,6 @@
 """Hybrid-training flags (docs/persia.md): de-duplicated embedding lookups and bounded-staleness
-embedding updates; the embedding tables' host placement is fixed (tfscale.placement) and reported
-by `describe`."""
+embedding updates; the embedding tables' host placement is fixed (tfscale.embedding.placement) and
+reported by `describe`."""
 
 from absl import flags
 
@@ -38,11 +38,11 @@ def row_gradient_flags():
 def describe(model):
     """A few words on the embedding half: placement, how the tables are held, de-duplication,
     staleness."""
-    from tfscale import placement
-    from tfscale.embedding import state as embedding_state
+    from tfscale.embedding import placement
+    from tfscale.optimizers import table_state
 
     dedup = "de-duplicated lookups" if FLAGS.dedup_ids else "plain lookups"
     staleness = (f"embedding updates {FLAGS.embedding_staleness} step(s) stale"
                  if FLAGS.embedding_staleness else "synchronous embedding updates")
-    return (f"{placement.describe(model)}; {embedding_state.describe(model)}; {dedup}, "
+    return (f"{placement.describe(model)}; {table_state.describe(model)}; {dedup}, "
             f"{staleness}")

@@ -1,9 +1,9 @@
-"""Precision flags (tfscale.precision): the model's dtype policy and the optimizer's loss
+"""Precision flags (tfscale.training.precision): the model's dtype policy and the optimizer's loss
 scaling."""
 
 from absl import flags
 
-from tfscale.precision import PRECISIONS
+from tfscale.training.precision import PRECISIONS
 
 FLAGS = flags.FLAGS
 
@@ -22,7 +22,7 @@ flags.DEFINE_integer("loss_scale_growth_steps", 2000,
 
 @flags.validator("loss_scale")
 def _known_loss_scale(text):
-    from tfscale.precision import parse_loss_scale
+    from tfscale.training.precision import parse_loss_scale
 
     try:
         parse_loss_scale(text, "float32")
@@ -33,7 +33,7 @@ def _known_loss_scale(text):
 
 def dtype_policy():
     """The dtype policy name for the model."""
-    from tfscale.precision import dtype_policy as policy
+    from tfscale.training.precision import dtype_policy as policy
 
     return policy(FLAGS.precision)
 
@@ -41,7 +41,7 @@ def dtype_policy():
 def with_loss_scaling(optimizer):
     """`optimizer` wrapped in the loss scaling the flags ask for (or unchanged); the flag's
     value was checked when the flags were parsed."""
-    from tfscale.precision import parse_loss_scale, with_loss_scaling as wrap
+    from tfscale.training.precision import parse_loss_scale, with_loss_scaling as wrap
 
     return wrap(optimizer, parse_loss_scale(FLAGS.loss_scale, FLAGS.precision),
                 FLAGS.loss_scale_growth_steps)
@@ -51,7 +51,7 @@ def cpu_float16_warning():
     """A warning when --precision=mixed_float16 runs with no GPU, else None: CPUs have no
     float16 arithmetic that TensorFlow uses to speed training up, and on some (Xeons with AMX,
     docs/mixed_precision.md) TF 2.21's float16 Keras layers run 100-500x slower than float32."""
-    from tfscale import placement
+    from tfscale.embedding import placement
 
     if FLAGS.precision != "mixed_float16" or placement.dense_device() != placement.HOST_DEVICE:
         return None
@@ -62,7 +62,7 @@ def cpu_float16_warning():
 
 def describe():
     """A few words naming the precision and the loss scaling."""
-    from tfscale.precision import parse_loss_scale
+    from tfscale.training.precision import parse_loss_scale
 
     scale = parse_loss_scale(FLAGS.loss_scale, FLAGS.precision)  # the one place for the default
     return f"precision {FLAGS.precision}, loss scale {scale or 'none'}"

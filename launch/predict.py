@@ -32,7 +32,7 @@ def run():
     logging.set_verbosity(logging.WARNING)  # TF's SavedModel writer logs at INFO
     from launch import run_record
     from tfscale.errors import UserError
-    from tfscale.prediction import FilePredictions
+    from tfscale.serving.prediction import FilePredictions
 
     if FLAGS.output is not None and not os.path.isdir(
             os.path.dirname(os.path.abspath(FLAGS.output))):

@@ -64,7 +64,7 @@ def write_trained_predictions(checkpoint_dir, model, source, global_step,
     import tensorflow as tf
 
     from tfscale import distributed
-    from tfscale.serving import RawInputs, RawScorer
+    from tfscale.serving.export import RawInputs, RawScorer
 
     scorer = RawScorer(model, preprocessing, RawInputs(
         preprocessing.text_format, source.train_layout, source.on_short_line))
@@ -116,7 +116,7 @@ class RunRecord:
                                          self.checkpoint_dir)
 
     def raw_inputs(self):
-        from tfscale.serving import RawInputs
+        from tfscale.serving.export import RawInputs
 
         self.require_file_format("read")
         return RawInputs(self.text_format, LineLayout(tuple(self.record["train_layout"])),
@@ -125,7 +125,7 @@ class RunRecord:
     def restored_model(self):
         """The model built from its config, with the newest checkpoint's weights (the
         optimizer's state and any per-rank state in the checkpoint are not read)."""
-        from tfscale.training import restore_trained_weights
+        from tfscale.training.run import restore_trained_weights
 
         model = models.MODELS[self.model_name].from_config(self.record["model_config"])
         progress = restore_trained_weights(model, self.checkpoint_dir)

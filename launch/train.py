@@ -40,7 +40,7 @@ def run():
     import tensorflow as tf
 
     from tfscale import distributed
-    from tfscale.training import TrainingConfig, check_test_split_is_labelled, train
+    from tfscale.training.run import TrainingConfig, check_test_split_is_labelled, train
 
     distributed_flags.init_horovod()
     common_flags.seed_everything(FLAGS.seed, FLAGS.deterministic)
@@ -58,9 +58,10 @@ def run():
     optimizer = precision_flags.with_loss_scaling(
         optimization_flags.build_optimizer(settings, steps_per_epoch))
     exchange = distributed_flags.embedding_exchange(steps_per_epoch)
-    # Under Horovod the model's compile turns XLA off (tfscale.train_step.TrainStep.compile).
-    # The loss scaling is --loss_scale's alone: Keras would wrap a mixed_float16 model's
-    # optimizer in its own dynamic scaler even with --loss_scale=none.
+    # Under Horovod the model's compile turns XLA off
+    # (tfscale.training.train_step.TrainStep.compile). The loss scaling is --loss_scale's alone:
+    # Keras would wrap a mixed_float16 model's optimizer in its own dynamic scaler even with
+    # --loss_scale=none.
     model.compile(optimizer=optimizer, loss=keras.losses.BinaryCrossentropy(),
                   metrics=[keras.metrics.AUC(name="auc")], embedding_exchange=exchange,
                   embedding_staleness=FLAGS.embedding_staleness, auto_scale_loss=False)

@@ -11,8 +11,8 @@ import keras
 from keras import ops
 
 from tfscale.data.schema import FeatureSchema
-from tfscale.embeddings import FieldEmbedding
-from tfscale.train_step import TrainStepModel
+from tfscale.embedding.field_embedding import FieldEmbedding
+from tfscale.training.train_step import TrainStepModel
 
 
 def schema_to_config(schema):
@@ -147,10 +147,11 @@ class CTRModel(TrainStepModel):
             l2_embedding = l2_wide = 0 and only l2_linear.)
         use_wide: include the linear part (wide table + Dense(1) on the dense features).
         check_ids: assert in the graph that every id lies in its field's rows.
-        deduplicate_ids: look up each unique id of a batch once (tfscale.dedup); the same outputs
-            and summed gradients, with one gradient row per unique id instead of per occurrence.
+        deduplicate_ids: look up each unique id of a batch once (tfscale.embedding.dedup); the
+            same outputs and summed gradients, with one gradient row per unique id instead of per
+            occurrence.
         embedding_sharding: "replicated" (every rank holds the whole tables) or "row" (each
-            Horovod rank holds 1/P of every table's rows: tfscale.row_sharding).
+            Horovod rank holds 1/P of every table's rows: tfscale.embedding.row_sharding).
         name: default `default_name` (the registry key), made unique in the process.
     """
 

@@ -13,7 +13,7 @@ train it on (tokens[:, :-1], tokens[:, 1:]) with a from-logits sparse cross-entr
 import keras
 from keras import ops
 
-from tfscale.train_step import TrainStepModel
+from tfscale.training.train_step import TrainStepModel
 
 _INITIALIZER_STDDEV = 0.02
 

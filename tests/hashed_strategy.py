@@ -5,7 +5,7 @@ de-duplicated. One file plus `tfscale.embedding.strategies.register`, as a new s
 import keras
 import tensorflow as tf
 
-from tfscale import dedup
+from tfscale.embedding import dedup
 from tfscale.embedding.strategy import TableStrategy
 from tfscale.embedding.table import RowShard, Table
 

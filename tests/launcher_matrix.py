@@ -17,8 +17,9 @@ from absl import flags
 from tensorflow.python.framework import config as tf_config
 
 import launch.train
-from tfscale import tables, training
+from tfscale.embedding import tables
 from tfscale.optimizers.cowclip import CowClip
+from tfscale.training import run as training
 
 FLAGS = flags.FLAGS
 

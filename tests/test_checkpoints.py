@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfscale.checkpoints import CheckpointStore
 from tfscale.errors import UserError
+from tfscale.training.checkpoints import CheckpointStore
 
 
 def _trained_model(seed):

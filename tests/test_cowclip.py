@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from tfscale.optimizers import CowClip, FusedAdam, RowSparseAdam
 from tfscale.row_gradients import sum_duplicate_rows
-from tfscale.train_step import FunctionalTrainStepModel
+from tfscale.training.train_step import FunctionalTrainStepModel
 
 VOCAB, DIM = 12, 4
 LR, BETA_1, BETA_2, EPSILON = 1e-2, 0.9, 0.999, 1e-7

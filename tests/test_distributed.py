@@ -231,7 +231,7 @@ def test_launcher_user_errors_stop_every_rank_cleanly(launched_run, flags, messa
 def test_single_process_training_never_imports_horovod():
     script = ("import sys, models\n"
               "from tfscale.data.synthetic import SyntheticCTR\n"
-              "from tfscale.evaluation import evaluate_exact\n"
+              "from tfscale.training.evaluation import evaluate_exact\n"
               "source = SyntheticCTR(seed=0, train_rows=512, test_rows=256, "
               "vocabulary_scale=0.002)\n"
               "model = models.build_model('deepfm', source.schema, hidden_units=[8])\n"

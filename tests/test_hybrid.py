@@ -13,16 +13,16 @@ from keras import ops
 
 from models import DeepFM
 from tests.horovod_launch import python
-from tfscale import dedup, exchanges
-from tfscale.checkpoints import CheckpointStore
+from tfscale import exchanges
 from tfscale.data.schema import FeatureSchema
-from tfscale.embeddings import FieldEmbedding
+from tfscale.embedding import dedup
+from tfscale.embedding.field_embedding import FieldEmbedding
 from tfscale.errors import UserError
-from tfscale.loss_scaling import LossScaleOptimizer
 from tfscale.optimizers import CowClip, RowSparseSGD
-from tfscale.row_gradients import sum_duplicate_rows
-from tfscale.row_gradients import CountedSlices
-from tfscale.train_step import TrainStepModel
+from tfscale.optimizers.loss_scaling import LossScaleOptimizer
+from tfscale.row_gradients import CountedSlices, sum_duplicate_rows
+from tfscale.training.checkpoints import CheckpointStore
+from tfscale.training.train_step import TrainStepModel
 
 SCHEMA = FeatureSchema(("d0", "d1"), ("c0", "c1", "c2"), (3, 6, 40))
 
@@ -48,7 +48,7 @@ tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfigur
 import keras
 from models import DeepFM
 from tests.horovod_launch import python
-from tfscale import placement
+from tfscale.embedding import placement
 from tests.test_hybrid import SCHEMA
 with tf.device("/CPU:1"):
     model = DeepFM(SCHEMA, hidden_units=(8,))

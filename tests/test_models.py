@@ -1,4 +1,5 @@
-"""Behaviour and numbers of tfscale.embeddings.FieldEmbedding and the reference models."""
+"""Behaviour and numbers of tfscale.embedding.field_embedding.FieldEmbedding and the reference
+models."""
 
 import re
 
@@ -12,8 +13,9 @@ from models.dcn import CrossNetwork
 from models.dcn_v2 import MixtureCross
 from models.deepfm import FactorizationMachine
 from tfscale.data.schema import FeatureSchema
-from tfscale.embeddings import FieldEmbedding
-from tfscale.tables import DEEP_TABLE_PATTERN, WIDE_TABLE_PATTERN, is_deep_table, is_wide_table
+from tfscale.embedding.field_embedding import FieldEmbedding
+from tfscale.embedding.tables import (DEEP_TABLE_PATTERN, WIDE_TABLE_PATTERN, is_deep_table,
+                                      is_wide_table)
 from tfscale.errors import UserError, user_error_from_tf
 
 SCHEMA = FeatureSchema(("d0", "d1", "d2"), ("c0", "c1", "c2", "c3"), (3, 5, 7, 11))

@@ -14,8 +14,8 @@ from absl import flags
 
 import models
 from launch import optimization_flags, train  # noqa: F401  (train defines every flag)
-from tfscale import tables
 from tfscale.data.synthetic import SyntheticCTR
+from tfscale.embedding import tables
 from tfscale.errors import UserError
 from tfscale.optimizers import CowClip, FusedAdam, RowSparseAdam, RowSparseSGD, factory
 from tfscale.optimizers.row_updates import RowUpdates

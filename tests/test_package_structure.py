@@ -1,5 +1,6 @@
-"""The library's shape, checked statically: no import cycles between tfscale's modules, no
-imports of the repository-level `models` and `launch`, private Keras imports only where Keras has
+"""The library's shape, checked statically: no import cycles between tfscale's modules, each
+package importing only the layers below it, no imports of the repository-level `models` and
+`launch`, private Keras imports only where Keras has
 no public form, and errors raised by the library that speak in its arguments, never in the
 launcher's flags."""
 
@@ -52,6 +53,31 @@ def test_no_import_cycles():
 
     cyclic = sorted(name for name in graph if reaches(name, name, set()))
     assert not cyclic, f"modules on an import cycle: {cyclic}"
+
+
+# Bottom to top: a module may import its own layer and those below. "core" is the top-level
+# modules (errors, row gradients, step scalars, metrics), which every layer shares.
+LAYERS = ("core", "distributed", "data", "embedding", "optimizers", "exchanges", "training",
+          "serving")
+
+
+def _layer(module):
+    """The layer of `module` (a dotted tfscale name): its package, or "core" at the top level."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (PACKAGE / parts[1]).is_dir() else "core"
+
+
+def test_packages_import_only_the_layers_below_them():
+    modules = _modules()
+    assert {_layer(name) for name in modules if name != "tfscale"} == set(LAYERS)
+    upward = []
+    for name, tree in modules.items():
+        if name == "tfscale":  # the public surface gathers every layer
+            continue
+        rank = LAYERS.index(_layer(name))
+        upward += [f"{name} imports {m}" for m in _imported(tree, modules)
+                   if m in modules and m != "tfscale" and LAYERS.index(_layer(m)) > rank]
+    assert not upward, upward
 
 
 def test_the_library_imports_neither_models_nor_launch_and_keras_src_only_once():

@@ -1,8 +1,8 @@
-"""Mixed precision and loss scaling (tfscale.precision, tfscale.loss_scaling): float16 gradients
-that underflow without scaling train with it; a NaN batch is skipped with the weights bitwise
-unchanged and the scale halved; the wrapped CowClip and CAME see the unscaled gradients (sparse
-ones stay sparse); the scaler's state is checkpointed; float32 state under mixed policies; bf16
-DeepFM ends within 0.2% AUC of float32; a run gone non-finite stops with an error."""
+"""Mixed precision and loss scaling (tfscale.training.precision, tfscale.optimizers.loss_scaling):
+float16 gradients that underflow without scaling train with it; a NaN batch is skipped with the
+weights bitwise unchanged and the scale halved; the wrapped CowClip and CAME see the unscaled
+gradients (sparse ones stay sparse); the scaler's state is checkpointed; float32 state under mixed
+policies; bf16 DeepFM ends within 0.2% AUC of float32; a run gone non-finite stops with an error."""
 
 import keras
 import numpy as np
@@ -10,14 +10,14 @@ import pytest
 import tensorflow as tf
 
 import models
-from tfscale.callbacks import NonFiniteGuard
-from tfscale.checkpoints import CheckpointStore
 from tfscale.data.synthetic import SyntheticCTR
 from tfscale.errors import NonFiniteTraining
-from tfscale.loss_scaling import LossScaleOptimizer
 from tfscale.optimizers import CAME, CowClip, FusedAdam
-from tfscale.precision import parse_loss_scale, with_loss_scaling
-from tfscale.train_step import FunctionalTrainStepModel
+from tfscale.optimizers.loss_scaling import LossScaleOptimizer
+from tfscale.training.callbacks import NonFiniteGuard
+from tfscale.training.checkpoints import CheckpointStore
+from tfscale.training.precision import parse_loss_scale, with_loss_scaling
+from tfscale.training.train_step import FunctionalTrainStepModel
 
 
 def _tiny_regression(precision, optimizer):
@@ -193,7 +193,7 @@ def test_mixed_policies_keep_tables_outputs_and_optimizer_state_float32():
 
 
 def test_bfloat16_deepfm_ends_within_0_2_percent_auc_of_float32():
-    from tfscale.training import TrainingConfig, train
+    from tfscale.training.run import TrainingConfig, train
 
     source = SyntheticCTR(seed=0, train_rows=60000, test_rows=20000, vocabulary_scale=0.002)
     aucs = {}

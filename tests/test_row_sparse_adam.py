@@ -2,19 +2,19 @@
 rows against Adam on the densified gradient; `compile(optimizer=
 RowSparseAdam())` takes the row-sparse path (only the batch's rows and moments move); and tables
 are read the way their optimizer updates them (in place by row, or whole), which decides whether
-TensorFlow copies a whole table every step (tfscale.tables)."""
+TensorFlow copies a whole table every step (tfscale.embedding.tables)."""
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfscale import tables
-from tfscale.callbacks import CatchUpRows
-from tfscale.embeddings import FieldEmbedding
+from tfscale.embedding import tables
+from tfscale.embedding.field_embedding import FieldEmbedding
 from tfscale.optimizers import CowClip, FusedAdam, RowSparseAdam
 from tfscale.row_gradients import CountedSlices, sum_duplicate_rows
-from tfscale.train_step import FunctionalTrainStepModel
+from tfscale.training.callbacks import CatchUpRows
+from tfscale.training.train_step import FunctionalTrainStepModel
 
 VOCAB, DIM = 10, 3
 # Betas exact in float32, so the float64 restatement differs only by rounding.

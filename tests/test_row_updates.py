@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfscale import tables
-from tfscale.embedding.state import per_row_state
-from tfscale.loss_scaling import LossScaleOptimizer
-from tfscale.optimizers import (RowSparseAdagrad, RowSparseAdam, RowSparseSGD,
-                                factory, large_batch_settings)
 from tests.test_row_sparse_adam import _data, _model, _ops_on, _tables
+from tfscale.embedding import tables
+from tfscale.optimizers import (RowSparseAdagrad, RowSparseAdam, RowSparseSGD, factory,
+                                large_batch_settings)
+from tfscale.optimizers.loss_scaling import LossScaleOptimizer
+from tfscale.optimizers.table_state import per_row_state
 
 ROWS, DIM = 12, 3
 IDS = tf.constant([1, 4, 4, 7], tf.int64)  # row 4 twice: its rows are summed first

@@ -1,8 +1,8 @@
-"""Row-sharded embedding tables (tfscale.row_sharding, tfscale.exchanges.sharded): P ranks at
-B/P with sharded tables train to the whole tables and optimizer state of one process at B with
-replicated ones (P = 2, 3, 4 under horovodrun, rtol 1e-5; synchronous and 1 step stale),
-float16 with a loss scaler equals replicated tables at the same P (bitwise) and skips an inf
-step everywhere, the lookup's edge cases and its alltoall byte counters (exact, from the ids),
+"""Row-sharded embedding tables (tfscale.embedding.row_sharding, tfscale.exchanges.sharded): P ranks
+at B/P with sharded tables train to the whole tables and optimizer state of one process at B with
+replicated ones (P = 2, 3, 4 under horovodrun, rtol 1e-5; synchronous and 1 step stale), float16
+with a loss scaler equals replicated tables at the same P (bitwise) and skips an inf step
+everywhere, the lookup's edge cases and its alltoall byte counters (exact, from the ids),
 checkpoints resumed at another P holding exactly the tables and optimizer state written, and in
 one process: sharded equals replicated, initial rows do not depend on P and follow the
 initializer's (seed, block) rule, refusals."""
@@ -20,16 +20,16 @@ from tests.horovod_launch import horovodrun, python
 from tests.multiworker import sharded_steps
 from tests.test_distributed import load_state
 from tests.test_launcher import checkpoint_values, train_scalars
-from tfscale import exchanges, initializers
-from tfscale.embedding import state as embedding_state
-from tfscale.embedding.table import RowShard
+from tfscale import exchanges
 from tfscale.data.synthetic import SyntheticCTR
-from tfscale.embeddings import FieldEmbedding
+from tfscale.embedding import initializers
+from tfscale.embedding.field_embedding import FieldEmbedding
+from tfscale.embedding.initializers import RowSeededNormal
+from tfscale.embedding.table import RowShard
 from tfscale.errors import UserError
-from tfscale.initializers import RowSeededNormal
-from tfscale.loss_scaling import LossScaleOptimizer
-from tfscale.optimizers import CAME, CowClip, FusedAdam, RowSparseAdam
-from tfscale.train_step import TrainStepModel
+from tfscale.optimizers import CAME, CowClip, FusedAdam, RowSparseAdam, table_state
+from tfscale.optimizers.loss_scaling import LossScaleOptimizer
+from tfscale.training.train_step import TrainStepModel
 
 FLOAT32_RUNS = [run for run in sharded_steps.RUNS if not run.startswith("float16")]
 # CAME's column statistics, row-statistics mean and RMS are sums over every row of a table:
@@ -113,9 +113,9 @@ def test_one_process_sharded_equals_replicated_bitwise(optimizer, dtype):
     assert isinstance(sharded.embedding_exchange, exchanges.RowShardedExchange)
     for a, b in zip(sharded.get_weights(), replicated.get_weights()):
         np.testing.assert_array_equal(a, b)
-    assert embedding_state.describe(sharded).startswith(
+    assert table_state.describe(sharded).startswith(
         "tables row-sharded over 1 ranks: 374,398 rows, ")
-    assert embedding_state.describe(replicated).startswith("tables replicated: 374,398 rows, ")
+    assert table_state.describe(replicated).startswith("tables replicated: 374,398 rows, ")
 
 
 @pytest.mark.parametrize("num_shards", [1, 2, 3, 4, 7])
@@ -217,10 +217,10 @@ def test_an_optimizer_with_undeclared_state_of_a_shard_is_refused():
     model.optimizer.build(model.trainable_variables)
     with pytest.raises(UserError, match="Adafactor keeps adafactor/embeddings of shape .* for the "
                                         "row-sharded table .*: state that is neither per row"):
-        embedding_state.local_variables(model)
+        table_state.local_variables(model)
     model = _trained("row", CAME, steps=0)
     model.optimizer.build(model.trainable_variables)
-    local = [v.path.split("deep_embedding")[-1] for v in embedding_state.local_variables(model)
+    local = [v.path.split("deep_embedding")[-1] for v in table_state.local_variables(model)
              if "deep_embedding" in v.path]
     assert local == ["/embeddings", "_embeddings_momentum", "_embeddings_row",
                      "_embeddings_instability_row"], local

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from tfscale.row_gradients import densify
-from tfscale.train_step import FunctionalTrainStepModel, TrainStepModel
+from tfscale.training.train_step import FunctionalTrainStepModel, TrainStepModel
 
 
 def _dense_model(base):

@@ -15,13 +15,18 @@ The public surface:
   up to date at each epoch's end);
 - `tfscale.distributed`: Horovod start-up and collectives; `tfscale.training.train`: epochs with
   evaluation, TensorBoard scalars and atomic checkpoints; `tfscale.data`: CTR data sources.
+The packages: `embedding` (tables, their strategies, lookups, initializers), `optimizers`,
+`exchanges`, `distributed`, `data`, `training` (the train step, the run, callbacks,
+checkpoints, evaluation), `serving` (prediction, export); docs/architecture.md.
 The reference models (`models/`) and the launcher (`launch/`) live in the repository, not in the
 installed package."""
 
-from tfscale import callbacks, exchanges, initializers, optimizers
-from tfscale.embeddings import FieldEmbedding
+from tfscale import exchanges, optimizers
+from tfscale.embedding import initializers
+from tfscale.embedding.field_embedding import FieldEmbedding
 from tfscale.errors import UserError
-from tfscale.train_step import FunctionalTrainStepModel, TrainStepModel
+from tfscale.training import callbacks
+from tfscale.training.train_step import FunctionalTrainStepModel, TrainStepModel
 
 __version__ = "0.1.0"
 

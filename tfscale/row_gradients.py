@@ -1,6 +1,6 @@
 """Gradients that come in rows: `tf.IndexedSlices` (one row per looked-up id, as a gather's
 gradient), `CountedSlices` (one row per unique id with its number of occurrences, from
-de-duplicated lookups: tfscale.dedup), and turning either into a dense tensor.
+de-duplicated lookups: tfscale.embedding.dedup), and turning either into a dense tensor.
 
 The exchanges carry the counts over the ranks and CowClip clips each id by them; everything else
 in TensorFlow and Keras sees a CountedSlices as the IndexedSlices it is."""

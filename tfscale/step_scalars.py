@@ -2,7 +2,7 @@
 
 `StepScalars` holds one variable per name that the (traced) train step assigns and
 `summary_scalars()` reads; `timed` measures the wall time of part of the step in the graph.
-`ReportsScalars` is what tfscale.callbacks.TrainingMonitor looks for on the model and the
+`ReportsScalars` is what tfscale.training.callbacks.TrainingMonitor looks for on the model and the
 optimizer (the exchange's bytes and time, the unique-id rate, CowClip's clip statistics, the
 loss scale)."""
 

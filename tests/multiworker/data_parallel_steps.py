@@ -18,12 +18,12 @@ import tensorflow as tf  # noqa: E402
 
 import models  # noqa: E402
 from tfscale import distributed  # noqa: E402
-from tfscale.embedding.state import local_variables  # noqa: E402
 from tfscale import metrics  # noqa: E402
 from tfscale.data.synthetic import SyntheticCTR  # noqa: E402
-from tfscale.evaluation import evaluate_exact  # noqa: E402
 from tfscale.optimizers import CowClip, FusedAdam  # noqa: E402
-from tfscale.training import build_model_and_optimizer  # noqa: E402
+from tfscale.optimizers.table_state import local_variables  # noqa: E402
+from tfscale.training.evaluation import evaluate_exact  # noqa: E402
+from tfscale.training.run import build_model_and_optimizer  # noqa: E402
 
 GLOBAL_BATCH = 256
 STEPS = 20
@@ -91,7 +91,7 @@ def train(optimizer_name, rank, num_ranks, embedding_exchange="allgather", embed
 
 
 def evaluations(model, data):
-    """[AUC, log loss, examples] of tfscale.evaluation over this rank's test shard (under
+    """[AUC, log loss, examples] of tfscale.training.evaluation over this rank's test shard (under
     Horovod: gathered from every rank) and of one pass of this process alone over the whole
     test split, on the same weights."""
     gathered = evaluate_exact(model, data.test_batches(256, **distributed.data_shard()))

@@ -21,7 +21,7 @@ from launch import train  # noqa: E402
 from launch.user_errors import absl_main  # noqa: E402
 from tests.multiworker.sharded_steps import gathered  # noqa: E402
 from tfscale import distributed  # noqa: E402
-from tfscale.checkpoints import CheckpointStore  # noqa: E402
+from tfscale.training.checkpoints import CheckpointStore  # noqa: E402
 
 OUT = sys.argv.pop(1)
 _finish_restore = CheckpointStore.finish_restore

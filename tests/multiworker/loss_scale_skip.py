@@ -12,8 +12,8 @@ import tensorflow as tf  # noqa: E402
 from tests.multiworker.data_parallel_steps import (GLOBAL_BATCH, compiled_model,  # noqa: E402
                                                    model_state, rank_slice, source)
 from tfscale import distributed  # noqa: E402
-from tfscale.loss_scaling import LossScaleOptimizer  # noqa: E402
 from tfscale.optimizers import FusedAdam  # noqa: E402
+from tfscale.optimizers.loss_scaling import LossScaleOptimizer  # noqa: E402
 
 STEPS = 4
 BAD_STEP = 2

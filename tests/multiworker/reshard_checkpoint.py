@@ -1,5 +1,6 @@
-"""Checkpoints of embedding tables by global row, at any number of ranks (tfscale.checkpoints,
-tfscale.table_checkpoints). Run as one process or under horovodrun:
+"""Checkpoints of embedding tables by global row, at any number of ranks
+(tfscale.training.checkpoints, tfscale.training.table_checkpoints). Run as one process or under
+horovodrun:
 
     reshard_checkpoint.py write SHARDING DIR   for each optimizer of OPTIMIZERS, trains a small
         DeepFM with SHARDING tables for 3 steps, saves a checkpoint in DIR/<optimizer>, and
@@ -24,11 +25,11 @@ import numpy as np  # noqa: E402
 import models  # noqa: E402
 from tests.multiworker.sharded_steps import rank_batches, whole_state  # noqa: E402
 from tfscale import distributed  # noqa: E402
-from tfscale.embedding.state import local_variables  # noqa: E402
-from tfscale.checkpoints import CheckpointStore  # noqa: E402
 from tfscale.data.synthetic import SyntheticCTR  # noqa: E402
 from tfscale.optimizers import CAME, FusedAdam  # noqa: E402
-from tfscale.training import build_model_and_optimizer  # noqa: E402
+from tfscale.optimizers.table_state import local_variables  # noqa: E402
+from tfscale.training.checkpoints import CheckpointStore  # noqa: E402
+from tfscale.training.run import build_model_and_optimizer  # noqa: E402
 
 OPTIMIZERS = {"adam": lambda: FusedAdam(learning_rate=1e-2), "came": lambda: CAME(1e-3)}
 

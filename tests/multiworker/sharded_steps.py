@@ -30,16 +30,17 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import models  # noqa: E402
-from tfscale import distributed, exchanges, row_sharding  # noqa: E402
-from tfscale.embedding.state import local_variables  # noqa: E402
-from tfscale.embedding.table import shard_of  # noqa: E402
+from tfscale import distributed, exchanges  # noqa: E402
 from tfscale.data.synthetic import SyntheticCTR  # noqa: E402
+from tfscale.embedding import row_sharding  # noqa: E402
+from tfscale.embedding.table import shard_of  # noqa: E402
 from tfscale.errors import UserError  # noqa: E402
-from tfscale.loss_scaling import LossScaleOptimizer  # noqa: E402
-from tfscale.optimizers import (CAME, CowClip, FusedAdam, RowSparseAdam,  # noqa: E402
-                                factory, large_batch_settings)
+from tfscale.optimizers import (CAME, CowClip, FusedAdam, RowSparseAdam, factory,  # noqa: E402
+                                large_batch_settings)
+from tfscale.optimizers.loss_scaling import LossScaleOptimizer  # noqa: E402
+from tfscale.optimizers.table_state import local_variables  # noqa: E402
 from tfscale.step_scalars import StepScalars  # noqa: E402
-from tfscale.training import build_model_and_optimizer  # noqa: E402
+from tfscale.training.run import build_model_and_optimizer  # noqa: E402
 
 GLOBAL_BATCH = 384  # divides over 2, 3 and 4 ranks
 STEPS = 20

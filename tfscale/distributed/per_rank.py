@@ -13,7 +13,8 @@ from tfscale.distributed import runtime
 
 
 class PerRankState(abc.ABC):
-    """Variables of one rank's own, which checkpoints keep per rank (tfscale.checkpoints)."""
+    """Variables of one rank's own, which checkpoints keep per rank
+    (tfscale.training.checkpoints)."""
 
     @abc.abstractmethod
     def build(self, variables):

@@ -1,11 +1,11 @@
 """The `replicated` table strategy: every rank holds every row of each table (a
-keras.layers.Embedding's variable), looked up once per unique row (tfscale.dedup) or once per
-id (`deduplicate=False`); their gradients are averaged over the ranks by the exchange."""
+keras.layers.Embedding's variable), looked up once per unique row (tfscale.embedding.dedup) or once
+per id (`deduplicate=False`); their gradients are averaged over the ranks by the exchange."""
 
 import keras
 import tensorflow as tf
 
-from tfscale import dedup, placement
+from tfscale.embedding import dedup, placement
 from tfscale.embedding.strategy import TableStrategy
 from tfscale.embedding.table import RowShard, Table
 

@@ -1,8 +1,7 @@
 """The registry of table strategies, by the name FieldEmbedding's `sharding` takes: one line
 per strategy."""
 
-from tfscale import row_sharding
-from tfscale.embedding import replicated
+from tfscale.embedding import replicated, row_sharding
 
 STRATEGIES = {strategy.name: strategy for strategy in (
     replicated.Replicated(),

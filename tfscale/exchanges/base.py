@@ -2,7 +2,7 @@
 over the Horovod ranks (the dense weights' always by allreduce; the embedding tables' by the
 exchange's own method), what per-rank state it keeps, what it reports, and what it can do.
 
-A train step (tfscale.train_step) calls, in this order:
+A train step (tfscale.training.train_step) calls, in this order:
     step = exchange.begin_step(variables, optimizer)   # before the forward pass
     gradients = step.exchange(gradients, variables)    # after tape.gradient
     optimizer.apply(gradients, variables)

@@ -1,5 +1,5 @@
 """`RowShardedExchange`: the gradients of partitioned tables (tfscale.embedding.table;
-row-sharded: tfscale.row_sharding) stay on this rank, which owns their rows; every other
+row-sharded: tfscale.embedding.row_sharding) stay on this rank, which owns their rows; every other
 gradient goes through the wrapped averaging exchange (allgather or dense).
 
 A shard's gradient already holds every rank's contribution for its rows (the lookup's alltoall

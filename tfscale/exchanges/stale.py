@@ -19,8 +19,9 @@ from step to step, so the queue variables have an unknown first dimension."""
 import keras
 import tensorflow as tf
 
-from tfscale import distributed, placement, tables
+from tfscale import distributed
 from tfscale.distributed.per_rank import PerRankState
+from tfscale.embedding import placement, tables
 from tfscale.embedding.table import shard_of
 from tfscale.errors import UserError
 from tfscale.exchanges.base import EmbeddingExchange, StepExchange, loss_scale

@@ -26,9 +26,10 @@ import abc
 
 import tensorflow as tf
 
-from tfscale import distributed, tables
+from tfscale import distributed
 from tfscale.distributed import topk
 from tfscale.distributed.per_rank import PerRankState
+from tfscale.embedding import tables
 from tfscale.exchanges.allgather import AllgatherExchange
 from tfscale.exchanges.base import SynchronousExchange, loss_scale
 

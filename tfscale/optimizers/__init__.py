@@ -3,11 +3,11 @@ its large-batch rule (`scaling`), CAME, FusedAdam, the row-sparse optimizers tha
 batch's rows of each embedding table (RowSparseAdam, RowSparseAdagrad, RowSparseSGD), and the
 loss scaler for float16 training."""
 
-from tfscale.loss_scaling import LossScaleOptimizer
 from tfscale.optimizers.came import CAME
 from tfscale.optimizers.capabilities import TakesCountedSlices, TakesRowSlices
 from tfscale.optimizers.cowclip import CowClip
 from tfscale.optimizers.fused_adam import FusedAdam
+from tfscale.optimizers.loss_scaling import LossScaleOptimizer
 from tfscale.optimizers.row_sparse_adagrad import RowSparseAdagrad
 from tfscale.optimizers.row_sparse_adam import RowSparseAdam
 from tfscale.optimizers.row_sparse_sgd import RowSparseSGD

@@ -13,8 +13,8 @@ Weight decay is Keras's decoupled `weight_decay` (`theta -= lr * wd * theta`, wi
 computing the update and applying it; the update never reads theta, so both orders give the
 same result. IndexedSlices gradients are densified: the factored statistics cover every row.
 
-A partitioned table (tfscale.embedding.table; row-sharded: tfscale.row_sharding) holds 1/P of
-the rows on each rank; its row statistics are per row and stay with the shard, while what spans
+A partitioned table (tfscale.embedding.table; row-sharded: tfscale.embedding.row_sharding) holds 1/P
+of the rows on each rank; its row statistics are per row and stay with the shard, while what spans
 the whole table (the column statistics, the row statistics' mean and the update's RMS) is
 summed over the shards: two
 allreduces of dim + 1 values and one of a scalar per table and step, so P ranks take the step

@@ -6,10 +6,10 @@ optimizers (tfscale.optimizers.row_updates), which update only those rows. A Ker
 is asked per variable: each gradient goes as its own optimizer takes it. `TakesCountedSlices` marks
 those that also need each id's occurrence count over the global batch, which only some exchanges
 carry: CowClip, which clips each id by its count. Every other optimizer gets dense gradients (the
-train step densifies them once; see tfscale.train_step). `DeclaresTableState` marks optimizers
-that say which of their variables hold state of an embedding table, and how (`TableState`): how
-its rows are sharded and checkpointed with the table's (tfscale.row_sharding,
-tfscale.table_checkpoints)."""
+train step densifies them once; see tfscale.training.train_step). `DeclaresTableState` marks
+optimizers that say which of their variables hold state of an embedding table, and how
+(`TableState`): how its rows are sharded and checkpointed with the table's
+(tfscale.embedding.row_sharding, tfscale.training.table_checkpoints)."""
 
 import dataclasses
 
@@ -21,7 +21,7 @@ class TakesRowSlices:
 
     def updates_rows_in_place(self, variable):
         """Whether row slices of `variable` update only their rows (scatters), not the whole
-        variable; tfscale.tables reads the table's rows to match."""
+        variable; tfscale.embedding.tables reads the table's rows to match."""
         raise NotImplementedError
 
 

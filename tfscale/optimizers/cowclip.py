@@ -24,13 +24,13 @@ import re
 import keras
 import tensorflow as tf
 
-from tfscale import tables
+from tfscale.embedding import tables
+from tfscale.embedding.tables import gather_rows
 from tfscale.optimizers.capabilities import (TakesCountedSlices, TakesRowSlices,
-                                              updates_rows_in_place)
+                                             updates_rows_in_place)
 from tfscale.optimizers.fused_adam import FusedAdam
 from tfscale.optimizers.row_sparse_adam import RowSparseAdam
 from tfscale.row_gradients import CountedSlices, densify, sum_duplicate_rows, with_values
-from tfscale.tables import gather_rows
 
 MODES = ("faithful", "scalable")
 
@@ -64,7 +64,7 @@ class CowClip(TakesCountedSlices, keras.optimizers.MultiOptimizer):
             faithful otherwise.
         embedding_tables: regexes (re.fullmatch on variable.path) naming the embedding tables;
             default: every variable named "embeddings" (keras.layers.Embedding's and
-            tfscale.embeddings.FieldEmbedding's tables).
+            tfscale.embedding.field_embedding.FieldEmbedding's tables).
 
     Its gradients for embedding tables must arrive as IndexedSlices (one row per occurrence,
     as tf.gather's gradient does) or as CountedSlices (one row per unique id with its count, from

@@ -9,7 +9,7 @@ regularizer on whole tables (CowClip's faithful mode, the official code's)."""
 
 import keras
 
-from tfscale import tables
+from tfscale.embedding import tables
 from tfscale.optimizers.came import CAME
 from tfscale.optimizers.cowclip import CowClip
 from tfscale.optimizers.fused_adam import FusedAdam

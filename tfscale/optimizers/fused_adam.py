@@ -3,7 +3,7 @@ kernel (one pass over variable, first and second moment) instead of Keras's doze
 ops, each a pass over memory. The formula is Keras's own; on CTR models, where Adam updates
 every row of multi-million-row embedding tables each step, this is a large part of the step.
 Why not Keras's Adam: it has no fused path, and given IndexedSlices it squares each occurrence
-of an id instead of the id's summed gradient (see tfscale.train_step)."""
+of an id instead of the id's summed gradient (see tfscale.training.train_step)."""
 
 import keras
 import tensorflow as tf

@@ -6,7 +6,7 @@ batch's rows."""
 import keras
 import tensorflow as tf
 
-from tfscale import tables
+from tfscale.embedding import tables
 from tfscale.optimizers.row_updates import RowUpdates
 
 

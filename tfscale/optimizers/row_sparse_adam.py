@@ -6,26 +6,25 @@ update. Keras has no row-sparse optimizer update.
 What happens to a row between the batches that hold it:
 - `catch_up=True` (default): what Adam on the densified gradient would have done to it is
   applied when the row is next in a batch, from the number of steps since it last was (a per-row
-  step counter, one int32 per row): the moments decay (beta ** steps), the first moment's tail
-  keeps moving the row (a geometric sum), and the tables' L2 shrinks it (its Adam-normalised
-  pull toward zero, summed over those steps as the second moment decays). Each sum is in closed
-  form, so a catch-up costs a few element-wise passes over the batch's rows. The approximations:
-  the learning rate of the skipped steps is taken as constant (the tail's at its first skipped
-  step, the L2's at this step), and the L2's own contribution to the moments is left out.
-  FBGEMM's counter-based regularisation also keeps a last-seen step per row. Rows are behind
-  until their next batch; `catch_up_every_row` (a whole-table pass, in blocks; the
-  tfscale.callbacks.CatchUpRows callback runs it at each epoch's end) brings every row up to
-  date before an evaluation or an export, and sends rows never in a batch to the zero that
-  Adam's L2 pulls them to.
+  step counter, one int32 per row): the moments decay (beta ** steps), the first moment's tail keeps
+  moving the row (a geometric sum), and the tables' L2 shrinks it (its Adam-normalised pull toward
+  zero, summed over those steps as the second moment decays). Each sum is in closed form, so a
+  catch-up costs a few element-wise passes over the batch's rows. The approximations: the learning
+  rate of the skipped steps is taken as constant (the tail's at its first skipped step, the L2's at
+  this step), and the L2's own contribution to the moments is left out. FBGEMM's counter-based
+  regularisation also keeps a last-seen step per row. Rows are behind until their next batch;
+  `catch_up_every_row` (a whole-table pass, in blocks; the tfscale.training.callbacks.CatchUpRows
+  callback runs it at each epoch's end) brings every row up to date before an evaluation or an
+  export, and sends rows never in a batch to the zero that Adam's L2 pulls them to.
 - `catch_up=False`: "lazy" Adam, as TF1's LazyAdamOptimizer and PyTorch's SparseAdam: absent
   rows keep their weights and moments."""
 
 import keras
 import tensorflow as tf
 
-from tfscale import tables
-from tfscale.optimizers.fused_adam import FusedAdam
+from tfscale.embedding import tables
 from tfscale.optimizers.capabilities import DeclaresTableState, TableState
+from tfscale.optimizers.fused_adam import FusedAdam
 from tfscale.optimizers.row_updates import RowUpdates
 
 

@@ -6,7 +6,7 @@ momentum, as PyTorch's sparse SGD), a different algorithm from momentum on every
 import keras
 import tensorflow as tf
 
-from tfscale import tables
+from tfscale.embedding import tables
 from tfscale.optimizers.row_updates import RowUpdates
 
 

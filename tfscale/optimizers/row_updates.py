@@ -3,8 +3,8 @@ RowSparseSGD) share. Given an embedding table's gradient as rows (IndexedSlices,
 step hands them over: tfscale.optimizers.capabilities), they sum each id's rows, add the table's
 L2 to those rows only (`table_l2`: 2 * l2 * w, the gradient of a Keras L2 regularizer, on the
 batch's rows), and update only those rows of the table and of its per-row state (gathers and
-scatters, tfscale.tables), so a step costs O(rows in the batch), not O(table rows). Any other
-variable, or a dense gradient, takes the optimizer's own dense update.
+scatters, tfscale.embedding.tables), so a step costs O(rows in the batch), not O(table rows). Any
+other variable, or a dense gradient, takes the optimizer's own dense update.
 
 Why not a Keras regularizer or `weight_decay` on a table: both touch every row every step (the
 regularizer's gradient is dense, and Keras's weight decay rewrites every variable whole), so
@@ -14,7 +14,7 @@ import math
 
 import tensorflow as tf
 
-from tfscale import tables
+from tfscale.embedding import tables
 from tfscale.optimizers.capabilities import TakesRowSlices
 from tfscale.row_gradients import densify, sum_duplicate_rows
 

@@ -5,7 +5,7 @@ model's variables actually are."""
 
 import tensorflow as tf
 
-from tfscale import tables
+from tfscale.embedding import tables
 
 HOST_DEVICE = "/CPU:0"
 

@@ -3,7 +3,7 @@ exchanges and placement agree without importing the layers), and how a variable'
 (`gather_rows`):
 
   any table:  a variable named "embeddings" (keras.layers.Embedding's table, and both of
-              tfscale.embeddings.FieldEmbedding's tables)
+              tfscale.embedding.field_embedding.FieldEmbedding's tables)
   deep table: ".../deep_embedding/embeddings"  -> DEEP_TABLE_PATTERN  (clipped by CowClip)
   wide table: ".../wide_embedding/embeddings"  -> WIDE_TABLE_PATTERN  (1 wide, never clipped)
 

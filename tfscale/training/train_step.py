@@ -11,7 +11,7 @@ Why override Keras's step:
   optimizers densify inside every arithmetic op of their update, squaring each occurrence instead
   of the id's summed gradient in Adam's second moment. They are densified once here, after the
   exchange, except for those whose optimizer takes row slices (the row-sparse optimizers;
-  CowClip, which also needs per-id counts: tfscale.dedup records de-duplicated lookups'
+  CowClip, which also needs per-id counts: tfscale.embedding.dedup records de-duplicated lookups'
   counts).
 
 The step works with the model's Tables (tfscale.embedding.table): it tells each how its
@@ -25,12 +25,13 @@ import tensorflow as tf
 # `Model(inputs, outputs)` from a subclassed one.
 from keras.src.models.model import functional_init_arguments
 
-from tfscale import dedup, distributed, exchanges, tables
+from tfscale import distributed, exchanges
+from tfscale.embedding import dedup, tables
 from tfscale.embedding.table import table_of, tables_of
 from tfscale.errors import UserError
 from tfscale.optimizers.came import CAME
-from tfscale.optimizers.capabilities import (optimizer_for, takes_counted_slices,
-                                              takes_row_slices, updates_rows_in_place)
+from tfscale.optimizers.capabilities import (optimizer_for, takes_counted_slices, takes_row_slices,
+                                             updates_rows_in_place)
 from tfscale.optimizers.cowclip import CowClip
 from tfscale.optimizers.fused_adam import FusedAdam
 from tfscale.row_gradients import densify

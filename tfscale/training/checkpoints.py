@@ -1,13 +1,13 @@
 """Atomic training checkpoints: model weights, optimizer state and the training position.
 
 Each checkpoint is a directory `step-<global step>/` holding the embedding tables and their
-optimizer state by global row (`tables-<i>-of-<n>.npz`, tfscale.table_checkpoints: each rank
-writes the rows it holds, so row-sharded tables are never gathered and resume at any number of
-ranks), a `tf.train.Checkpoint` of every other model and optimizer variable (in the model's and
-the optimizer's order) and `progress.json` (epoch, batches done in that epoch, global step,
-...). It is written under a temporary name and renamed into place, and the `latest` file is
-replaced atomically afterwards, so a crash at any moment leaves the previous checkpoint intact
-and `latest` always names a complete one.
+optimizer state by global row (`tables-<i>-of-<n>.npz`, tfscale.training.table_checkpoints: each
+rank writes the rows it holds, so row-sharded tables are never gathered and resume at any number of
+ranks), a `tf.train.Checkpoint` of every other model and optimizer variable (in the model's and the
+optimizer's order) and `progress.json` (epoch, batches done in that epoch, global step, ...). It is
+written under a temporary name and renamed into place, and the `latest` file is replaced atomically
+afterwards, so a crash at any moment leaves the previous checkpoint intact and `latest` always names
+a complete one.
 
 State that differs between Horovod ranks (`per_rank_variables`, e.g. the top-k exchanges'
 residuals, the stale embedding updates' queues) is gathered from every rank into `per_rank.npz`
@@ -24,9 +24,9 @@ import tempfile
 import numpy as np
 import tensorflow as tf
 
-from tfscale import table_checkpoints
 from tfscale.distributed import broadcast, per_rank, runtime
 from tfscale.errors import UserError
+from tfscale.training import table_checkpoints
 
 _LATEST_FILE = "latest"
 _PROGRESS_FILE = "progress.json"

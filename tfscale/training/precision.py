@@ -1,13 +1,13 @@
 """A run's precision (docs/mixed_precision.md): the Keras dtype policy its model is built with and the
 loss scaling its optimizer gets.
 
-Models take the policy as their `dtype` (Keras 3 policies: float32 variables, float16 or
-bfloat16 compute); tfscale's embedding tables, the final sigmoid and the loss stay float32
-whatever the policy, and optimizers keep float32 state because the variables are float32.
-Loss scaling (tfscale.loss_scaling) is on by default for float16 only: bfloat16 has float32's
-exponent range."""
+Models take the policy as their `dtype` (Keras 3 policies: float32 variables, float16 or bfloat16
+compute); tfscale's embedding tables, the final sigmoid and the loss stay float32 whatever the
+policy, and optimizers keep float32 state because the variables are float32. Loss scaling
+(tfscale.optimizers.loss_scaling) is on by default for float16 only: bfloat16 has float32's exponent
+range."""
 
-from tfscale.loss_scaling import DEFAULT_GROWTH_STEPS, LossScaleOptimizer
+from tfscale.optimizers.loss_scaling import DEFAULT_GROWTH_STEPS, LossScaleOptimizer
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 

@@ -18,13 +18,13 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from tfscale import callbacks as tfs_callbacks
 from tfscale import distributed
-from tfscale.checkpoints import CheckpointStore
-from tfscale.embedding import state as embedding_state
 from tfscale.errors import UserError
-from tfscale.evaluation import evaluate_exact
-from tfscale.train_step import TrainStep
+from tfscale.optimizers import table_state
+from tfscale.training import callbacks as tfs_callbacks
+from tfscale.training.checkpoints import CheckpointStore
+from tfscale.training.evaluation import evaluate_exact
+from tfscale.training.train_step import TrainStep
 
 
 @dataclasses.dataclass
@@ -76,7 +76,7 @@ def check_test_split_is_labelled(source):
             f"{source.describe()}: the test split has no label column, and training evaluates "
             "it by AUC after every epoch; give labelled `test_paths`, or none to hold out "
             "`test_fraction` of the training lines (unlabelled files are scored after training, "
-            "by tfscale.prediction.FilePredictions)")
+            "by tfscale.serving.prediction.FilePredictions)")
 
 
 def restore_trained_weights(model, checkpoint_dir):
@@ -103,7 +103,7 @@ def train(model, source, config, print_fn=print):
     # (restored or freshly initialised) variables, and their own slice of the per-rank state.
     start_epoch, skip_batches, restored = distributed.broadcast_from_chief(
         lambda: _starting_position(store, config, print_fn), name="tfscale_start_position")
-    distributed.broadcast_model_and_optimizer(model, local=embedding_state.local_variables(model))
+    distributed.broadcast_model_and_optimizer(model, local=table_state.local_variables(model))
     if restored:
         store.finish_restore()
     if restored and start_epoch >= config.epochs:  # a finished run: nothing left to train

@@ -12,19 +12,21 @@ alltoall gradient: each rank's row gradients, divided by P, return to the owner 
 id by the gather's gradient, so a shard's gradient holds one row per id the global batch looked up
 there: the gradient of the global batch's mean loss (each rank's loss is the mean over its B/P
 examples), summed in rank order as the allgather exchange sums the replicated tables' rows.
-tfscale.exchanges.sharded keeps it out of every allreduce. Sharded tables are never broadcast:
-every rank initialises its rows from (seed, global id) (tfscale.initializers.RowSeededNormal), so
-the tables equal the whole ones a replicated model starts from, whatever P."""
+tfscale.exchanges.sharded keeps it out of every allreduce. Sharded tables are never broadcast: every
+rank initialises its rows from (seed, global id) (tfscale.embedding.initializers.RowSeededNormal),
+so the tables equal the whole ones a replicated model starts from, whatever P."""
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tfscale import distributed, placement
+from tfscale import distributed
+from tfscale.embedding import placement
+from tfscale.embedding.initializers import is_row_independent
 from tfscale.embedding.strategy import TableStrategy
 from tfscale.embedding.table import RowShard, Table
 from tfscale.errors import UserError
-from tfscale.initializers import is_row_independent
+
 
 class RowSharded(TableStrategy):
     """The `row` table strategy (module docstring)."""
@@ -44,7 +46,7 @@ class RowSharded(TableStrategy):
                 raise UserError(
                     f"`{argument}={type(initializer).__name__}`: a row-sharded table needs an "
                     "initializer whose rows do not depend on the table's shape "
-                    "(tfscale.initializers.RowSeededNormal, zeros or a constant)")
+                    "(tfscale.embedding.initializers.RowSeededNormal, zeros or a constant)")
         for argument in ("embeddings_regularizer", "wide_regularizer"):
             if getattr(embedding, argument) is not None:
                 raise UserError(f"`{argument}`: a row-sharded table cannot carry a Keras "

@@ -1,22 +1,22 @@
 """The categorical-feature embedding layer shared by all CTR models: one concatenated table per
 embedding kind (a deep [total_vocabulary, dim] table, optionally a 1-wide linear "wide" table),
 per-field row offsets, an in-graph range check of the ids, tables and lookups in host memory
-(tfscale.placement), de-duplicated lookups (tfscale.dedup) and, with `sharding="row"`, tables
-split by rows over the Horovod ranks (tfscale.row_sharding). Each table is a
-tfscale.embedding.table.Table, held by the strategy `sharding` names
-(tfscale.embedding.strategies). The tables' names are tfscale.tables', by which optimizers tell
-the two kinds apart."""
+(tfscale.embedding.placement), de-duplicated lookups (tfscale.embedding.dedup) and, with
+`sharding="row"`, tables split by rows over the Horovod ranks (tfscale.embedding.row_sharding). Each
+table is a tfscale.embedding.table.Table, held by the strategy `sharding` names
+(tfscale.embedding.strategies). The tables' names are tfscale.embedding.tables', by which optimizers
+tell the two kinds apart."""
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tfscale import placement
-from tfscale.embedding import strategies
+from tfscale.embedding import placement, strategies
+from tfscale.embedding.initializers import RowSeededNormal
+from tfscale.embedding.tables import DEEP_TABLE_NAME, WIDE_TABLE_NAME
 from tfscale.errors import DATA_ERROR_MARKER
-from tfscale.initializers import RowSeededNormal
 from tfscale.step_scalars import StepScalars
-from tfscale.tables import DEEP_TABLE_NAME, WIDE_TABLE_NAME
+
 
 @keras.saving.register_keras_serializable(package="tfscale")
 class FieldEmbedding(keras.layers.Layer):
@@ -39,16 +39,16 @@ class FieldEmbedding(keras.layers.Layer):
             out of range would otherwise silently read the next field's rows. The assertion is a
             no-op inside XLA-compiled functions.
         deduplicate: look each table up once per unique row of the batch and gather back
-            (tfscale.dedup); the gradients then hold one row per unique id. False: one gathered
-            row per occurrence (the same outputs and summed gradients).
+            (tfscale.embedding.dedup); the gradients then hold one row per unique id. False: one
+            gathered row per occurrence (the same outputs and summed gradients).
         sharding: the table strategy (tfscale.embedding.strategies): "replicated" (every rank
             holds the whole tables) or "row" (each Horovod rank holds the rows id mod P == rank
             and looks the others up by alltoall; de-duplicated, so not with
             `deduplicate=False`; the initializers must be row-independent: RowSeededNormal,
             zeros, constants; no regularizers).
 
-    The tables live in host memory (tfscale.placement.embedding_device), where their lookups run.
-`tables` are their Tables (tfscale.embedding.table).
+    The tables live in host memory (tfscale.embedding.placement.embedding_device), where their
+    lookups run. `tables` are their Tables (tfscale.embedding.table).
 
     Call: int ids [B, n_fields] -> embeddings [B, n_fields, embedding_dim], and with `use_wide`
     the tuple (embeddings, linear term [B, 1]).
@@ -105,7 +105,7 @@ class FieldEmbedding(keras.layers.Layer):
             self.tables.append(self.strategy.make_table(WIDE_TABLE_NAME, total, 1,
                                                         self.wide_initializer,
                                                         self.wide_regularizer))
-        # The Keras layers owning the tables' variables (their paths: tfscale.tables).
+        # The Keras layers owning the tables' variables (their paths: tfscale.embedding.tables).
         self.deep_table = self.tables[0].layer
         self.wide_table = self.tables[1].layer if self.use_wide else None
 

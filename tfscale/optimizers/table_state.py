@@ -7,9 +7,9 @@ import numpy as np
 import tensorflow as tf
 
 from tfscale.embedding.table import shard_of
+from tfscale.embedding.tables import is_embedding_table
 from tfscale.errors import UserError
 from tfscale.optimizers.capabilities import DeclaresTableState, TableState, wrapped_optimizers
-from tfscale.tables import is_embedding_table
 
 
 def describe(model):

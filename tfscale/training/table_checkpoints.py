@@ -16,10 +16,11 @@ import re
 
 import numpy as np
 
-from tfscale import distributed, tables
-from tfscale.embedding.state import per_row_state
+from tfscale import distributed
+from tfscale.embedding import tables
 from tfscale.embedding.table import RowShard, shard_of
 from tfscale.errors import UserError
+from tfscale.optimizers.table_state import per_row_state
 
 _FILE = "tables-{}-of-{}.npz"
 _FILE_PATTERN = re.compile(r"tables-(\d+)-of-(\d+)\.npz$")

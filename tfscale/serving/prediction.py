@@ -12,8 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfscale.data.pipeline import without_autotuning
-from tfscale.data.text_lines import (CHUNK_LINES, FileSet, LineParser, LineSelection,
-                                     parsed_chunks)
+from tfscale.data.text_lines import CHUNK_LINES, FileSet, LineParser, LineSelection, parsed_chunks
 
 PASSTHROUGH_COLUMNS = ("id",)  # handed through to the output when a file has them
 

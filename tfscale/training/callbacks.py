@@ -16,8 +16,8 @@ import keras
 import tensorflow as tf
 
 from tfscale.errors import NonFiniteTraining
-from tfscale.loss_scaling import LossScaleOptimizer
 from tfscale.optimizers.capabilities import wrapped_optimizers
+from tfscale.optimizers.loss_scaling import LossScaleOptimizer
 from tfscale.optimizers.row_sparse_adam import RowSparseAdam
 from tfscale.step_scalars import ReportsProgress, scalars_of
 
