@@ -57,11 +57,11 @@ class RowSharded(TableStrategy):
     def make_table(self, name, rows, width, initializer, regularizer):
         return Table(name, rows, width, self, ShardedTable(rows, width, initializer, name=name))
 
-    def build(self, table):
+    def build(self, table, embedding):
         table.layer.build()
         table.attach(table.layer.embeddings, table.layer.shard)
 
-    def lookup(self, tables, rows, embedding):
+    def lookup(self, tables, rows, embedding, training=False):
         return lookup(tables, rows, name=f"tfscale_{embedding.name}", scalars=embedding.scalars)
 
 
@@ -141,7 +141,7 @@ def _through_owners(tables, unique_ids, counts, shard, name, scalars=None):
     if scalars is not None:
         _record_bytes(scalars, splits, incoming_splits, shard.index,
                       2 * id_dtype.size, 4 * sum(table.width for table in tables))
-    return tf.gather(_gradient_divided_by(shard.num_shards)(returned),
+    return tf.gather(gradient_divided_by(shard.num_shards)(returned),
                      tf.math.invert_permutation(order))
 
 
@@ -162,7 +162,7 @@ def _record_bytes(scalars, splits, incoming_splits, rank, pair_bytes, row_bytes)
                    pair_bytes * from_others + row_bytes * (to_others + from_others))
 
 
-def _gradient_divided_by(num_ranks):
+def gradient_divided_by(num_ranks):
     """The identity, whose gradient is divided by `num_ranks` (a division, as Horovod's
     average divides)."""
 
