@@ -104,6 +104,7 @@ def run_directories(logdir, checkpoint_dir):
 def build_model(schema, settings, optimizer_name, dtype_policy="float32"):
     """The --model over `schema`, initialised and regularised as `settings` (LargeBatchSettings)
     say for the optimizer `optimizer_name`, computing in `dtype_policy`."""
+    from launch import hybrid_flags
     from tfscale.embedding.initializers import RowSeededNormal
     from tfscale.optimizers.factory import model_regularization
 
@@ -111,7 +112,7 @@ def build_model(schema, settings, optimizer_name, dtype_policy="float32"):
         FLAGS.model, schema, embedding_dim=FLAGS.embedding_dim, hidden_units=_dnn_units(),
         embeddings_initializer=RowSeededNormal(stddev=settings.embedding_init_stddev),
         dtype=dtype_policy, deduplicate_ids=FLAGS.dedup_ids,
-        embedding_sharding=FLAGS.embedding_sharding,
+        embedding_sharding=hybrid_flags.table_strategy(),
         **model_regularization(settings, optimizer_name, FLAGS.embedding_update),
         **_model_specific_config())
 

@@ -83,9 +83,14 @@ class IdRows(keras.layers.Layer):
 
     @property
     def state(self):
-        """The variables that differ between ranks and are checkpointed with the rows."""
+        """The variables that differ between ranks (all but `step`)."""
         return [v for v in (self.row_ids, self.last_seen, self.seen_count, self.free_rows,
-                            self.free_count, self.step, self.sketch) if v is not None]
+                            self.free_count, self.sketch) if v is not None]
+
+    def per_rank_variables(self):
+        """{name: tf.Variable} of what a checkpoint keeps per rank (`free_count` and the map
+        follow from `row_ids`: `rebuild_map`)."""
+        return {v.path: v.value for v in self.state if v is not self.free_count}
 
     def rows_of(self, keys):
         """The rows of `keys` (int64 [n]), NO_ROW for ids without one; changes nothing."""
@@ -133,10 +138,12 @@ class IdRows(keras.layers.Layer):
             scalars.record(f"dynamic/{self.name}/{name}", totals[i])
 
     def rebuild_map(self):
-        """Refills the id -> row map from `row_ids` (after a restore)."""
+        """Refills the id -> row map and the free-row count from `row_ids` (after a
+        restore)."""
         self.map.remove(self.map.export()[0])
         held = tf.where(self.row_ids.value >= 0)[:, 0]
         self.map.insert(tf.gather(self.row_ids.value, held), held)
+        self.free_count.assign(self.rows - tf.size(held, out_type=tf.int64))
 
     # Admission
 

@@ -148,6 +148,13 @@ def tables_of(variables):
     return [t for t in map(table_of, variables) if t is not None]
 
 
+def row_indexes_of(variables):
+    """The row indexes (Table.row_index) of the Tables of `variables`, each once."""
+    indexes = {id(t.row_index): t.row_index for t in tables_of(variables)
+               if t.row_index is not None}
+    return list(indexes.values())
+
+
 def shard_of(variable):
     """The RowShard of a partitioned table's variable (a Keras variable or the tf.Variable it
     holds), or None (a replicated table, or not a table)."""

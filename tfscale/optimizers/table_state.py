@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfscale.embedding.table import shard_of, tables_of
+from tfscale.embedding.table import row_indexes_of, shard_of
 from tfscale.embedding.tables import is_embedding_table
 from tfscale.errors import UserError
 from tfscale.optimizers.capabilities import DeclaresTableState, TableState, wrapped_optimizers
@@ -23,7 +23,9 @@ def describe(model):
     shards = [shard_of(v) for v in tables if shard_of(v) is not None]
     if not shards:
         return f"tables replicated: {rows:,} rows, {megabytes:,.0f} MB with optimizer state"
-    return (f"tables row-sharded over {shards[0].num_shards} ranks: {rows:,} rows, "
+    how = ("dynamic (rows given to ids as they arrive)" if row_indexes_of(tables)
+           else "row-sharded")
+    return (f"tables {how} over {shards[0].num_shards} ranks: {rows:,} rows, "
             f"{megabytes:,.0f} MB with optimizer state per rank")
 
 
@@ -33,8 +35,7 @@ def local_variables(model):
     never broadcast). A UserError when the optimizer keeps other state of a shard that it does
     not declare (TableState)."""
     local = []
-    for index in {id(t.row_index): t.row_index for t in tables_of(model.variables)
-                  if t.row_index is not None}.values():
+    for index in row_indexes_of(model.variables):
         local += index.state
     for shard in (v for v in model.variables if shard_of(v) is not None):
         state = table_state(model.optimizer, shard)
