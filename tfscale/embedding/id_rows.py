@@ -117,7 +117,8 @@ class IdRows(keras.layers.Layer):
         admitted_keys = tf.boolean_mask(new_keys, admit)
         admitted_counts = tf.boolean_mask(new_counts, admit)
         evicted = self._make_room(tf.size(admitted_keys, out_type=tf.int64), step, scalars)
-        fresh = self._pop_free(tf.size(admitted_keys, out_type=tf.int64))
+        with tf.control_dependencies([evicted]):  # carries the check that the new ids fit
+            fresh = self._pop_free(tf.size(admitted_keys, out_type=tf.int64))
         self.map.insert(admitted_keys, fresh)
         self._scatter(self.row_ids, fresh, admitted_keys)
         self._scatter(self.last_seen, fresh, tf.fill(tf.shape(fresh), step))
