@@ -6,6 +6,7 @@ optimizer state and decisions as one process on the same global batches
 
 import glob
 import os
+import sys
 
 import keras
 import numpy as np
@@ -166,7 +167,6 @@ def test_a_checkpoint_restores_rows_state_and_the_id_map(tmp_path):
                             per_rank_variables=again.per_rank_variables())
     store.restore_latest()
     store.finish_restore()
-    again_layer.row_index.rebuild_map()
     for x, y in batches[4:]:
         again.train_on_batch(x, y)
     assert int(layer.row_index.free_count.numpy()) == int(again_layer.row_index.free_count.numpy())
@@ -175,25 +175,39 @@ def test_a_checkpoint_restores_rows_state_and_the_id_map(tmp_path):
         np.testing.assert_array_equal(value, expected)
 
 
+# (ranks that wrote the checkpoint, ranks that resume it) of the resumed runs: each launch of
+# the first round resumes its own checkpoint; one 2-rank launch then resumes the others.
+RESUMES = [(1, 1), (2, 2), (4, 4), (1, 2), (4, 2)]
+
+
+def steps_script(num_ranks, out, *args):
+    """python arguments running dynamic_steps.py on `num_ranks` ranks (horovodrun for > 1)."""
+    script = [STEPS_SCRIPT, str(out), *args]
+    if num_ranks == 1:
+        return script
+    return ["-m", "horovod.runner.launch", "--gloo", "-np", str(num_ranks), "-H",
+            f"localhost:{num_ranks}", sys.executable] + script
+
+
 @pytest.fixture(scope="module")
 def multi_rank_runs(tmp_path_factory):
-    """The npz files of dynamic_steps.py in one process and at P = 2 and 4, run side by side."""
+    """The npz files of dynamic_steps.py in one process and at P = 2 and 4, run side by side,
+    each resuming its own checkpoint; then P = 2 resuming the others (RESUMES)."""
     out = tmp_path_factory.mktemp("dynamic_steps")
-    launch = ["-m", "horovod.runner.launch", "--gloo"]
-    results = python_side_by_side(
-        [[STEPS_SCRIPT, str(out)]]
-        + [launch + ["-np", str(p), "-H", f"localhost:{p}", os.path.join(os.getcwd(), ".venv",
-                                                                          "bin", "python"),
-                     STEPS_SCRIPT, str(out)] for p in (2, 4)], timeout=420)
-    for result in results:
-        assert result.returncode == 0 and "dynamic steps done" in result.stdout, result.stdout[-3000:]
+    others = ",".join(f"{out}/checkpoint-P{written}" for written, resumed in RESUMES
+                      if resumed == 2 and written != 2)
+    for launches in ([steps_script(p, out) for p in (1, 2, 4)],
+                     [steps_script(2, out, f"--resume_from={others}")]):
+        for result in python_side_by_side(launches, timeout=420):
+            assert result.returncode == 0 and "dynamic steps done" in result.stdout, \
+                result.stdout[-3000:]
     return out
 
 
 def ranks_of(out, run, num_ranks):
-    parts = [np.load(path) for path in sorted(glob.glob(os.path.join(out, f"{run}-P{num_ranks}-rank*.npz")))]
-    assert len(parts) == num_ranks
-    return parts
+    paths = sorted(glob.glob(os.path.join(out, f"{run}-P{num_ranks}-rank*.npz")))
+    assert len(paths) == num_ranks, paths
+    return [np.load(path) for path in paths]
 
 
 @pytest.mark.parametrize("num_ranks", [2, 4])
@@ -230,3 +244,29 @@ def test_every_number_of_ranks_trains_the_rows_and_state_of_one_process(multi_ra
         for key in ("dense", "deep_embedding_unknown", "wide_embedding_unknown"):
             np.testing.assert_allclose(part[key], reference[key], rtol=1e-4, atol=1e-6,
                                        err_msg=key)
+
+
+@pytest.mark.parametrize("written, resumed", RESUMES)
+def test_a_checkpoint_resumes_at_any_number_of_ranks_with_the_same_decisions(multi_rank_runs,
+                                                                          written, resumed):
+    reference = np.load(os.path.join(multi_rank_runs, "evicting-P1-rank0.npz"))
+    parts = ranks_of(multi_rank_runs, f"evicting-resumed-checkpoint-P{written}", resumed)
+    for step in range(6, 12):
+        held_ids = np.sort(np.concatenate([part[f"held_{step}"] for part in parts]))
+        np.testing.assert_array_equal(held_ids, reference[f"held_{step}"], err_msg=f"step {step}")
+    ids = np.concatenate([part["ids"] for part in parts])
+    order, reference_order = np.argsort(ids), np.argsort(reference["ids"])
+    for key in ("deep_embedding", "deep_embedding_moment1", "wide_embedding"):
+        np.testing.assert_allclose(np.concatenate([p[key] for p in parts])[order],
+                                   reference[key][reference_order], rtol=1e-4, atol=1e-6,
+                                   err_msg=key)
+
+
+def test_a_resume_at_the_same_number_of_ranks_is_bitwise(multi_rank_runs):
+    for num_ranks in (2, 4):
+        uninterrupted = ranks_of(multi_rank_runs, "evicting", num_ranks)
+        resumed_parts = ranks_of(multi_rank_runs, f"evicting-resumed-checkpoint-P{num_ranks}",
+                                 num_ranks)
+        for part, resumed in zip(uninterrupted, resumed_parts):
+            for key in resumed.files:
+                np.testing.assert_array_equal(resumed[key], part[key], err_msg=key)

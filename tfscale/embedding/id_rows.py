@@ -87,10 +87,6 @@ class IdRows(keras.layers.Layer):
         return [v for v in (self.row_ids, self.last_seen, self.seen_count, self.free_rows,
                             self.free_count, self.sketch) if v is not None]
 
-    def per_rank_variables(self):
-        """{name: tf.Variable} of what a checkpoint keeps per rank (`free_count` and the map
-        follow from `row_ids`: `rebuild_map`)."""
-        return {v.path: v.value for v in self.state if v is not self.free_count}
 
     def rows_of(self, keys):
         """The rows of `keys` (int64 [n]), NO_ROW for ids without one; changes nothing."""

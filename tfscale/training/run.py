@@ -19,7 +19,6 @@ import numpy as np
 import tensorflow as tf
 
 from tfscale import distributed
-from tfscale.embedding.table import row_indexes_of
 from tfscale.errors import UserError
 from tfscale.optimizers import table_state
 from tfscale.training import callbacks as tfs_callbacks
@@ -84,15 +83,7 @@ def restore_trained_weights(model, checkpoint_dir):
     """Restores into the built `model` the weights of the newest checkpoint `train` wrote in
     `checkpoint_dir`, without its optimizer (for prediction and export); returns the
     checkpoint's progress dict, or None when there is none."""
-    progress = CheckpointStore(checkpoint_dir, model=model).restore_latest_weights_only()
-    _rebuild_row_indexes(model)
-    return progress
-
-
-def _rebuild_row_indexes(model):
-    """Refills the id maps of `model`'s dynamic tables from their restored rows."""
-    for index in row_indexes_of(model.variables):
-        index.rebuild_map()
+    return CheckpointStore(checkpoint_dir, model=model).restore_latest_weights_only()
 
 
 def train(model, source, config, print_fn=print):
@@ -115,7 +106,6 @@ def train(model, source, config, print_fn=print):
     distributed.broadcast_model_and_optimizer(model, local=table_state.local_variables(model))
     if restored:
         store.finish_restore()
-        _rebuild_row_indexes(model)
     if restored and start_epoch >= config.epochs:  # a finished run: nothing left to train
         return _finished_result(store, config, print_fn)
 

@@ -27,7 +27,7 @@ from keras.src.models.model import functional_init_arguments
 
 from tfscale import distributed, exchanges
 from tfscale.embedding import dedup, tables
-from tfscale.embedding.table import row_indexes_of, table_of, tables_of
+from tfscale.embedding.table import table_of, tables_of
 from tfscale.errors import UserError
 from tfscale.optimizers.came import CAME
 from tfscale.optimizers.capabilities import (optimizer_for, takes_counted_slices, takes_row_slices,
@@ -99,11 +99,8 @@ class TrainStep:
 
     def per_rank_variables(self):
         """{name: tf.Variable} of state that differs between ranks (the exchange's: top-k
-        residuals, staleness queues; dynamic tables' id maps), for checkpoints; the model must
-        be built."""
+        residuals, staleness queues), for checkpoints; the model must be built."""
         named = {}
-        for index in row_indexes_of(self.variables):
-            named.update(index.per_rank_variables())
         for state in self._embedding_exchange.per_rank_states():
             state.build(self.trainable_variables)
             named.update(state.per_rank_variables())
