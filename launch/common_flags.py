@@ -28,10 +28,12 @@ flags.DEFINE_list("test_path", [],
                   "training lines (chosen by line number) are held out as the test split.")
 flags.DEFINE_float("test_fraction", 0.1, "Held-out fraction when there is no --test_path.",
                    lower_bound=0.0, upper_bound=0.9)
-flags.DEFINE_enum("categorical_encoding", "vocabulary", ["vocabulary", "hash"],
+flags.DEFINE_enum("categorical_encoding", "vocabulary", ["vocabulary", "hash", "fingerprint"],
                   "Criteo/Avazu: look categorical values up in a vocabulary (tables sized from the "
                   "data: --vocabulary, or by default one counted from the training lines on first "
-                  "use and cached beside the data), or hash them into --hash_buckets per field.")
+                  "use and cached beside the data), hash them into --hash_buckets per field, or "
+                  "(fingerprint, with --embedding_sharding=dynamic) give every value its own "
+                  "56-bit id, for tables whose rows are given to ids as they arrive.")
 flags.DEFINE_integer("hash_buckets", 1_000_000,
                      "--categorical_encoding=hash: hash buckets per categorical field (at most; "
                      "see --fit_hash_buckets).", lower_bound=1)
@@ -99,6 +101,11 @@ def run_directories(logdir, checkpoint_dir):
     checkpoint_dir = os.path.join(run_dir, "checkpoints") if checkpoint_dir is None else checkpoint_dir
     return (None if logdir in ("", "none") else logdir,
             None if checkpoint_dir in ("", "none") else checkpoint_dir)
+
+
+# --categorical_encoding=fingerprint: hash buckets per field, so ids fill [1, 2**56) (0: missing),
+# the ids dynamic tables key by field (tfscale.embedding.dynamic).
+FINGERPRINT_BUCKETS = (1 << 56) - 1
 
 
 def build_model(schema, settings, optimizer_name, dtype_policy="float32"):
@@ -184,24 +191,28 @@ def _build_file_source(recorded=None):
 
     if not FLAGS.train_path:
         raise UserError(f"--data={FLAGS.data} needs --train_path (files or globs)")
-    hashing = FLAGS.categorical_encoding == "hash"
+    hashing = FLAGS.categorical_encoding in ("hash", "fingerprint")
+    fingerprint = FLAGS.categorical_encoding == "fingerprint"
     if hashing and FLAGS.vocabulary:
         raise UserError("--vocabulary goes with --categorical_encoding=vocabulary (the default)")
+    if fingerprint and FLAGS.embedding_sharding != "dynamic":
+        raise UserError("--categorical_encoding=fingerprint gives every value an id of its own "
+                        "(up to 2**56): it needs tables that grow, --embedding_sharding=dynamic")
     if FLAGS.integer_transform == "minmax" and hashing:
         raise UserError("--integer_transform=minmax needs the ranges a vocabulary records: use "
                         "--categorical_encoding=vocabulary")
     vocabulary = FLAGS.vocabulary
-    hash_buckets = FLAGS.hash_buckets
+    hash_buckets = FINGERPRINT_BUCKETS if fingerprint else FLAGS.hash_buckets
     if recorded is not None:
         vocabulary, recorded_buckets = recorded
         if (vocabulary is None) != hashing:
             raise UserError("--categorical_encoding differs from the resumed run's; resume with "
                             "the encoding it was trained with")
         hash_buckets = recorded_buckets or hash_buckets
-    elif vocabulary is None and (not hashing or FLAGS.fit_hash_buckets):
+    elif vocabulary is None and (not hashing or (FLAGS.fit_hash_buckets and not fingerprint)):
         vocabulary = _automatic_vocabulary()
     if hashing and recorded is None:
-        if FLAGS.fit_hash_buckets:
+        if FLAGS.fit_hash_buckets and not fingerprint:
             from tfscale.data.vocabulary_cache import fitted_hash_buckets
 
             hash_buckets = fitted_hash_buckets(

@@ -29,6 +29,7 @@ from tfscale.errors import UserError
 
 FIELD_BITS = 56  # a key is field << FIELD_BITS | id
 MAX_FIELDS = 127  # fields that fit above the id bits of a non-negative int64
+MAX_DEFAULT_CAPACITY = 1 << 31  # the vocabulary sizes' sum taken as capacity at most
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +103,10 @@ class DynamicTables(TableStrategy):
 
     def make_row_index(self, embedding):
         capacity = int(self.capacity or sum(embedding.vocabulary_sizes))
+        if capacity > MAX_DEFAULT_CAPACITY and self.capacity is None:
+            raise UserError(f"the vocabulary sizes sum to {capacity:,} rows, more than a dynamic "
+                            "table holds by default: give DynamicTables a `capacity` (the rows "
+                            "in use at most)")
         return IdRows(capacity, min_count=self.min_count, sketch_width=self.sketch_width,
                       evict_fraction=self.evict_fraction,
                       expire_after_steps=self.expire_after_steps, name="id_rows")
