@@ -30,7 +30,8 @@ flags.DEFINE_integer("dynamic_capacity", None,
                      "ranks (default: the data's vocabulary sizes summed).", lower_bound=1)
 flags.DEFINE_integer("dynamic_min_count", 1,
                      "--embedding_sharding=dynamic: occurrences in training batches before an id "
-                     "gets a row of its own (until then it reads its field's unknown row).")
+                     "gets a row of its own (until then it reads its field's unknown row).",
+                     lower_bound=1)
 flags.DEFINE_integer("dynamic_expire_after_steps", None,
                      "--embedding_sharding=dynamic: also free rows unseen for this many steps "
                      "(default: rows are freed only when the tables are full, least recently "
@@ -49,11 +50,27 @@ def table_strategy():
         if dynamic_flags:
             raise UserError(f"{', '.join(dynamic_flags)} go with --embedding_sharding=dynamic")
         return FLAGS.embedding_sharding
-    if FLAGS.dynamic_min_count < 1:
-        raise UserError(f"--dynamic_min_count={FLAGS.dynamic_min_count}: an id is admitted after "
-                        "at least 1 occurrence; give 1 (at once) or more")
     return DynamicTables(capacity=FLAGS.dynamic_capacity, min_count=FLAGS.dynamic_min_count,
                          expire_after_steps=FLAGS.dynamic_expire_after_steps)
+
+
+def check_dynamic_capacity(source, local_batch_size):
+    """Refuses a --dynamic_capacity below the distinct ids of this rank's first training batch
+    (the first step could not give them rows), before anything is written."""
+    if FLAGS.embedding_sharding != "dynamic":
+        return
+    import numpy as np
+
+    from tfscale import distributed
+
+    capacity = FLAGS.dynamic_capacity or sum(source.schema.vocabulary_sizes)
+    features, _ = next(iter(source.train_batches(local_batch_size, **distributed.data_shard())))
+    ids = features["categorical"].numpy()
+    distinct = sum(len(np.unique(ids[:, field])) for field in range(ids.shape[1]))
+    if distinct > capacity:
+        raise UserError(f"--dynamic_capacity={capacity}: the first training batch alone holds "
+                        f"{distinct:,} distinct ids; give the tables room for the ids of many "
+                        "batches")
 
 
 def row_gradient_flags():

@@ -51,6 +51,7 @@ def run():
     optimization_flags.check_sharded_dense_update()
     source = common_flags.build_source(resumed_run=checkpoint_dir if FLAGS.resume else None)
     check_test_split_is_labelled(source)  # before anything is written
+    hybrid_flags.check_dynamic_capacity(source, distributed.local_batch_size(FLAGS.batch_size))
     model = common_flags.build_model(source.schema, settings, optimizer_name,
                                      precision_flags.dtype_policy())
     steps_per_epoch = source.train_steps_per_epoch(

@@ -270,3 +270,34 @@ def test_a_resume_at_the_same_number_of_ranks_is_bitwise(multi_rank_runs):
         for part, resumed in zip(uninterrupted, resumed_parts):
             for key in resumed.files:
                 np.testing.assert_array_equal(resumed[key], part[key], err_msg=key)
+
+
+def fixed_model():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((2,), dtype="int64")
+    layer = FieldEmbedding([10, 10], embedding_dim=3, name="field_embedding")
+    outputs = keras.layers.Dense(1, activation="sigmoid")(keras.layers.Flatten()(layer(inputs)))
+    model = FunctionalTrainStepModel(inputs, outputs)
+    model.compile(optimizer=RowSparseAdam(learning_rate=0.01, name="row_sparse_adam"),
+                  loss="binary_crossentropy")
+    model.optimizer.build(model.trainable_variables)
+    return model
+
+
+@pytest.mark.parametrize("written, resumed", [(fixed_model, small_model),
+                                              (small_model, fixed_model)])
+def test_fixed_and_dynamic_checkpoints_are_not_resumed_as_each_other(tmp_path, written, resumed):
+    def built(make):
+        made = make(capacity=14) if make is small_model else make()
+        model = made[0] if isinstance(made, tuple) else made
+        model.train_on_batch(np.array([[1, 2]]), np.array([[1.0]]))
+        return model
+
+    model = built(written)
+    CheckpointStore(str(tmp_path), model, model.optimizer).save(1, {"epoch": 0})
+    again = built(resumed)
+    before = [v.numpy() for v in again.variables]
+    with pytest.raises(UserError, match="fixed embedding tables|holds dynamic embedding tables"):
+        CheckpointStore(str(tmp_path), again, again.optimizer).restore_latest()
+    for value, variable in zip(before, again.variables):  # nothing was restored
+        np.testing.assert_array_equal(variable.numpy(), value)
