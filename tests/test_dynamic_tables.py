@@ -210,15 +210,38 @@ def ranks_of(out, run, num_ranks):
     return [np.load(path) for path in paths]
 
 
+def runs_to_compare(out, run, num_ranks, reference_run):
+    """(the reference's arrays, every rank's arrays of `run` at `num_ranks`)."""
+    return np.load(os.path.join(out, f"{reference_run}-P1-rank0.npz")), ranks_of(out, run,
+                                                                                  num_ranks)
+
+
+def assert_same_ids_held(parts, reference, steps):
+    for step in steps:
+        held_ids = np.sort(np.concatenate([part[f"held_{step}"] for part in parts]))
+        np.testing.assert_array_equal(held_ids, reference[f"held_{step}"], err_msg=f"step {step}")
+
+
+def assert_same_rows(parts, reference, keys, exact=()):
+    """Every id's values of `keys` across `parts` (allclose) and of `exact` (equal) are the
+    reference's."""
+    ids = np.concatenate([part["ids"] for part in parts])
+    order, reference_order = np.argsort(ids), np.argsort(reference["ids"])
+    for key in (*exact, *keys):
+        values = np.concatenate([part[key] for part in parts])[order]
+        if key in exact:
+            np.testing.assert_array_equal(values, reference[key][reference_order], err_msg=key)
+        else:
+            np.testing.assert_allclose(values, reference[key][reference_order], rtol=1e-4,
+                                       atol=1e-6, err_msg=key)
+
+
 @pytest.mark.parametrize("num_ranks", [2, 4])
 @pytest.mark.parametrize("run", ["roomy", "evicting"])
 def test_every_number_of_ranks_admits_and_evicts_the_same_ids_as_one_process(multi_rank_runs, run,
                                                                             num_ranks):
-    reference = np.load(os.path.join(multi_rank_runs, f"{run}-P1-rank0.npz"))
-    parts = ranks_of(multi_rank_runs, run, num_ranks)
-    for step in range(12):
-        held_ids = np.sort(np.concatenate([part[f"held_{step}"] for part in parts]))
-        np.testing.assert_array_equal(held_ids, reference[f"held_{step}"], err_msg=f"step {step}")
+    reference, parts = runs_to_compare(multi_rank_runs, run, num_ranks, run)
+    assert_same_ids_held(parts, reference, range(12))
     if run == "evicting":  # the run must have evicted, or it checks nothing more than "roomy"
         sizes = [len(reference[f"held_{step}"]) for step in range(12)]
         assert any(b < a for a, b in zip(sizes, sizes[1:])), sizes
@@ -228,18 +251,11 @@ def test_every_number_of_ranks_admits_and_evicts_the_same_ids_as_one_process(mul
 @pytest.mark.parametrize("run", ["roomy", "evicting"])
 def test_every_number_of_ranks_trains_the_rows_and_state_of_one_process(multi_rank_runs, run,
                                                                        num_ranks):
-    reference = np.load(os.path.join(multi_rank_runs, f"{run}-P1-rank0.npz"))
-    parts = ranks_of(multi_rank_runs, run, num_ranks)
-    ids = np.concatenate([part["ids"] for part in parts])
-    order, reference_order = np.argsort(ids), np.argsort(reference["ids"])
-    for key in ("last_seen", "seen_count"):
-        np.testing.assert_array_equal(np.concatenate([p[key] for p in parts])[order],
-                                      reference[key][reference_order], err_msg=key)
-    for table in ("deep_embedding", "wide_embedding"):
-        for key in (table, f"{table}_moment0", f"{table}_moment1"):
-            np.testing.assert_allclose(np.concatenate([p[key] for p in parts])[order],
-                                       reference[key][reference_order], rtol=1e-4, atol=1e-6,
-                                       err_msg=key)
+    reference, parts = runs_to_compare(multi_rank_runs, run, num_ranks, run)
+    assert_same_rows(parts, reference, [f"{table}{suffix}"
+                                        for table in ("deep_embedding", "wide_embedding")
+                                        for suffix in ("", "_moment0", "_moment1")],
+                     exact=("last_seen", "seen_count"))
     for part in parts:
         for key in ("dense", "deep_embedding_unknown", "wide_embedding_unknown"):
             np.testing.assert_allclose(part[key], reference[key], rtol=1e-4, atol=1e-6,
@@ -249,17 +265,11 @@ def test_every_number_of_ranks_trains_the_rows_and_state_of_one_process(multi_ra
 @pytest.mark.parametrize("written, resumed", RESUMES)
 def test_a_checkpoint_resumes_at_any_number_of_ranks_with_the_same_decisions(multi_rank_runs,
                                                                           written, resumed):
-    reference = np.load(os.path.join(multi_rank_runs, "evicting-P1-rank0.npz"))
-    parts = ranks_of(multi_rank_runs, f"evicting-resumed-checkpoint-P{written}", resumed)
-    for step in range(6, 12):
-        held_ids = np.sort(np.concatenate([part[f"held_{step}"] for part in parts]))
-        np.testing.assert_array_equal(held_ids, reference[f"held_{step}"], err_msg=f"step {step}")
-    ids = np.concatenate([part["ids"] for part in parts])
-    order, reference_order = np.argsort(ids), np.argsort(reference["ids"])
-    for key in ("deep_embedding", "deep_embedding_moment1", "wide_embedding"):
-        np.testing.assert_allclose(np.concatenate([p[key] for p in parts])[order],
-                                   reference[key][reference_order], rtol=1e-4, atol=1e-6,
-                                   err_msg=key)
+    reference, parts = runs_to_compare(multi_rank_runs, f"evicting-resumed-checkpoint-P{written}",
+                                       resumed, "evicting")
+    assert_same_ids_held(parts, reference, range(6, 12))
+    assert_same_rows(parts, reference, ("deep_embedding", "deep_embedding_moment1",
+                                        "wide_embedding"), exact=("last_seen", "seen_count"))
 
 
 def test_a_resume_at_the_same_number_of_ranks_is_bitwise(multi_rank_runs):

@@ -21,8 +21,8 @@ import tensorflow as tf
 from tfscale import distributed
 from tfscale.embedding import placement
 from tfscale.embedding.id_rows import IdRows
-from tfscale.embedding.initializers import is_keyable, keyed_rows
-from tfscale.embedding.row_sharding import gradient_divided_by
+from tfscale.embedding.initializers import keyed_rows
+from tfscale.embedding.row_sharding import check_partitioned_arguments, gradient_divided_by
 from tfscale.embedding.strategy import TableStrategy
 from tfscale.embedding.table import RowShard, Table
 from tfscale.errors import UserError
@@ -75,24 +75,10 @@ class DynamicTables(TableStrategy):
         return {"name": self.name, **dataclasses.asdict(self)}
 
     def check(self, embedding):
-        if not embedding.deduplicate:
-            raise UserError("`deduplicate=False` cannot be used with `sharding=dynamic`: a "
-                            "dynamic table looks each unique id up once; leave `deduplicate` on")
+        check_partitioned_arguments(embedding, self.name)
         if embedding.num_fields > MAX_FIELDS:
             raise UserError(f"`vocabulary_sizes` has {embedding.num_fields} fields; dynamic "
                             f"tables key ids by field and hold at most {MAX_FIELDS}")
-        for argument in ("embeddings_initializer", "wide_initializer"):
-            initializer = getattr(embedding, argument)
-            if not is_keyable(initializer):
-                raise UserError(
-                    f"`{argument}={type(initializer).__name__}`: a dynamic table draws a new "
-                    "id's row from the id alone: use tfscale.embedding.initializers."
-                    "RowSeededNormal, zeros or a constant")
-        for argument in ("embeddings_regularizer", "wide_regularizer"):
-            if getattr(embedding, argument) is not None:
-                raise UserError(f"`{argument}`: a dynamic table cannot carry a Keras regularizer "
-                                "(its gradient would be dense): give the embedding L2 to the "
-                                "optimizer (RowSparseAdam's `table_l2`, CowClip's `l2`) or none")
 
     def id_limits(self, vocabulary_sizes):
         return [1 << FIELD_BITS] * len(vocabulary_sizes)

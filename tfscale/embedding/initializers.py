@@ -68,7 +68,8 @@ class RowSeededNormal(keras.initializers.Initializer):
 
 def keyed_rows(initializer, keys, dim):
     """The initial rows [len(keys), dim] (float32) of ids `keys` in a table keyed by id:
-    RowSeededNormal's `keyed_rows`, or a constant initializer's value (in the graph)."""
+    RowSeededNormal's `keyed_rows`, or a constant initializer's value (in the graph; any
+    initializer `is_row_independent` accepts)."""
     if isinstance(initializer, RowSeededNormal):
         return initializer.keyed_rows(keys, dim)
     return tf.fill(tf.stack([tf.size(keys), dim]), _constant_value(initializer))
@@ -81,12 +82,6 @@ def _constant_value(initializer):
     if isinstance(initializer, keras.initializers.Ones):
         return 1.0
     return float(initializer.get_config()["value"])
-
-
-def is_keyable(initializer):
-    """Whether `keyed_rows` can draw `initializer`'s rows by id: RowSeededNormal, zeros, ones,
-    constants."""
-    return is_row_independent(initializer)
 
 
 _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as int64

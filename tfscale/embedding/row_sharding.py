@@ -35,24 +35,7 @@ class RowSharded(TableStrategy):
     partitioned = True
 
     def check(self, embedding):
-        if not embedding.deduplicate:
-            raise UserError("`deduplicate=False` cannot be used with `sharding=row`: a "
-                            "row-sharded lookup sends each unique id of the batch to its owner "
-                            "once (its outputs and summed gradients are those of plain "
-                            "lookups); leave `deduplicate` on")
-        for argument in ("embeddings_initializer", "wide_initializer"):
-            initializer = getattr(embedding, argument)
-            if not is_row_independent(initializer):
-                raise UserError(
-                    f"`{argument}={type(initializer).__name__}`: a row-sharded table needs an "
-                    "initializer whose rows do not depend on the table's shape "
-                    "(tfscale.embedding.initializers.RowSeededNormal, zeros or a constant)")
-        for argument in ("embeddings_regularizer", "wide_regularizer"):
-            if getattr(embedding, argument) is not None:
-                raise UserError(f"`{argument}`: a row-sharded table cannot carry a Keras "
-                                "regularizer (its gradient would be dense): give the embedding "
-                                "L2 to the optimizer (RowSparseAdam's `table_l2`, CowClip's "
-                                "`l2`) or none")
+        check_partitioned_arguments(embedding, "row")
 
     def make_table(self, name, rows, width, initializer, regularizer):
         return Table(name, rows, width, self, ShardedTable(rows, width, initializer, name=name))
@@ -91,6 +74,31 @@ class ShardedTable(keras.layers.Layer):
             self.embeddings = self.add_weight(shape=(shard.rows, self.dim),
                                               initializer=initializer, dtype="float32",
                                               autocast=False, name="embeddings")
+
+
+def check_partitioned_arguments(embedding, sharding):
+    """UserErrors for the FieldEmbedding arguments a table spread over the ranks by ids
+    (`sharding`: "row", "dynamic") cannot take: `deduplicate=False` (each unique id of a batch
+    goes to its owner once), an initializer whose rows depend on the table's shape, a Keras
+    regularizer (its gradient would be dense)."""
+    if not embedding.deduplicate:
+        raise UserError(f"`deduplicate=False` cannot be used with `sharding={sharding}`: its "
+                        "lookup sends each unique id of the batch to its owner once (its outputs "
+                        "and summed gradients are those of plain lookups); leave `deduplicate` "
+                        "on")
+    for argument in ("embeddings_initializer", "wide_initializer"):
+        initializer = getattr(embedding, argument)
+        if not is_row_independent(initializer):
+            raise UserError(
+                f"`{argument}={type(initializer).__name__}`: `sharding={sharding}` needs an "
+                "initializer whose rows do not depend on the table's shape "
+                "(tfscale.embedding.initializers.RowSeededNormal, zeros or a constant)")
+    for argument in ("embeddings_regularizer", "wide_regularizer"):
+        if getattr(embedding, argument) is not None:
+            raise UserError(f"`{argument}`: a table with `sharding={sharding}` cannot carry a "
+                            "Keras regularizer (its gradient would be dense): give the embedding "
+                            "L2 to the optimizer (RowSparseAdam's `table_l2`, CowClip's `l2`) or "
+                            "none")
 
 
 def lookup(tables, rows, name, scalars=None):
