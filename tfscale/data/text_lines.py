@@ -147,7 +147,7 @@ class FileSet:
 
 # ----------------------------------------------------------------------------- line selection
 
-def _mix64(values):
+def mix64(values):
     """A well-mixed 64-bit hash of int64 values (splitmix64 finaliser), as uint64."""
     x = tf.bitcast(values, tf.uint64)
     x = (x ^ tf.bitwise.right_shift(x, tf.constant(30, tf.uint64))) * tf.constant(
@@ -161,7 +161,7 @@ def in_test_split(file_index, line_numbers, test_fraction):
     """Whether each line belongs to the test split: a fixed hash of (file, line number) falls in
     the first `test_fraction` of its range, so the split is the same in every run."""
     key = tf.bitwise.left_shift(file_index, tf.constant(40, tf.int64)) + line_numbers
-    unit = tf.cast(tf.bitwise.right_shift(_mix64(key), tf.constant(11, tf.uint64)), tf.float64)
+    unit = tf.cast(tf.bitwise.right_shift(mix64(key), tf.constant(11, tf.uint64)), tf.float64)
     return unit * (1.0 / (1 << 53)) < test_fraction
 
 
