@@ -69,7 +69,10 @@ class StringIds:
 def vocabulary_ids(vocabulary):
     """The encoding by `vocabulary` (count_day_vocabulary's): row 0 missing, row 1 out of
     vocabulary, then the kept ids."""
-    return StringIds(vocabulary.encoder(CATEGORICAL_NAMES), vocabulary.describe())
+    kept = sum(len(entries) for entries in vocabulary.categorical.values())
+    return StringIds(vocabulary.encoder(CATEGORICAL_NAMES),
+                     f"vocabulary of {vocabulary.rows:,} rows ({kept:,} ids seen at least "
+                     f"{vocabulary.min_count} times)")
 
 
 def hashed_ids(buckets):

@@ -493,8 +493,11 @@ class DelimitedTextSource(CTRSource):
         (one int, or one per field; default preprocessing.DEFAULT_HASH_BUCKETS); ids
         1..buckets, 0 = missing. Ignored when there is a vocabulary. (vocabulary, hash_buckets
         and dense_transform make the source's `preprocessing`, a data.preprocessing.Preprocessing.)
-      dense_transform: "log1p" (sign(x) * log1p(|x|)) or "minmax" (needs a vocabulary, which
-        records each field's min and max); missing integers are 0 either way.
+      dense_transform: "log1p" (sign(x) * log1p(|x|), the default) or "minmax" (needs a
+        vocabulary, which records each field's min and max); missing integers are 0 either way.
+      preprocessing: a Preprocessing of this FORMAT to use instead of one made from
+        vocabulary, hash_buckets and dense_transform (which must then be unset): sources of
+        several days share one, and with it its vocabulary's lookup constants.
       shuffle_buffer: 0 reads the train split in file order; otherwise the file order is shuffled
         and rows are shuffled within consecutive windows of this many rows (shuffle_windows),
         both by a seed derived from (seed, epoch), so each epoch is deterministic.
@@ -509,9 +512,16 @@ class DelimitedTextSource(CTRSource):
     FORMAT = None  # a TextFormat
 
     def __init__(self, train_paths, test_paths=None, *, test_fraction=0.1, vocabulary=None,
-                 hash_buckets=None, dense_transform="log1p", shuffle_buffer=0, seed=0,
-                 on_bad_line="error", on_short_line="missing", chunk_lines=CHUNK_LINES):
+                 hash_buckets=None, dense_transform=None, preprocessing=None, shuffle_buffer=0,
+                 seed=0, on_bad_line="error", on_short_line="missing", chunk_lines=CHUNK_LINES):
         fmt = self.FORMAT
+        if preprocessing is not None:
+            if (vocabulary, hash_buckets, dense_transform) != (None, None, None):
+                raise UserError("give either `preprocessing` or `vocabulary`, `hash_buckets` and "
+                                "`dense_transform` (which make one), not both")
+            if preprocessing.text_format is not fmt:
+                raise UserError(f"`preprocessing` reads {preprocessing.text_format.name} lines, "
+                                f"not {fmt.name} ones")
         _check_bad_line_policy(on_bad_line)
         check_short_line_policy(on_short_line)
         self._train = FileSet(fmt, train_paths)
@@ -530,8 +540,9 @@ class DelimitedTextSource(CTRSource):
         # (FileSet, LineSelection) read with lines to count -> (bad, short) lines or None
         self._line_counts = {}
         self._train_rows_per_shard = {}  # num_shards -> train rows per shard
-        self.preprocessing = Preprocessing(fmt, vocabulary=vocabulary, hash_buckets=hash_buckets,
-                                           dense_transform=dense_transform)
+        self.preprocessing = preprocessing or Preprocessing(
+            fmt, vocabulary=vocabulary, hash_buckets=hash_buckets,
+            dense_transform="log1p" if dense_transform is None else dense_transform)
         self.schema = self.preprocessing.schema
 
     @property

@@ -3,8 +3,9 @@
 table_checkpoints), exact evaluation and the precision policy. `train`, `train_progressively` and
 their configurations are the package's public entry."""
 
-from tfscale.training.progressive import ProgressiveConfig, ProgressiveResult, train_progressively
+from tfscale.training.progressive import (ProgressiveConfig, ProgressiveResult, check_days,
+                                          train_progressively)
 from tfscale.training.run import TrainingConfig, TrainingResult, build_model_and_optimizer, train
 
-__all__ = ["ProgressiveConfig", "ProgressiveResult", "TrainingConfig", "TrainingResult",
+__all__ = ["ProgressiveConfig", "ProgressiveResult", "TrainingConfig", "TrainingResult", "check_days",
            "build_model_and_optimizer", "train", "train_progressively"]

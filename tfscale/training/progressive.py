@@ -79,14 +79,12 @@ def train_progressively(model, days, config, print_fn=print):
     `config` (a ProgressiveConfig) says, scoring each day before training on it, and returns a
     ProgressiveResult. Every day is checked (its rows, its schema) before anything is trained
     or written."""
-    days = _checked_days(days)
+    days, steps_per_day = check_days(days, config.batch_size)
     chief = distributed.is_chief()
     if not chief:
         print_fn = _silent
     local_batch_size = distributed.local_batch_size(config.batch_size)
     shard = distributed.data_shard()
-    steps_per_day = [_steps_of_day(name, source, config.batch_size, local_batch_size, shard)
-                     for name, source in days]
     build_model_and_optimizer(model, days[0][1].schema)
     per_rank_variables = model.per_rank_variables() if isinstance(model, TrainStep) else {}
     store = CheckpointStore(config.checkpoint_dir, model=model, optimizer=model.optimizer,
@@ -195,9 +193,12 @@ class _DayCheckpoint(tfs_callbacks.PeriodicCheckpoint):
         super().save(step, epoch, batches_done, **self._record(), **extra)
 
 
-def _checked_days(days):
-    """`days` as a list of (name, CTRSource), refused unless they are at least one, named
-    uniquely, of one schema, each with a labelled test split."""
+def check_days(days, batch_size):
+    """(`days` as a list of (name, CTRSource), this rank's steps of each day at the global
+    `batch_size`), refused with a UserError unless there is at least one day, each named once,
+    all of one schema, each with a labelled test split and at least one full batch on every
+    rank. `train_progressively` checks its days so; call it first to check them before writing
+    anything else."""
     days = [(str(name), source) for name, source in days]
     if not days:
         raise UserError("`days` is empty: give at least one (name, source) pair")
@@ -213,7 +214,10 @@ def _checked_days(days):
                             f"({source.schema} against {first.schema}): one model trains on "
                             "every day, so their fields and rows per field must be the same")
         check_test_split_is_labelled(source)
-    return days
+    local_batch_size = distributed.local_batch_size(batch_size)
+    shard = distributed.data_shard()
+    return days, [_steps_of_day(name, source, batch_size, local_batch_size, shard)
+                  for name, source in days]
 
 
 def _steps_of_day(name, source, batch_size, local_batch_size, shard):
