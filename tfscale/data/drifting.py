@@ -113,7 +113,7 @@ class DriftingCTR:
         self._dense_weights = tf.random.stateless_normal(
             [_NUM_DENSE], tf.constant([self.seed, _KEY_DENSE_WEIGHTS], tf.int64))
         self._hash_salt = mix64(tf.constant(self.seed, tf.int64) + _ID_HASH_SALT)
-        self._term_scales, self.teacher_bias = self._calibration()
+        self._calibrated = None  # (scales of the teacher's terms, bias), on first use
         self._ceilings = {}
 
     def describe(self):
@@ -140,7 +140,12 @@ class DriftingCTR:
         unknown = set(keys) - set(ROW_KEYS)
         if unknown:
             raise ValueError(f"unknown row keys {sorted(unknown)}; choose from {ROW_KEYS}")
-        return synthetic.rows_of_blocks(lambda block: self._block(day, block), first_row,
+        if {"label", "teacher_probability"} & set(keys):
+            self.calibration()  # eagerly, before the blocks are traced
+            block_values = self._block
+        else:  # features alone: no teacher to compute
+            block_values = self._unlabelled_block
+        return synthetic.rows_of_blocks(lambda block: block_values(day, block), first_row,
                                         num_rows, batch_size, keys, drop_remainder)
 
     def _block(self, day, block):
@@ -227,13 +232,18 @@ class DriftingCTR:
         return synthetic.teacher_terms(first_weights, vectors, self._dense_weights, dense)
 
     def _teacher_logits(self, ids, dense):
+        scales, bias = self.calibration()
         terms = self._raw_terms(ids, dense)
-        return tf.add_n([scale * term for scale, term in zip(self._term_scales, terms)]) \
-            + self.teacher_bias
+        return tf.add_n([scale * term for scale, term in zip(scales, terms)]) + bias
 
-    def _calibration(self):
-        """The scales of the teacher's three terms (their spreads over the calibration rows
-        become SyntheticCTR's) and the bias for click_rate."""
+    def calibration(self):
+        """(The scales of the teacher's three terms, so that their spreads over the calibration
+        rows are SyntheticCTR's, and the bias for click_rate), computed on first use."""
+        if self._calibrated is None:
+            self._calibrated = self._calibrate()
+        return self._calibrated
+
+    def _calibrate(self):
         blocks = [self._unlabelled_block(0, block) for block in range(CALIBRATION_BLOCKS)]
         terms = [np.concatenate(parts).astype(np.float64) for parts in zip(*(
             [term.numpy() for term in self._raw_terms(block["categorical"], block["dense"])]
