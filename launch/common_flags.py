@@ -162,7 +162,8 @@ def build_source(resumed_run=None):
         raise UserError(f"--data={FLAGS.data} needs --train_path (files or globs)")
     preprocessing = file_preprocessing(recorded_encoding(resumed_run), FLAGS.train_path,
                                        None if FLAGS.test_path else FLAGS.test_fraction)
-    return file_source(FLAGS.train_path, FLAGS.test_path or None, preprocessing)
+    return file_source(FLAGS.train_path, FLAGS.test_path or None, preprocessing,
+                       FLAGS.test_fraction)
 
 
 def recorded_encoding(resumed_run):
@@ -239,11 +240,12 @@ def file_preprocessing(recorded, counted_paths, test_fraction):
                          dense_transform=FLAGS.integer_transform)
 
 
-def file_source(train_paths, test_paths, preprocessing):
-    """The --data file source of `train_paths` and `test_paths` (None: --test_fraction of the
-    training lines held out) encoded by `preprocessing`, read as the data flags say."""
+def file_source(train_paths, test_paths, preprocessing, test_fraction):
+    """The --data file source of `train_paths` and `test_paths` (None: `test_fraction` of the
+    training lines held out, or with `test_fraction` None, none: the test split is the train
+    split) encoded by `preprocessing`, read as the data flags say."""
     return FILE_FORMATS[FLAGS.data](
-        train_paths, test_paths, test_fraction=FLAGS.test_fraction, preprocessing=preprocessing,
+        train_paths, test_paths, test_fraction=test_fraction, preprocessing=preprocessing,
         shuffle_buffer=FLAGS.shuffle_buffer, seed=FLAGS.seed, on_bad_line=FLAGS.on_bad_line,
         on_short_line=FLAGS.on_short_line)
 

@@ -72,7 +72,7 @@ def check_flags():
 
 def build_days(resumed_run=None):
     """[(name, CTRSource)] of the days in order: the drifting stream's, or one per --train_path
-    file (its lines both scored and trained on). `resumed_run`: the checkpoint directory of a
+    file (every line both scored and trained on). `resumed_run`: the checkpoint directory of a
     run being resumed, whose recorded file encoding is kept."""
     if FLAGS.data == "drifting":
         return _drifting_days()
@@ -139,7 +139,9 @@ def _file_days(resumed_run):
     # The first day's lines alone are counted: an online run cannot know the later days yet.
     preprocessing = common_flags.file_preprocessing(
         common_flags.recorded_encoding(resumed_run), paths[:1], None)
-    return [(path, common_flags.file_source([path], [path], preprocessing)) for path in paths]
+    # Each day's test split is the day itself: scored, then trained on.
+    return [(path, common_flags.file_source([path], None, preprocessing, test_fraction=None))
+            for path in paths]
 
 
 def describe(days):

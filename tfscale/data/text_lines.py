@@ -486,7 +486,9 @@ class DelimitedTextSource(CTRSource):
       train_paths: path, glob, or list of them (`.gz` files are read as gzip). Must be labelled.
       test_paths: the same for the test split; None splits the train files by a fixed hash of
         (file, line number): lines in `test_fraction` of the hash range are test, the rest train.
-      test_fraction: used only without test_paths (0: an empty test split).
+      test_fraction: used only without test_paths (0: an empty test split; None: no line held
+        out, the test split is the train split itself, as online training scores a day before
+        training on it).
       vocabulary: a Vocabulary or the path of one saved by `launch.build_vocab`; categorical
         strings are then looked up (row 0 missing, row 1 out of vocabulary, then its values).
       hash_buckets: without a vocabulary, hash each categorical field into this many buckets
@@ -529,9 +531,10 @@ class DelimitedTextSource(CTRSource):
             raise UserError(f"{self._train.paths[0]}: training files need the "
                             f"'{fmt.label_name}' column and this one has none (a test file?)")
         self._test = FileSet(fmt, test_paths) if test_paths is not None else None
-        if self._test is None and not 0.0 <= test_fraction < 1.0:
-            raise UserError(f"test_fraction must be in [0, 1), got {test_fraction}")
-        self._test_fraction = None if self._test is not None else float(test_fraction)
+        if self._test is None and test_fraction is not None and not 0.0 <= test_fraction < 1.0:
+            raise UserError(f"test_fraction must be in [0, 1) or None, got {test_fraction}")
+        self._test_fraction = (None if self._test is not None or test_fraction is None
+                               else float(test_fraction))
         self._skip_bad_lines = on_bad_line == "skip"
         self.on_short_line = on_short_line
         self._shuffle_buffer = int(shuffle_buffer)
@@ -570,7 +573,9 @@ class DelimitedTextSource(CTRSource):
 
     def test_batches(self, batch_size, *, shard_index=0, num_shards=1):
         files = self._test or self._train
-        selection = LineSelection(self._test_fraction, True, shard_index, num_shards)
+        # Without a fraction, the same selection as the train split's (its lines counted once).
+        selection = LineSelection(self._test_fraction, self._test_fraction is not None,
+                                  shard_index, num_shards)
         rows = self._rows(files, selection, np.arange(len(files.paths)))
         return without_autotuning(rows.rebatch(batch_size).prefetch(tf.data.AUTOTUNE))
 
@@ -652,8 +657,12 @@ class DelimitedTextSource(CTRSource):
         return sum(counts[which] for counts in self._line_counts.values())
 
     def describe(self):
-        test = (self._test.describe() if self._test
-                else f"{self._test_fraction:g} of the train lines by line hash")
+        if self._test:
+            test = self._test.describe()
+        elif self._test_fraction is None:
+            test = "the train lines themselves"
+        else:
+            test = f"{self._test_fraction:g} of the train lines by line hash"
         return (f"{type(self).__name__}: train {self._train.describe()}, test {test}; "
                 f"{self.preprocessing.describe()}; on bad lines: "
                 f"{'skip' if self._skip_bad_lines else 'error'}, on short lines: "

@@ -5,8 +5,8 @@ with the first day not done, or part-way through a day from a checkpoint taken w
 
 `train_progressively(model, days, config)` takes the days as (name, CTRSource) pairs in order. A
 day's test split is what is scored and its train split what is trained on: both are the whole
-day for tfscale.data.drifting_days.DriftingDay, and for a file reader given the day's file as its
-train and its test paths. The names identify the days in checkpoints: a resumed run must list the
+day for tfscale.data.drifting_days.DriftingDay, and for a file reader (CriteoTSV, AvazuCSV) of
+the day's file with `test_fraction=None` (no line held out). The names identify the days in checkpoints: a resumed run must list the
 days its checkpoint has done (and the one it is part-way through) first and in the same order;
 more days may follow them (tomorrow's file).
 
