@@ -25,9 +25,9 @@ flags.DEFINE_integer("days", 7, "--data=drifting: days of the stream.", lower_bo
 flags.DEFINE_integer("rows_per_day", 1_000_000, "--data=drifting: rows of each day.",
                      lower_bound=1)
 flags.DEFINE_float("drift_half_life_days", 7.0,
-                   "--data=drifting: days after which an id's chance to appear has halved; the "
-                   "large fields' new ids a day keep the ids in circulation at their "
-                   "cardinality.", lower_bound=0.1)
+                   "--data=drifting: days after which an id's chance to appear has halved; each "
+                   "large field gets (1 - 2^(-1/half-life)) x its cardinality new ids a day.",
+                   lower_bound=0.1)
 
 # The table strategy that keys rows by raw (field, id), which --categorical_encoding=raw needs.
 DYNAMIC_TABLES = "dynamic"
