@@ -118,8 +118,8 @@ class DriftingCTR:
 
     def describe(self):
         return (f"DriftingCTR(seed={self.seed}, {self.rows_per_day:,} rows a day, "
-                f"vocabulary_scale={self.vocabulary_scale:.4g}, half-life "
-                f"{self.half_life_days:g} days, click rate {self.click_rate:.0%})")
+                f"vocabulary_scale={self.vocabulary_scale:g}, half-life "
+                f"{self.half_life_days:g} days, click rate {self.click_rate:g})")
 
     def day_name(self, day):
         """What identifies day `day` (0-based) of this stream, e.g. in checkpoints."""

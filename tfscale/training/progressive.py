@@ -144,18 +144,8 @@ def train_progressively(model, days, config, print_fn=print):
             checkpointer.start_epoch(index, skip_batches)
         first_step = int(model.optimizer.iterations)
         started = time.perf_counter()
-        if skip_batches < steps:
-            dataset = source.train_batches(local_batch_size, epoch=index,
-                                           skip_batches=skip_batches, **shard)
-            # A known length: Keras counts no extra iteration, and a larger shard is cut to the
-            # smallest shard's steps, so no rank waits for another at the day's end.
-            dataset = dataset.take(steps - skip_batches).apply(
-                tf.data.experimental.assert_cardinality(steps - skip_batches))
-            model.fit(dataset, initial_epoch=index, epochs=index + 1, verbose=0, shuffle=False,
-                      callbacks=run_callbacks)
-        else:  # resumed from a checkpoint taken at the day's last batch, before its catch-up
-            catch_up.set_model(model)
-            catch_up.on_epoch_end(index)
+        _train_on_day(model, source, index, steps, skip_batches, local_batch_size, shard,
+                      run_callbacks, catch_up)
         train_seconds = time.perf_counter() - started
         trained_steps = int(model.optimizer.iterations) - first_step
         if stopper is not None and stopper.stopped:
@@ -178,6 +168,25 @@ def train_progressively(model, days, config, print_fn=print):
         writer.flush()
     return ProgressiveResult(days_done, int(model.optimizer.iterations),
                              stopped_early=bool(stopper and stopper.stopped))
+
+
+def _train_on_day(model, source, index, steps, skip_batches, local_batch_size, shard,
+                  run_callbacks, catch_up):
+    """One pass of `model.fit` over day `index` (its `steps` on this rank's shard) from batch
+    `skip_batches` on; with none left, only the day's catch-up (`catch_up`, one of
+    `run_callbacks`)."""
+    if skip_batches == steps:  # resumed from a checkpoint of the day's last batch, taken
+        catch_up.set_model(model)  # before the catch-up that ends a day
+        catch_up.on_epoch_end(index)
+        return
+    dataset = source.train_batches(local_batch_size, epoch=index, skip_batches=skip_batches,
+                                   **shard)
+    # A known length: Keras counts no extra iteration, and a larger shard is cut to the smallest
+    # shard's steps, so no rank waits for another at the day's end.
+    dataset = dataset.take(steps - skip_batches).apply(
+        tf.data.experimental.assert_cardinality(steps - skip_batches))
+    model.fit(dataset, initial_epoch=index, epochs=index + 1, verbose=0, shuffle=False,
+              callbacks=run_callbacks)
 
 
 class _DayCheckpoint(tfs_callbacks.PeriodicCheckpoint):
