@@ -14,13 +14,15 @@ from tfscale.data.text_lines import BAD_LINE_POLICIES, SHORT_LINE_POLICIES
 FLAGS = flags.FLAGS
 
 # Data.
-flags.DEFINE_enum("data", "synthetic", ["synthetic", *FILE_FORMATS],
-                  "Data set: the built-in synthetic Criteo-like stream, Criteo Kaggle TSV files or "
+flags.DEFINE_enum("data", "synthetic", ["synthetic", "drifting", *FILE_FORMATS],
+                  "Data set: the built-in synthetic Criteo-like stream, its drifting variant (days "
+                  "whose ids are born and fade; with --progressive), Criteo Kaggle TSV files or "
                   "Avazu CSV files (the last two need --train_path).")
 flags.DEFINE_integer("train_rows", 4_000_000, "Synthetic data: training rows.", lower_bound=1)
 flags.DEFINE_integer("test_rows", 200_000, "Synthetic data: test rows.", lower_bound=1)
 flags.DEFINE_float("synthetic_vocabulary_scale", 1 / 20,
-                   "Synthetic data: Criteo's large field cardinalities are multiplied by this.",
+                   "Synthetic and drifting data: Criteo's large field cardinalities are "
+                   "multiplied by this.",
                    lower_bound=1e-6, upper_bound=1.0)
 flags.DEFINE_list("train_path", [], "Criteo/Avazu: training files or globs (.gz read as gzip).")
 flags.DEFINE_list("test_path", [],
@@ -28,26 +30,30 @@ flags.DEFINE_list("test_path", [],
                   "training lines (chosen by line number) are held out as the test split.")
 flags.DEFINE_float("test_fraction", 0.1, "Held-out fraction when there is no --test_path.",
                    lower_bound=0.0, upper_bound=0.9)
-flags.DEFINE_enum("categorical_encoding", "vocabulary", ["vocabulary", "hash", "fingerprint"],
-                  "Criteo/Avazu: look categorical values up in a vocabulary (tables sized from the "
-                  "data: --vocabulary, or by default one counted from the training lines on first "
-                  "use and cached beside the data), hash them into --hash_buckets per field, or "
-                  "(fingerprint, with --embedding_sharding=dynamic) give every value its own "
-                  "56-bit id, for tables whose rows are given to ids as they arrive.")
+flags.DEFINE_enum("categorical_encoding", "vocabulary",
+                  ["vocabulary", "hash", "fingerprint", "raw"],
+                  "Criteo/Avazu and drifting data: look categorical values up in a vocabulary "
+                  "(tables sized from the data: --vocabulary, or by default one counted from the "
+                  "training lines on first use and cached beside the data; with --progressive, "
+                  "from the first day), or hash them into --hash_buckets per field. For tables "
+                  "whose rows are given to ids as they arrive (--embedding_sharding=dynamic): "
+                  "fingerprint gives every value of the files its own 56-bit id; raw passes "
+                  "--data=drifting's integer ids as they are, in [0, 2^56).")
 flags.DEFINE_integer("hash_buckets", 1_000_000,
                      "--categorical_encoding=hash: hash buckets per categorical field (at most; "
                      "see --fit_hash_buckets).", lower_bound=1)
 flags.DEFINE_bool("fit_hash_buckets", True,
                   "--categorical_encoding=hash: give each field at most twice as many buckets as "
-                  "it has distinct values in the training lines (counted by the automatic "
-                  "vocabulary pass, cached); --nofit_hash_buckets gives every field "
-                  "--hash_buckets.")
+                  "it has distinct values in the training lines (with --progressive: in the first "
+                  "day's; counted by the automatic vocabulary pass); --nofit_hash_buckets gives "
+                  "every field --hash_buckets.")
 flags.DEFINE_string("vocabulary", None,
                     "A vocabulary file (python -m launch.build_vocab writes one) instead of the "
                     "automatic one.")
 flags.DEFINE_integer("vocabulary_min_count", 10,
                      "The automatic vocabulary keeps values seen at least this many times in the "
-                     "training lines; rarer ones share the out-of-vocabulary row.", lower_bound=1)
+                     "training lines (with --progressive: in the first day's); rarer ones share "
+                     "the out-of-vocabulary row.", lower_bound=1)
 flags.DEFINE_string("vocabulary_cache_dir", None,
                     "Where the automatic vocabulary is cached (default: beside the first training "
                     "file).")
@@ -150,18 +156,34 @@ def build_source(resumed_run=None):
     """The CTRSource the data flags describe. `resumed_run`: the checkpoint directory of a run
     being resumed, whose recorded encoding (its own vocabulary, its hash buckets) is kept
     whatever the cache beside the data now holds."""
+    from tfscale.errors import UserError
+
     if FLAGS.data == "synthetic":
         from tfscale.data.synthetic import SyntheticCTR
 
         return SyntheticCTR(seed=FLAGS.seed, train_rows=FLAGS.train_rows, test_rows=FLAGS.test_rows,
                             vocabulary_scale=FLAGS.synthetic_vocabulary_scale)
-    recorded = None
-    if resumed_run:
-        from tfscale import distributed
+    if FLAGS.data == "drifting":
+        raise UserError("--data=drifting is a stream of days: train on it with --progressive "
+                        "(each day scored, then trained on once)")
+    if not FLAGS.train_path:
+        raise UserError(f"--data={FLAGS.data} needs --train_path (files or globs)")
+    preprocessing = file_preprocessing(recorded_encoding(resumed_run), FLAGS.train_path,
+                                       None if FLAGS.test_path else FLAGS.test_fraction)
+    return file_source(FLAGS.train_path, FLAGS.test_path or None, preprocessing,
+                       FLAGS.test_fraction)
 
-        recorded = distributed.broadcast_from_chief(  # rank 0 alone reads the checkpoints
-            lambda: _recorded_encoding(resumed_run), name="tfscale_recorded_encoding")
-    return _build_file_source(recorded)
+
+def recorded_encoding(resumed_run):
+    """(Vocabulary, hash buckets) the run in checkpoint directory `resumed_run` recorded (one of
+    them None), or None when there is no such run or it recorded none; rank 0 reads it and hands
+    it to the others."""
+    if not resumed_run:
+        return None
+    from tfscale import distributed
+
+    return distributed.broadcast_from_chief(  # rank 0 alone reads the checkpoints
+        lambda: _recorded_encoding(resumed_run), name="tfscale_recorded_encoding")
 
 
 def _recorded_encoding(checkpoint_dir):
@@ -186,11 +208,18 @@ def _recorded_encoding(checkpoint_dir):
     return None, encoding["buckets"]
 
 
-def _build_file_source(recorded=None):
+def file_preprocessing(recorded, counted_paths, test_fraction):
+    """The Preprocessing of --data's files the encoding flags give: with `recorded` (a resumed
+    run's recorded_encoding), that encoding; else --vocabulary, or the automatic vocabulary of
+    the training lines of `counted_paths` (with `test_fraction`, those its split trains on),
+    and with --categorical_encoding=hash the buckets fitted to it."""
+    from tfscale.data.preprocessing import Preprocessing
     from tfscale.errors import UserError
 
-    if not FLAGS.train_path:
-        raise UserError(f"--data={FLAGS.data} needs --train_path (files or globs)")
+    if FLAGS.categorical_encoding == "raw":
+        raise UserError(f"--categorical_encoding=raw passes the integer ids of --data=drifting "
+                        f"through as they are, and --data={FLAGS.data} files hold strings: give "
+                        "--categorical_encoding=vocabulary, hash or fingerprint")
     hashing = FLAGS.categorical_encoding in ("hash", "fingerprint")
     fingerprint = FLAGS.categorical_encoding == "fingerprint"
     if hashing and FLAGS.vocabulary:
@@ -210,33 +239,41 @@ def _build_file_source(recorded=None):
                             "the encoding it was trained with")
         hash_buckets = recorded_buckets or hash_buckets
     elif vocabulary is None and (not hashing or (FLAGS.fit_hash_buckets and not fingerprint)):
-        vocabulary = _automatic_vocabulary()
+        vocabulary = _automatic_vocabulary(counted_paths, test_fraction)
+    text_format = FILE_FORMATS[FLAGS.data].FORMAT
     if hashing and recorded is None:
         if FLAGS.fit_hash_buckets and not fingerprint:
             from tfscale.data.vocabulary_cache import fitted_hash_buckets
 
-            hash_buckets = fitted_hash_buckets(
-                vocabulary, FILE_FORMATS[FLAGS.data].FORMAT.categorical_names, FLAGS.hash_buckets)
+            hash_buckets = fitted_hash_buckets(vocabulary, text_format.categorical_names,
+                                               FLAGS.hash_buckets)
         vocabulary = None
+    return Preprocessing(text_format, vocabulary=vocabulary, hash_buckets=hash_buckets,
+                         dense_transform=FLAGS.integer_transform)
+
+
+def file_source(train_paths, test_paths, preprocessing, test_fraction):
+    """The --data file source of `train_paths` and `test_paths` (None: `test_fraction` of the
+    training lines held out, or with `test_fraction` None, none: the test split is the train
+    split) encoded by `preprocessing`, read as the data flags say."""
     return FILE_FORMATS[FLAGS.data](
-        FLAGS.train_path, FLAGS.test_path or None, test_fraction=FLAGS.test_fraction,
-        vocabulary=vocabulary, hash_buckets=hash_buckets,
-        dense_transform=FLAGS.integer_transform, shuffle_buffer=FLAGS.shuffle_buffer,
-        seed=FLAGS.seed, on_bad_line=FLAGS.on_bad_line, on_short_line=FLAGS.on_short_line)
+        train_paths, test_paths, test_fraction=test_fraction, preprocessing=preprocessing,
+        shuffle_buffer=FLAGS.shuffle_buffer, seed=FLAGS.seed, on_bad_line=FLAGS.on_bad_line,
+        on_short_line=FLAGS.on_short_line)
 
 
-def _automatic_vocabulary():
-    """The cached vocabulary of the training lines (counted now if the cache is missing or
-    stale); under Horovod rank 0 counts and hands it to the others."""
+def _automatic_vocabulary(paths, test_fraction):
+    """The cached vocabulary of the training lines of `paths` (counted now if the cache is
+    missing or stale); under Horovod rank 0 counts and hands it to the others."""
     from tfscale import distributed
     from tfscale.data.vocabulary_cache import cached_vocabulary
 
     def build():
         return cached_vocabulary(
-            FILE_FORMATS[FLAGS.data], FLAGS.train_path, min_count=FLAGS.vocabulary_min_count,
-            test_fraction=None if FLAGS.test_path else FLAGS.test_fraction,
-            on_bad_line=FLAGS.on_bad_line, on_short_line=FLAGS.on_short_line,
-            cache_dir=FLAGS.vocabulary_cache_dir, print_fn=lambda line: print(line, flush=True))
+            FILE_FORMATS[FLAGS.data], paths, min_count=FLAGS.vocabulary_min_count,
+            test_fraction=test_fraction, on_bad_line=FLAGS.on_bad_line,
+            on_short_line=FLAGS.on_short_line, cache_dir=FLAGS.vocabulary_cache_dir,
+            print_fn=lambda line: print(line, flush=True))
 
     return distributed.broadcast_from_chief(build, name="tfscale_vocabulary")
 
@@ -251,10 +288,16 @@ def report(result, source, logdir, checkpoint_dir):
         if teacher_auc is not None:
             line += f" (teacher ceiling: AUC {teacher_auc():.4f}, logloss {source.teacher_logloss():.4f})"
         print(line, flush=True)
-    bad_lines = source.bad_line_count()
+    report_reading_and_places([source], logdir, checkpoint_dir)
+
+
+def report_reading_and_places(sources, logdir, checkpoint_dir):
+    """The lines after a run's result: the malformed lines skipped and the short lines read by
+    `sources`, and where the logs and checkpoints are."""
+    bad_lines = sum(source.bad_line_count() for source in sources)
     if bad_lines:
         print(f"skipped {bad_lines:,} malformed lines (--on_bad_line=skip)", flush=True)
-    short_lines = getattr(source, "short_line_count", lambda: 0)()
+    short_lines = sum(getattr(source, "short_line_count", lambda: 0)() for source in sources)
     if short_lines:
         print(f"read the missing trailing fields of {short_lines:,} short lines as missing values "
               "(--on_short_line=missing)", flush=True)

@@ -28,7 +28,7 @@ flags.DEFINE_enum("scaling_rule", None, list(RULES),
 flags.DEFINE_enum("scaling_preset", None, list(PRESETS),
                   "Batch-1024 base of the rule (default: the one named as --data: criteo and "
                   "avazu are CowClip's published bases for the real data sets, synthetic the "
-                  "base tuned on the built-in data).")
+                  "base tuned on the built-in data, and --data=drifting's too).")
 flags.DEFINE_enum("embedding_update", "row", list(EMBEDDING_UPDATES),
                   "row: each step updates only the batch's rows of every table and of its "
                   "optimizer state, with --l2 on those rows (RowSparseAdam, RowSparseAdagrad, "
@@ -66,8 +66,13 @@ _OVERRIDES = {"learning_rate": "dense_learning_rate",
               "embedding_init_stddev": "embedding_init_stddev"}
 
 
+# --data whose default preset is another data set's: the drifting stream is the built-in data's
+# generator with ids that are born and fade.
+_PRESET_OF_DATA = {"drifting": "synthetic"}
+
+
 def _preset():
-    return FLAGS.scaling_preset or FLAGS.data
+    return FLAGS.scaling_preset or _PRESET_OF_DATA.get(FLAGS.data, FLAGS.data)
 
 
 def _rule():

@@ -12,7 +12,7 @@ from launch import quiet_tf  # noqa: F401  (first: TF's C++ log level is read wh
 from absl import app, flags, logging  # noqa: E402
 
 from launch import (common_flags, distributed_flags, hybrid_flags,  # noqa: E402
-                    optimization_flags, precision_flags, run_record)
+                    optimization_flags, precision_flags, progressive_flags, run_record)
 from launch.user_errors import absl_main  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -40,16 +40,23 @@ def run():
     import tensorflow as tf
 
     from tfscale import distributed
+    from tfscale.training.progressive import ProgressiveConfig, check_days, train_progressively
     from tfscale.training.run import TrainingConfig, check_test_split_is_labelled, train
 
     distributed_flags.init_horovod()
+    progressive_flags.check_flags()
     common_flags.seed_everything(FLAGS.seed, FLAGS.deterministic)
     logdir, checkpoint_dir = common_flags.run_directories(FLAGS.logdir, FLAGS.checkpoint_dir)
     settings = optimization_flags.resolve_settings()
     optimizer_name = optimization_flags.optimizer_name()
     optimization_flags.check_table_l2(settings, hybrid_flags.row_gradient_flags())
     optimization_flags.check_sharded_dense_update()
-    source = common_flags.build_source(resumed_run=checkpoint_dir if FLAGS.resume else None)
+    resumed_run = checkpoint_dir if FLAGS.resume else None
+    if FLAGS.progressive:
+        days, _ = check_days(progressive_flags.build_days(resumed_run), FLAGS.batch_size)
+        source = days[0][1]  # the first day: the schema, the run record, what an epoch means
+    else:
+        days, source = None, common_flags.build_source(resumed_run)
     check_test_split_is_labelled(source)  # before anything is written
     hybrid_flags.check_dynamic_capacity(source, distributed.local_batch_size(FLAGS.batch_size))
     model = common_flags.build_model(source.schema, settings, optimizer_name,
@@ -67,8 +74,10 @@ def run():
                   metrics=[keras.metrics.AUC(name="auc")], embedding_exchange=exchange,
                   embedding_staleness=FLAGS.embedding_staleness, auto_scale_loss=False)
     if distributed.is_chief():
+        passes = f"{len(days)} days once each" if FLAGS.progressive else f"{FLAGS.epochs} epochs"
+        data = progressive_flags.describe(days) if FLAGS.progressive else source.describe()
         print(f"model {FLAGS.model} ({model.count_params():,} parameters) on "
-              f"{source.describe()}; batch {FLAGS.batch_size}, {FLAGS.epochs} epochs, optimizer "
+              f"{data}; batch {FLAGS.batch_size}, {passes}, optimizer "
               f"{optimizer_name}, {optimization_flags.describe(settings)}; "
               f"{precision_flags.describe()}; {distributed_flags.describe(exchange)}; TensorFlow "
               f"{tf.__version__}", flush=True)
@@ -80,18 +89,30 @@ def run():
             # own; it is what launch.predict and launch.export rebuild the model from
             run_record.write(checkpoint_dir, FLAGS.model, model, source, FLAGS.data,
                              FLAGS.precision)
-    config = TrainingConfig(
-        batch_size=FLAGS.batch_size, epochs=FLAGS.epochs, log_every_steps=FLAGS.log_every_steps,
-        logdir=logdir, checkpoint_dir=checkpoint_dir,
-        checkpoint_every_steps=FLAGS.checkpoint_every_steps, resume=FLAGS.resume,
-        stop_after_steps=FLAGS.stop_after_steps)
-    result = train(model, source, config, print_fn=lambda line: print(line, flush=True))
+    run_settings = dict(
+        batch_size=FLAGS.batch_size, log_every_steps=FLAGS.log_every_steps, logdir=logdir,
+        checkpoint_dir=checkpoint_dir, checkpoint_every_steps=FLAGS.checkpoint_every_steps,
+        resume=FLAGS.resume, stop_after_steps=FLAGS.stop_after_steps)
+
+    def print_line(line):
+        print(line, flush=True)
+
+    if FLAGS.progressive:
+        result = train_progressively(model, days, ProgressiveConfig(**run_settings), print_line)
+        scored = days[-1][1]  # the trained model's scores of the last day's first lines
+    else:
+        result = train(model, source, TrainingConfig(epochs=FLAGS.epochs, **run_settings),
+                       print_line)
+        scored = source
     if checkpoint_dir and not result.stopped_early and not result.finished_before:
         # On every rank (row-sharded lookups need them all): the trained model's own scores of
         # a few test lines, what launch.predict and launch.export can be checked against.
-        run_record.write_trained_predictions(checkpoint_dir, model, source, result.global_step)
+        run_record.write_trained_predictions(checkpoint_dir, model, scored, result.global_step)
     if distributed.is_chief():
-        common_flags.report(result, source, logdir, checkpoint_dir)
+        if FLAGS.progressive:
+            progressive_flags.report(result, days, logdir, checkpoint_dir)
+        else:
+            common_flags.report(result, source, logdir, checkpoint_dir)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ ARGUMENT_FLAGS = {
     "resume": "resume",
     "sharding": "embedding_sharding",
     "stop_after_steps": "stop_after_steps",
+    "train_progressively": "progressive",
     "vocabulary_cache_dir": "vocabulary_cache_dir",
 }
 

@@ -1,8 +1,9 @@
 """Horovod data parallelism (tfscale.distributed): 2 ranks at batch B/2 train to the weights of
 1 process at batch B, ranks stay bitwise identical, the dense embedding exchange trains to the
 allgather's weights (and is refused with CowClip), an inf on one rank makes every rank skip the
-step, a dead rank ends the job (replicated and row-sharded tables), the ranks' evaluation
-equals one pass over the whole split, and the launcher trains on a Criteo file under horovodrun
+step, online training day by day scores whole days and resumes on 2 ranks, a dead rank ends the
+job (replicated and row-sharded tables), the ranks' evaluation equals one pass over the whole
+split, and the launcher trains on a Criteo file under horovodrun
 with rank 0 alone reporting and writing, and stops and resumes bitwise; single-process runs
 never import Horovod."""
 
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 
 from tests.horovod_launch import REPO_ROOT, horovodrun, python
-from tests.multiworker import data_parallel_steps, loss_scale_skip
+from tests.multiworker import data_parallel_steps, loss_scale_skip, progressive_days
 from tests.test_launcher import checkpoint_values, train_scalars
 from tfscale.data.synthetic import SyntheticCTR
 from tfscale.errors import UserError
@@ -132,6 +133,25 @@ def test_inf_on_one_rank_skips_the_step_on_every_rank(two_rank_dir):
     assert names
     for name in names:
         np.testing.assert_array_equal(ranks[0][name], ranks[1][name], err_msg=name)
+
+
+def test_two_ranks_train_day_by_day_and_resume(two_rank_dir):
+    """Each rank trains on its shard of each day; a day's progressive validation covers every
+    row of it (the ranks' shards gathered) and, after a resume on both ranks, equals one
+    process's evaluation of the model the first run left."""
+    ranks = [np.load(two_rank_dir / f"progressive-rank{rank}.npz") for rank in (0, 1)]
+    names = [k for k in ranks[0] if k.startswith("arr_")]
+    assert names
+    for name in names:
+        np.testing.assert_array_equal(ranks[0][name], ranks[1][name], err_msg=name)
+    for saved in ranks:
+        resumed = saved["resumed"]  # day, auc, logloss, examples, steps
+        np.testing.assert_array_equal(resumed[:, 0], [1, 2, 3])
+        np.testing.assert_array_equal(resumed[:, 3:], [[progressive_days.ROWS_PER_DAY, 6]] * 3)
+        np.testing.assert_array_equal(resumed[:1], saved["first"])
+        np.testing.assert_allclose(resumed[1, 1:4], saved["day_2_alone"], rtol=0, atol=1e-6)
+        assert int(saved["global_step"]) == 18
+    np.testing.assert_array_equal(ranks[0]["resumed"], ranks[1]["resumed"])
 
 
 @pytest.mark.parametrize("sharding", ["replicated", "row"])

@@ -46,6 +46,9 @@ BAD_VALUES = {
     "checkpoint_every_steps": ["-1"],
     "log_every_steps": ["0"],
     "stop_after_steps": ["0"],
+    "days": ["0"],
+    "rows_per_day": ["0"],
+    "drift_half_life_days": ["0", "nan", "inf"],
 }
 
 

@@ -147,7 +147,7 @@ class SyntheticCTR(CTRSource):
         """One epoch of full batches; every epoch reads the same rows in the same order (rows are
         iid, so `epoch` changes nothing). Shard s reads the s-th contiguous slice of the split."""
         steps = self.train_steps_per_epoch(batch_size, num_shards)
-        _check_shard(shard_index, num_shards)
+        check_shard(shard_index, num_shards)
         if not 0 <= skip_batches <= steps:
             raise ValueError(f"skip_batches={skip_batches} must be in [0, {steps}] (batches per epoch)")
         first = shard_index * (self.train_rows // num_shards) + skip_batches * batch_size
@@ -157,15 +157,15 @@ class SyntheticCTR(CTRSource):
 
     def test_batches(self, batch_size, *, shard_index=0, num_shards=1):
         """The test split once; shard s reads the s-th of num_shards near-equal contiguous slices."""
-        _check_batch_size(batch_size)
-        _check_shard(shard_index, num_shards)
+        check_batch_size(batch_size)
+        check_shard(shard_index, num_shards)
         first = self.train_rows + self.test_rows * shard_index // num_shards
         end = self.train_rows + self.test_rows * (shard_index + 1) // num_shards
         return self.rows(first, end - first, batch_size, keys=_TRAINING_KEYS).map(_features_and_labels)
 
     def train_steps_per_epoch(self, batch_size, num_shards=1):
         """Full batches per shard per epoch."""
-        _check_batch_size(batch_size)
+        check_batch_size(batch_size)
         if num_shards < 1:
             raise ValueError(f"num_shards={num_shards} must be >= 1")
         return self.train_rows // num_shards // batch_size
@@ -183,27 +183,13 @@ class SyntheticCTR(CTRSource):
         Keys (choose with `keys`): "dense" float32 [b, 13] transformed, "dense_raw" int64 [b, 13]
         raw counts (0 where missing), "dense_present" bool [b, 13], "categorical" int64 [b, 26]
         (0 = missing), "label" float32 [b], "teacher_probability" float32 [b]."""
-        _check_batch_size(batch_size)
+        check_batch_size(batch_size)
         if first_row < 0 or num_rows < 0:
             raise ValueError(f"first_row={first_row} and num_rows={num_rows} must be >= 0")
         unknown = set(keys) - set(ROW_KEYS)
         if unknown:
             raise ValueError(f"unknown row keys {sorted(unknown)}; choose from {ROW_KEYS}")
-        end_row = first_row + num_rows
-        first_block = first_row // BLOCK_ROWS
-        end_block = -(-end_row // BLOCK_ROWS) if num_rows else first_block
-
-        def block_slice(block):
-            rows = self._block(block)
-            lo = tf.maximum(first_row - block * BLOCK_ROWS, 0)
-            hi = tf.minimum(end_row - block * BLOCK_ROWS, BLOCK_ROWS)
-            # gather, not a slice: an aligned slice shares its buffer, which rebatch logs as an error.
-            return {key: tf.gather(rows[key], tf.range(lo, hi)) for key in keys}
-
-        blocks = tf.data.Dataset.range(first_block, end_block).map(
-            block_slice, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        return without_autotuning(
-            blocks.rebatch(batch_size, drop_remainder=drop_remainder).prefetch(tf.data.AUTOTUNE))
+        return rows_of_blocks(self._block, first_row, num_rows, batch_size, keys, drop_remainder)
 
     def _block(self, block):
         """All values of rows [block * BLOCK_ROWS, (block + 1) * BLOCK_ROWS), as ROW_KEYS."""
@@ -223,13 +209,8 @@ class SyntheticCTR(CTRSource):
         # Columns: categorical missing, dense missing, label.
         uniforms = tf.random.stateless_uniform([BLOCK_ROWS, _NUM_FIELDS + _NUM_DENSE + 1], seed(1))
         normals = tf.random.stateless_normal([BLOCK_ROWS, _NUM_DENSE], seed(2))
-        dense_present = uniforms[:, _NUM_FIELDS:-1] >= tf.constant(DENSE_MISSING_RATES, tf.float32)
-        dense_raw = tf.where(dense_present, _dense_counts(normals), tf.zeros([], tf.int64))
         return {
-            # The Criteo reader's transform: sign(x) * log1p(|x|), missing -> 0.
-            "dense": log_transform(tf.cast(dense_raw, tf.float32), dense_present),
-            "dense_raw": dense_raw,
-            "dense_present": dense_present,
+            **dense_features(uniforms[:, _NUM_FIELDS:-1], normals),
             "categorical": self._sample_ids(id_uniforms, uniforms[:, :_NUM_FIELDS]),
             "label_uniform": uniforms[:, -1],
         }
@@ -284,7 +265,7 @@ class SyntheticCTR(CTRSource):
                  for term in _teacher_terms(first_order, hidden, dense_weights, rows, dense)]
         scales = [spread / term.std() for spread, term in
                   zip((FIRST_ORDER_SPREAD, PAIRWISE_SPREAD, DENSE_SPREAD), terms)]
-        bias = _bias_for_click_rate(sum(scale * term for scale, term in zip(scales, terms)), self.click_rate)
+        bias = bias_for_click_rate(sum(scale * term for scale, term in zip(scales, terms)), self.click_rate)
 
         # Constants, not variables: a stateful op in the dataset's map would make tf.data run it
         # serially under op determinism. The pairwise term is quadratic in the hidden vectors.
@@ -338,6 +319,27 @@ class SyntheticCTR(CTRSource):
                 out.write(_criteo_lines({key: value.numpy() for key, value in chunk.items()}, with_label))
 
 
+def rows_of_blocks(block_values, first_row, num_rows, batch_size, keys, drop_remainder=False):
+    """Rows [first_row, first_row + num_rows) of a stream generated in blocks of BLOCK_ROWS
+    (`block_values(block)`: a dict of the block's rows, tensors [BLOCK_ROWS, ...]) as a
+    tf.data.Dataset of dicts of batches of the given `keys`."""
+    end_row = first_row + num_rows
+    first_block = first_row // BLOCK_ROWS
+    end_block = -(-end_row // BLOCK_ROWS) if num_rows else first_block
+
+    def block_slice(block):
+        rows = block_values(block)
+        lo = tf.maximum(first_row - block * BLOCK_ROWS, 0)
+        hi = tf.minimum(end_row - block * BLOCK_ROWS, BLOCK_ROWS)
+        # gather, not a slice: an aligned slice shares its buffer, which rebatch logs as an error.
+        return {key: tf.gather(rows[key], tf.range(lo, hi)) for key in keys}
+
+    blocks = tf.data.Dataset.range(first_block, end_block).map(
+        block_slice, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return without_autotuning(
+        blocks.rebatch(batch_size, drop_remainder=drop_remainder).prefetch(tf.data.AUTOTUNE))
+
+
 def _criteo_lines(rows, with_label):
     """Rows (numpy dict as from SyntheticCTR.rows) as Criteo TSV text."""
     columns = []
@@ -354,15 +356,21 @@ def _criteo_lines(rows, with_label):
 def _teacher_terms(first_order, hidden, dense_weights, rows, dense):
     """The teacher's first-order, pairwise (FM) and dense logit terms, each [batch]; `rows` are
     categorical ids plus field offsets."""
-    first = tf.reduce_sum(tf.gather(first_order, rows), axis=1)
-    vectors = tf.gather(hidden, rows)  # [batch, fields, rank]
+    return teacher_terms(tf.gather(first_order, rows), tf.gather(hidden, rows), dense_weights,
+                         dense)
+
+
+def teacher_terms(first_weights, vectors, dense_weights, dense):
+    """The teacher's first-order, pairwise (FM) and dense logit terms, each [batch], from each
+    row's first-order weights [batch, fields] and hidden vectors [batch, fields, rank]."""
+    first = tf.reduce_sum(first_weights, axis=1)
     summed = tf.reduce_sum(vectors, axis=1)
     # sum_{f<g} <h_f, h_g> = (|sum_f h_f|^2 - sum_f |h_f|^2) / 2, in O(fields * rank).
     pairwise = 0.5 * (tf.reduce_sum(summed * summed, axis=1) - tf.reduce_sum(vectors * vectors, axis=[1, 2]))
     return first, pairwise, tf.linalg.matvec(dense, dense_weights)
 
 
-def _bias_for_click_rate(logits, click_rate):
+def bias_for_click_rate(logits, click_rate):
     """The bias b with mean(sigmoid(logits + b)) = click_rate, by bisection."""
     low, high = -30.0, 30.0
     for _ in range(60):
@@ -372,6 +380,17 @@ def _bias_for_click_rate(logits, click_rate):
         else:
             high = middle
     return (low + high) / 2
+
+
+def dense_features(missing_uniforms, normals):
+    """The integer features of rows from uniforms [rows, 13] (a value is missing below its
+    field's rate) and standard normals [rows, 13]: "dense" (the Criteo reader's transform,
+    sign(x) * log1p(|x|), missing -> 0), "dense_raw" (counts, 0 where missing) and
+    "dense_present"."""
+    dense_present = missing_uniforms >= tf.constant(DENSE_MISSING_RATES, tf.float32)
+    dense_raw = tf.where(dense_present, _dense_counts(normals), tf.zeros([], tf.int64))
+    return {"dense": log_transform(tf.cast(dense_raw, tf.float32), dense_present),
+            "dense_raw": dense_raw, "dense_present": dense_present}
 
 
 def _dense_counts(normals):
@@ -385,11 +404,11 @@ def _features_and_labels(rows):
     return ({"dense": rows["dense"], "categorical": rows["categorical"]}, rows["label"][:, None])
 
 
-def _check_batch_size(batch_size):
+def check_batch_size(batch_size):
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1")
 
 
-def _check_shard(shard_index, num_shards):
+def check_shard(shard_index, num_shards):
     if not 0 <= shard_index < num_shards:
         raise ValueError(f"shard_index={shard_index} must be in [0, num_shards={num_shards})")

@@ -147,7 +147,7 @@ class FileSet:
 
 # ----------------------------------------------------------------------------- line selection
 
-def _mix64(values):
+def mix64(values):
     """A well-mixed 64-bit hash of int64 values (splitmix64 finaliser), as uint64."""
     x = tf.bitcast(values, tf.uint64)
     x = (x ^ tf.bitwise.right_shift(x, tf.constant(30, tf.uint64))) * tf.constant(
@@ -161,7 +161,7 @@ def in_test_split(file_index, line_numbers, test_fraction):
     """Whether each line belongs to the test split: a fixed hash of (file, line number) falls in
     the first `test_fraction` of its range, so the split is the same in every run."""
     key = tf.bitwise.left_shift(file_index, tf.constant(40, tf.int64)) + line_numbers
-    unit = tf.cast(tf.bitwise.right_shift(_mix64(key), tf.constant(11, tf.uint64)), tf.float64)
+    unit = tf.cast(tf.bitwise.right_shift(mix64(key), tf.constant(11, tf.uint64)), tf.float64)
     return unit * (1.0 / (1 << 53)) < test_fraction
 
 
@@ -486,15 +486,20 @@ class DelimitedTextSource(CTRSource):
       train_paths: path, glob, or list of them (`.gz` files are read as gzip). Must be labelled.
       test_paths: the same for the test split; None splits the train files by a fixed hash of
         (file, line number): lines in `test_fraction` of the hash range are test, the rest train.
-      test_fraction: used only without test_paths (0: an empty test split).
+      test_fraction: used only without test_paths (0: an empty test split; None: no line held
+        out, the test split is the train split itself, as online training scores a day before
+        training on it).
       vocabulary: a Vocabulary or the path of one saved by `launch.build_vocab`; categorical
         strings are then looked up (row 0 missing, row 1 out of vocabulary, then its values).
       hash_buckets: without a vocabulary, hash each categorical field into this many buckets
         (one int, or one per field; default preprocessing.DEFAULT_HASH_BUCKETS); ids
         1..buckets, 0 = missing. Ignored when there is a vocabulary. (vocabulary, hash_buckets
         and dense_transform make the source's `preprocessing`, a data.preprocessing.Preprocessing.)
-      dense_transform: "log1p" (sign(x) * log1p(|x|)) or "minmax" (needs a vocabulary, which
-        records each field's min and max); missing integers are 0 either way.
+      dense_transform: "log1p" (sign(x) * log1p(|x|), the default) or "minmax" (needs a
+        vocabulary, which records each field's min and max); missing integers are 0 either way.
+      preprocessing: a Preprocessing of this FORMAT to use instead of one made from
+        vocabulary, hash_buckets and dense_transform (which must then be unset): sources of
+        several days share one, and with it its vocabulary's lookup constants.
       shuffle_buffer: 0 reads the train split in file order; otherwise the file order is shuffled
         and rows are shuffled within consecutive windows of this many rows (shuffle_windows),
         both by a seed derived from (seed, epoch), so each epoch is deterministic.
@@ -509,9 +514,16 @@ class DelimitedTextSource(CTRSource):
     FORMAT = None  # a TextFormat
 
     def __init__(self, train_paths, test_paths=None, *, test_fraction=0.1, vocabulary=None,
-                 hash_buckets=None, dense_transform="log1p", shuffle_buffer=0, seed=0,
-                 on_bad_line="error", on_short_line="missing", chunk_lines=CHUNK_LINES):
+                 hash_buckets=None, dense_transform=None, preprocessing=None, shuffle_buffer=0,
+                 seed=0, on_bad_line="error", on_short_line="missing", chunk_lines=CHUNK_LINES):
         fmt = self.FORMAT
+        if preprocessing is not None:
+            if (vocabulary, hash_buckets, dense_transform) != (None, None, None):
+                raise UserError("give either `preprocessing` or `vocabulary`, `hash_buckets` and "
+                                "`dense_transform` (which make one), not both")
+            if preprocessing.text_format is not fmt:
+                raise UserError(f"`preprocessing` reads {preprocessing.text_format.name} lines, "
+                                f"not {fmt.name} ones")
         _check_bad_line_policy(on_bad_line)
         check_short_line_policy(on_short_line)
         self._train = FileSet(fmt, train_paths)
@@ -519,9 +531,10 @@ class DelimitedTextSource(CTRSource):
             raise UserError(f"{self._train.paths[0]}: training files need the "
                             f"'{fmt.label_name}' column and this one has none (a test file?)")
         self._test = FileSet(fmt, test_paths) if test_paths is not None else None
-        if self._test is None and not 0.0 <= test_fraction < 1.0:
-            raise UserError(f"test_fraction must be in [0, 1), got {test_fraction}")
-        self._test_fraction = None if self._test is not None else float(test_fraction)
+        if self._test is None and test_fraction is not None and not 0.0 <= test_fraction < 1.0:
+            raise UserError(f"test_fraction must be in [0, 1) or None, got {test_fraction}")
+        self._test_fraction = (None if self._test is not None or test_fraction is None
+                               else float(test_fraction))
         self._skip_bad_lines = on_bad_line == "skip"
         self.on_short_line = on_short_line
         self._shuffle_buffer = int(shuffle_buffer)
@@ -530,8 +543,9 @@ class DelimitedTextSource(CTRSource):
         # (FileSet, LineSelection) read with lines to count -> (bad, short) lines or None
         self._line_counts = {}
         self._train_rows_per_shard = {}  # num_shards -> train rows per shard
-        self.preprocessing = Preprocessing(fmt, vocabulary=vocabulary, hash_buckets=hash_buckets,
-                                           dense_transform=dense_transform)
+        self.preprocessing = preprocessing or Preprocessing(
+            fmt, vocabulary=vocabulary, hash_buckets=hash_buckets,
+            dense_transform="log1p" if dense_transform is None else dense_transform)
         self.schema = self.preprocessing.schema
 
     @property
@@ -559,7 +573,9 @@ class DelimitedTextSource(CTRSource):
 
     def test_batches(self, batch_size, *, shard_index=0, num_shards=1):
         files = self._test or self._train
-        selection = LineSelection(self._test_fraction, True, shard_index, num_shards)
+        # Without a fraction, the same selection as the train split's (its lines counted once).
+        selection = LineSelection(self._test_fraction, self._test_fraction is not None,
+                                  shard_index, num_shards)
         rows = self._rows(files, selection, np.arange(len(files.paths)))
         return without_autotuning(rows.rebatch(batch_size).prefetch(tf.data.AUTOTUNE))
 
@@ -641,8 +657,12 @@ class DelimitedTextSource(CTRSource):
         return sum(counts[which] for counts in self._line_counts.values())
 
     def describe(self):
-        test = (self._test.describe() if self._test
-                else f"{self._test_fraction:g} of the train lines by line hash")
+        if self._test:
+            test = self._test.describe()
+        elif self._test_fraction is None:
+            test = "the train lines themselves"
+        else:
+            test = f"{self._test_fraction:g} of the train lines by line hash"
         return (f"{type(self).__name__}: train {self._train.describe()}, test {test}; "
                 f"{self.preprocessing.describe()}; on bad lines: "
                 f"{'skip' if self._skip_bad_lines else 'error'}, on short lines: "

@@ -1,7 +1,11 @@
 """Training: the train step (train_step), the run of epochs with evaluation and checkpoints
-(run), its callbacks, checkpoints (checkpoints, table_checkpoints), exact evaluation and the
-precision policy. `train` and its configuration are the package's public entry."""
+(run), online training day by day (progressive), its callbacks, checkpoints (checkpoints,
+table_checkpoints), exact evaluation and the precision policy. `train`, `train_progressively` and
+their configurations are the package's public entry."""
 
+from tfscale.training.progressive import (ProgressiveConfig, ProgressiveResult, check_days,
+                                          train_progressively)
 from tfscale.training.run import TrainingConfig, TrainingResult, build_model_and_optimizer, train
 
-__all__ = ["TrainingConfig", "TrainingResult", "build_model_and_optimizer", "train"]
+__all__ = ["ProgressiveConfig", "ProgressiveResult", "TrainingConfig", "TrainingResult", "check_days",
+           "build_model_and_optimizer", "train", "train_progressively"]

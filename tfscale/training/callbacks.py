@@ -40,10 +40,11 @@ class TrainingMonitor(keras.callbacks.Callback):
     tf.summary writer) is given, writes loss, the metrics in the logs (e.g. streaming AUC),
     learning rates, examples/s, step time and the optimizer's and the model's
     `summary_scalars()` if they have them. Throughput excludes each `fit` call's first step,
-    which includes tracing."""
+    which includes tracing. `unit` names what a `fit` call's epoch is in the progress line
+    ("day" when each is one day of online training)."""
 
     def __init__(self, global_batch_size, every_steps, writer=None, steps_per_epoch=None,
-                 print_fn=print):
+                 print_fn=print, unit="epoch"):
         super().__init__()
         if every_steps < 1:
             raise ValueError("every_steps must be at least 1")
@@ -52,6 +53,7 @@ class TrainingMonitor(keras.callbacks.Callback):
         self.writer = writer
         self.steps_per_epoch = steps_per_epoch
         self.print_fn = print_fn
+        self.unit = unit
         self._epoch = 0
         self._window_start = None  # (global step, time) the current measuring window began at
 
@@ -96,7 +98,7 @@ class TrainingMonitor(keras.callbacks.Callback):
         if isinstance(self.model.optimizer, ReportsProgress):
             shown += f", {self.model.optimizer.progress_text()}"
         self.print_fn(
-            f"epoch {self._epoch + 1} batch {batch + 1}{of_total} step {step}: {shown}, "
+            f"{self.unit} {self._epoch + 1} batch {batch + 1}{of_total} step {step}: {shown}, "
             f"{self.global_batch_size / step_time:,.0f} examples/s, {step_time * 1000:.1f} ms/step")
 
 

@@ -27,6 +27,11 @@ from tfscale.training.evaluation import evaluate_exact
 from tfscale.training.train_step import TrainStep
 
 
+# The progress key of a checkpoint of tfscale.training.progressive (a run trained day by day):
+# the days it has finished.
+DAYS_DONE = "days_done"
+
+
 @dataclasses.dataclass
 class TrainingConfig:
     """How to run training; see `train`."""
@@ -175,10 +180,11 @@ def train(model, source, config, print_fn=print):
                           stopped_early=bool(stopper and stopper.stopped))
 
 
-def _starting_position(store, config, print_fn):
-    """(epoch, batches to skip in it, whether a checkpoint was restored) to start from: the last
-    checkpoint's position when resuming, else (0, 0, False). Refuses to overwrite an existing
-    run unless resuming."""
+def progress_to_resume(store, config, print_fn, progressive=False):
+    """The progress dict of the newest checkpoint in `store` when `config` resumes from it, or
+    None to start from scratch. Refuses to overwrite an existing run unless resuming, and to
+    resume a run trained day by day (its progress records DAYS_DONE) by epochs, or the reverse
+    (`progressive`: the caller trains day by day)."""
     progress = None if store is None else store.latest_progress()
     if progress is not None and not config.resume:
         raise UserError(
@@ -186,11 +192,27 @@ def _starting_position(store, config, print_fn):
             f"{progress['global_step']}); give `resume=True` to continue that run, or an empty "
             "`checkpoint_dir`")
     if not config.resume:
-        return 0, 0, False
+        return None
     if store is None:
         raise UserError("`resume=True` needs a `checkpoint_dir`")
     if progress is None:
         print_fn(f"resume: no checkpoint in {config.checkpoint_dir} yet; starting from scratch")
+        return None
+    if (DAYS_DONE in progress) != progressive:
+        trained, other = ("day by day", "by epochs") if DAYS_DONE in progress \
+            else ("by epochs", "day by day")
+        raise UserError(
+            f"`checkpoint_dir={config.checkpoint_dir}` holds a run trained {trained} "
+            f"(`train_progressively` trains day by day), not {other}: resume it {trained}, or "
+            "give an empty `checkpoint_dir`")
+    return progress
+
+
+def _starting_position(store, config, print_fn):
+    """(epoch, batches to skip in it, whether a checkpoint was restored) to start from: the last
+    checkpoint's position when resuming, else (0, 0, False)."""
+    progress = progress_to_resume(store, config, print_fn)
+    if progress is None:
         return 0, 0, False
     store.restore_latest()
     if progress["epoch"] >= config.epochs:
