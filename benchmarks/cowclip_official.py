@@ -50,6 +50,8 @@ flags.DEFINE_list("runs", None, "Run stage: names of the runs (default: all, in 
 flags.DEFINE_list("seeds", ["1235"], "Run stage: train.py --seed values (1235 is its default).")
 flags.DEFINE_string("official_results", "benchmarks/results/cowclip_official_runs.jsonl",
                     "Their runs, one a line.")
+flags.DEFINE_string("official_epochs", "benchmarks/results/cowclip_official_epochs.jsonl",
+                    "Every epoch of their runs as it ends, finished runs or not.")
 flags.DEFINE_string("parity_results", "benchmarks/results/cowclip_official_parity.json",
                     "The parity checks' facts.")
 
@@ -281,6 +283,7 @@ def run_official():
                             "--workdir", os.path.join(FLAGS.work, "run"),
                             "--record", os.path.abspath(FLAGS.official_results),
                             "--key", run.key(seed), "--patience", str(FLAGS.patience),
+                            "--progress", os.path.abspath(FLAGS.official_epochs),
                             "--", *run.train_args(seed)], check=True)
 
 

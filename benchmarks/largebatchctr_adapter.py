@@ -70,6 +70,8 @@ def parse_args(argv):
     parser.add_argument("--workdir", required=True, help="cwd of the run: data/, logs/")
     parser.add_argument("--record", help="append the finished run here, one JSON line")
     parser.add_argument("--key", default="", help="the run's key in --record")
+    parser.add_argument("--progress", help="append each finished epoch here, one JSON line "
+                        "(default: --record's path with _runs.jsonl -> _epochs.jsonl)")
     parser.add_argument("--patience", type=int, default=1)
     parser.add_argument("--parity", help="write parity facts here and stop after one step")
     return parser.parse_args(argv[:split]), argv[split + 1:]
@@ -305,6 +307,9 @@ def recorder_class(options, train_args, data_dir):
                 "epoch_seconds": seconds,
             }
             self.epochs.append(record)
+            if options.progress:  # every epoch as it ends: a run cut short still shows its curve
+                with open(options.progress, "a") as f:
+                    f.write(json.dumps(dict(record, key=options.key, epoch=epoch + 1)) + "\n")
             print(f"{options.key}: epoch {epoch + 1}: validation AUC {record['validation_auc']:.4f}"
                   f", test AUC {record['test_auc']:.4f}", flush=True)
             best = int(np.argmax([e["validation_auc"] for e in self.epochs]))
@@ -338,6 +343,9 @@ def main(argv):
     src = os.path.abspath(options.src)
     options.record = options.record and os.path.abspath(options.record)
     options.parity = options.parity and os.path.abspath(options.parity)
+    if options.progress is None and options.record and options.record.endswith("_runs.jsonl"):
+        options.progress = options.record[:-len("_runs.jsonl")] + "_epochs.jsonl"
+    options.progress = options.progress and os.path.abspath(options.progress)
     data_dir = os.path.abspath(options.data)
     os.makedirs(options.workdir, exist_ok=True)
     write_feather(data_dir, options.workdir)
