@@ -304,6 +304,13 @@ def load_records(path):
         return {record["key"]: record for record in map(json.loads, f)}
 
 
+def load_epochs(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
 def at_best(record):
     return record["epochs"][record["best_epoch"] - 1]
 
@@ -322,7 +329,16 @@ def report():
         mine_text = (f"{rule}: " + ", ".join(f"{auc:.4f} ({seed})" for seed, auc in mine)
                      if mine else "not run")
         if not records:
-            print(f"| {run.name} | {run.batch_size:,} | not run | | | {mine_text} | |")
+            partial = [e for e in load_epochs(FLAGS.official_epochs)
+                       if e["key"] == run.key(int(FLAGS.seeds[0]))]
+            if partial:
+                curve = ", ".join(f"{e['validation_auc']:.4f}" for e in partial)
+                best = max(partial, key=lambda e: e["validation_auc"])
+                print(f"| {run.name} | {run.batch_size:,} | cut short after {len(partial)} "
+                      f"epoch(s): {best['test_auc']:.4f} at its best so far ({FLAGS.seeds[0]}) | "
+                      f"{best['epoch']} | {curve} | {mine_text} | |")
+            else:
+                print(f"| {run.name} | {run.batch_size:,} | not run | | | {mine_text} | |")
             continue
         for record in records:
             seed = record["key"].split("|")[2]
