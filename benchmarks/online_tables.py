@@ -6,7 +6,8 @@
 Each variant is one `launch.train --data=drifting --progressive` run (DeepFM, the launcher's
 defaults, the same seed and days): every day is scored by the model as it stands (progressive
 AUC and log loss), then trained on once. The variants:
-- vocabulary: counted on day 1 (ids later days bring read their field's out-of-vocabulary row);
+- vocabulary: every id of day 1 (`--vocabulary_min_count=1`; ids later days bring read their
+  field's out-of-vocabulary row);
 - hashing: buckets fitted to day 1's distinct ids (at most twice them per field);
 - dynamic, min_count 1 and 3: raw ids, rows given as ids arrive, least recently used evicted,
   with as many rows as the day-1 vocabulary holds (equal memory: the vocabulary run goes first
@@ -63,16 +64,19 @@ def parse(label, output, peak_gb):
 def main(argv):
     del argv
     runs = []
-    output, peak = launcher_run("--categorical_encoding=vocabulary")
+    output, peak = launcher_run("--categorical_encoding=vocabulary", "--vocabulary_min_count=1")
     runs.append(parse("vocabulary of day 1", output, peak))
+    print(runs[-1], file=sys.stderr, flush=True)  # each run as it ends, in case of a stop
     capacity = runs[0]["rows"] // 2  # the deep and the wide table hold as many rows each
     output, peak = launcher_run("--categorical_encoding=hash")
     runs.append(parse("hashing fitted to day 1", output, peak))
+    print(runs[-1], file=sys.stderr, flush=True)
     for min_count in (1, 3):
         output, peak = launcher_run("--categorical_encoding=raw", "--embedding_sharding=dynamic",
                                     f"--dynamic_capacity={capacity}",
                                     f"--dynamic_min_count={min_count}")
         runs.append(parse(f"dynamic, min_count {min_count}", output, peak))
+        print(runs[-1], file=sys.stderr, flush=True)
     report(runs)
     if FLAGS.plot:
         plot(runs, FLAGS.plot)
