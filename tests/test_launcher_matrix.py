@@ -105,9 +105,11 @@ COVERED_FLAGS = (
     "warmup_epochs", "warmup_steps", "scaling_rule", "scaling_preset", "embedding_update",
     "hash_buckets", "fit_hash_buckets", "loss_scale_growth_steps",
 )
-# Values of covered flags that go with --progressive (training day by day, not by epochs as
-# every case here): tests/test_progressive.py runs and refuses them.
-PROGRESSIVE_VALUES = {"--data": {"drifting"}, "--categorical_encoding": {"raw"}}
+# Values of covered flags run by other tests' launches: those that go with --progressive
+# (training day by day, not by epochs as every case here; tests/test_progressive.py runs and
+# refuses them) and the fingerprint encoding of dynamic tables (a 2-rank run of
+# tests/test_predict_export.py trains with it, then predicts and exports).
+ELSEWHERE_VALUES = {"--data": {"drifting"}, "--categorical_encoding": {"raw", "fingerprint"}}
 
 AVAZU_HEADER = ("id,click,hour,C1,banner_pos,site_id,site_domain,site_category,app_id,app_domain,"
                 "app_category,device_id,device_ip,device_model,device_type,device_conn_type,"
@@ -247,7 +249,7 @@ def test_every_flag_and_value_is_given_in_some_case():
         if isinstance(definition, flags.BooleanFlag):
             assert f"--{name}" in given and f"--no{name}" in given, name
         elif isinstance(definition, flags.EnumFlag):
-            values = set(definition.parser.enum_values) - PROGRESSIVE_VALUES.get(f"--{name}", set())
+            values = set(definition.parser.enum_values) - ELSEWHERE_VALUES.get(f"--{name}", set())
             assert given.get(f"--{name}") == values, name
         else:
             assert f"--{name}" in given, name
