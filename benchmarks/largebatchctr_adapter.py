@@ -18,16 +18,14 @@ before train.py starts (docs/results/cowclip_official.md lists them with why):
     `_decayed_lr`, which only the legacy class has.
  5. `requests` stub: DeepCTR's import starts a thread that asks PyPI for its latest version; it
     finds no network and prints a line instead.
- 6. `deepctr.contrib.utils` stub if TF 2.21 lacks `tensorflow.python.ops.rnn_cell` (its GRU cells
-    serve DIEN only, never DeepFM).
- 7. Tables sized from the data's schema: train.py sizes each table as the train split's largest id
+ 6. Tables sized from the data's schema: train.py sizes each table as the train split's largest id
     + 1; on CPU a validation or test id above that raises (on their GPU it read zeros). SparseFeat
     gets the schema's size when it is larger, as tfscale's models have.
- 8. `tf.keras.callbacks.TensorBoard` -> an epoch recorder (train.py's only callback, which only
+ 7. `tf.keras.callbacks.TensorBoard` -> an epoch recorder (train.py's only callback, which only
     logs): after each epoch it scores the validation and test splits with the exact AUC, stops the
     run after --patience epochs without a better validation AUC (train.py's --epoch is the 10-epoch
     limit), and appends the run to --record as one JSON line, as benchmarks/cowclip_tuned.py does.
- 9. pandas Series reach the model as 1-d tensors, as in TF 2.4's Keras: tf_keras adds a trailing
+ 8. pandas Series reach the model as 1-d tensors, as in TF 2.4's Keras: tf_keras adds a trailing
     axis to each Series, and their train step's `tf.unique_with_counts` takes 1-d ids only.
 
 Data: the splits are written as the files their loader (data_utils.load_data) reads:
@@ -148,13 +146,6 @@ def install_shims(schema_sizes, make_recorder):
     requests.codes = types.SimpleNamespace(ok=200)
     sys.modules["requests"] = requests
     # 6
-    try:
-        importlib.import_module("tensorflow.python.ops.rnn_cell")
-    except ImportError:
-        stub = types.ModuleType("deepctr.contrib.utils")
-        stub.QAAttGRUCell = stub.VecAttGRUCell = None
-        sys.modules["deepctr.contrib.utils"] = stub
-    # 7
     from deepctr import feature_column
 
     original_new = feature_column.SparseFeat.__new__
@@ -164,9 +155,9 @@ def install_shims(schema_sizes, make_recorder):
                             *args, **kwargs)
 
     feature_column.SparseFeat.__new__ = staticmethod(sparse_feat)
-    # 8
+    # 7
     tf.keras.callbacks.TensorBoard = make_recorder
-    # 9
+    # 8
     import pandas as pd
     from tf_keras.src.engine import data_adapter
 
@@ -206,7 +197,7 @@ def multi_optimizer_class(tf):
     return MultiOptimizer
 
 
-# ----- the epoch recorder (shim 8) -----
+# ----- the epoch recorder (shim 7) -----
 
 def exact_auc(labels, scores):
     from sklearn.metrics import roc_auc_score
