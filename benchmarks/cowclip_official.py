@@ -2,7 +2,7 @@
 their DeepCTR fork) on the built-in synthetic data, beside our runs of benchmarks/cowclip_tuned.py:
 does CowClip's AUC loss at large batch on this data belong to the data or to our implementation?
 
-    python -m benchmarks.cowclip_official --step=setup    # their environment (a venv outside the repo)
+    python -m benchmarks.cowclip_official --step=setup    # their environment (a venv outside)
     python -m benchmarks.cowclip_official --step=data     # the splits, as arrays for the adapter
     python -m benchmarks.cowclip_official --step=parity   # same rows? sane model and first loss?
     python -m benchmarks.cowclip_official --step=run      # the runs, most informative first

@@ -102,7 +102,8 @@ def write_feather(data_dir, workdir):
         return
     os.makedirs(out, exist_ok=True)
     for ours, theirs in SPLITS.items():
-        split_frame(load_split(data_dir, ours)).to_feather(os.path.join(out, FEATHER.format(theirs)))
+        frame = split_frame(load_split(data_dir, ours))
+        frame.to_feather(os.path.join(out, FEATHER.format(theirs)))
     with open(stamp, "w") as f:
         f.write(fingerprint)
 
@@ -315,7 +316,8 @@ def recorder_class(options, train_args, data_dir):
             record = {
                 "key": options.key, "train_args": train_args, "epochs": self.epochs,
                 "best_epoch": None if best is None else best + 1,
-                "best_validation_auc": None if best is None else self.epochs[best]["validation_auc"],
+                "best_validation_auc": (None if best is None
+                                        else self.epochs[best]["validation_auc"]),
                 "patience": options.patience,
                 "versions": {"tensorflow": tf.__version__,
                              "tf_keras": importlib.import_module("tf_keras").__version__},
