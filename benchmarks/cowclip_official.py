@@ -2,7 +2,7 @@
 their DeepCTR fork) on the built-in synthetic data, beside our runs of benchmarks/cowclip_tuned.py:
 does CowClip's AUC loss at large batch on this data belong to the data or to our implementation?
 
-    python -m benchmarks.cowclip_official --step=setup    # their environment (a venv outside the repo)
+    python -m benchmarks.cowclip_official --step=setup    # their environment (a venv outside)
     python -m benchmarks.cowclip_official --step=data     # the splits, as arrays for the adapter
     python -m benchmarks.cowclip_official --step=parity   # same rows? sane model and first loss?
     python -m benchmarks.cowclip_official --step=run      # the runs, most informative first
@@ -57,11 +57,11 @@ flags.DEFINE_string("parity_results", "benchmarks/results/cowclip_official_parit
 
 ADAPTER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "largebatchctr_adapter.py")
 # Their environment: TensorFlow as tfscale pins it, tf_keras for Keras 2, and what their code
-# imports (tensorboard for its tf.summary calls, which TF 2.4 pulled in; pandas + pyarrow for the feather loader, scikit-learn for the AUC, packaging for
-# DeepCTR's version check). Versions as installed when these runs were made.
+# needs: tensorboard (their train step's tf.summary calls; TF 2.4 pulled it in), pandas + pyarrow
+# (their feather loader), scikit-learn (AUC), packaging (DeepCTR's version check). Versions as
+# installed for the recorded runs.
 REQUIREMENTS = ("tensorflow==2.21.0", "tf-keras==2.21.0", "tensorboard==2.21.0", "pandas==3.1.1",
-                "pyarrow==26.0.1",
-                "scikit-learn==1.9.1", "packaging")
+                "pyarrow==26.0.1", "scikit-learn==1.9.1", "packaging==26.4")
 DATA_SEED = cowclip_tuned.DATA_SEED
 TUNED = Preset(dense_learning_rate=2.5e-3, embedding_learning_rate=1e-3, l2=1e-5,
                embedding_init_stddev=1e-2)  # = PRESETS["synthetic"]'s rates (its rule aside)

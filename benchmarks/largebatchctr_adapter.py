@@ -18,16 +18,14 @@ before train.py starts (docs/results/cowclip_official.md lists them with why):
     `_decayed_lr`, which only the legacy class has.
  5. `requests` stub: DeepCTR's import starts a thread that asks PyPI for its latest version; it
     finds no network and prints a line instead.
- 6. `deepctr.contrib.utils` stub if TF 2.21 lacks `tensorflow.python.ops.rnn_cell` (its GRU cells
-    serve DIEN only, never DeepFM).
- 7. Tables sized from the data's schema: train.py sizes each table as the train split's largest id
+ 6. Tables sized from the data's schema: train.py sizes each table as the train split's largest id
     + 1; on CPU a validation or test id above that raises (on their GPU it read zeros). SparseFeat
     gets the schema's size when it is larger, as tfscale's models have.
- 8. `tf.keras.callbacks.TensorBoard` -> an epoch recorder (train.py's only callback, which only
+ 7. `tf.keras.callbacks.TensorBoard` -> an epoch recorder (train.py's only callback, which only
     logs): after each epoch it scores the validation and test splits with the exact AUC, stops the
     run after --patience epochs without a better validation AUC (train.py's --epoch is the 10-epoch
     limit), and appends the run to --record as one JSON line, as benchmarks/cowclip_tuned.py does.
- 9. pandas Series reach the model as 1-d tensors, as in TF 2.4's Keras: tf_keras adds a trailing
+ 8. pandas Series reach the model as 1-d tensors, as in TF 2.4's Keras: tf_keras adds a trailing
     axis to each Series, and their train step's `tf.unique_with_counts` takes 1-d ids only.
 
 Data: the splits are written as the files their loader (data_utils.load_data) reads:
@@ -104,7 +102,8 @@ def write_feather(data_dir, workdir):
         return
     os.makedirs(out, exist_ok=True)
     for ours, theirs in SPLITS.items():
-        split_frame(load_split(data_dir, ours)).to_feather(os.path.join(out, FEATHER.format(theirs)))
+        frame = split_frame(load_split(data_dir, ours))
+        frame.to_feather(os.path.join(out, FEATHER.format(theirs)))
     with open(stamp, "w") as f:
         f.write(fingerprint)
 
@@ -148,13 +147,6 @@ def install_shims(schema_sizes, make_recorder):
     requests.codes = types.SimpleNamespace(ok=200)
     sys.modules["requests"] = requests
     # 6
-    try:
-        importlib.import_module("tensorflow.python.ops.rnn_cell")
-    except ImportError:
-        stub = types.ModuleType("deepctr.contrib.utils")
-        stub.QAAttGRUCell = stub.VecAttGRUCell = None
-        sys.modules["deepctr.contrib.utils"] = stub
-    # 7
     from deepctr import feature_column
 
     original_new = feature_column.SparseFeat.__new__
@@ -164,9 +156,9 @@ def install_shims(schema_sizes, make_recorder):
                             *args, **kwargs)
 
     feature_column.SparseFeat.__new__ = staticmethod(sparse_feat)
-    # 8
+    # 7
     tf.keras.callbacks.TensorBoard = make_recorder
-    # 9
+    # 8
     import pandas as pd
     from tf_keras.src.engine import data_adapter
 
@@ -206,7 +198,7 @@ def multi_optimizer_class(tf):
     return MultiOptimizer
 
 
-# ----- the epoch recorder (shim 8) -----
+# ----- the epoch recorder (shim 7) -----
 
 def exact_auc(labels, scores):
     from sklearn.metrics import roc_auc_score
@@ -324,7 +316,8 @@ def recorder_class(options, train_args, data_dir):
             record = {
                 "key": options.key, "train_args": train_args, "epochs": self.epochs,
                 "best_epoch": None if best is None else best + 1,
-                "best_validation_auc": None if best is None else self.epochs[best]["validation_auc"],
+                "best_validation_auc": (None if best is None
+                                        else self.epochs[best]["validation_auc"]),
                 "patience": options.patience,
                 "versions": {"tensorflow": tf.__version__,
                              "tf_keras": importlib.import_module("tf_keras").__version__},
