@@ -148,7 +148,7 @@ def sharded_table(name, rows):
     """A built row-sharded Table of `rows` x 2 zeros."""
     strategy = row_sharding.RowSharded()
     table = strategy.make_table(name, rows, 2, keras.initializers.Constant(0.0), None)
-    strategy.build(table)
+    strategy.build(table, embedding=None)  # no FieldEmbedding: a table on its own
     return table
 
 
