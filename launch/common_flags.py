@@ -30,13 +30,15 @@ flags.DEFINE_list("test_path", [],
                   "training lines (chosen by line number) are held out as the test split.")
 flags.DEFINE_float("test_fraction", 0.1, "Held-out fraction when there is no --test_path.",
                    lower_bound=0.0, upper_bound=0.9)
-flags.DEFINE_enum("categorical_encoding", "vocabulary", ["vocabulary", "hash", "raw"],
+flags.DEFINE_enum("categorical_encoding", "vocabulary",
+                  ["vocabulary", "hash", "fingerprint", "raw"],
                   "Criteo/Avazu and drifting data: look categorical values up in a vocabulary "
                   "(tables sized from the data: --vocabulary, or by default one counted from the "
                   "training lines on first use and cached beside the data; with --progressive, "
-                  "from the first day), or hash them into --hash_buckets per field; raw: "
-                  "--data=drifting's integer ids as they are, in [0, 2^56), for tables keyed by "
-                  "id (--embedding_sharding=dynamic).")
+                  "from the first day), or hash them into --hash_buckets per field. For tables "
+                  "whose rows are given to ids as they arrive (--embedding_sharding=dynamic): "
+                  "fingerprint gives every value of the files its own 56-bit id; raw passes "
+                  "--data=drifting's integer ids as they are, in [0, 2^56).")
 flags.DEFINE_integer("hash_buckets", 1_000_000,
                      "--categorical_encoding=hash: hash buckets per categorical field (at most; "
                      "see --fit_hash_buckets).", lower_bound=1)
@@ -107,9 +109,15 @@ def run_directories(logdir, checkpoint_dir):
             None if checkpoint_dir in ("", "none") else checkpoint_dir)
 
 
+# --categorical_encoding=fingerprint: hash buckets per field, so ids fill [1, 2**56) (0: missing),
+# the ids dynamic tables key by field (tfscale.embedding.dynamic).
+FINGERPRINT_BUCKETS = (1 << 56) - 1
+
+
 def build_model(schema, settings, optimizer_name, dtype_policy="float32"):
     """The --model over `schema`, initialised and regularised as `settings` (LargeBatchSettings)
     say for the optimizer `optimizer_name`, computing in `dtype_policy`."""
+    from launch import hybrid_flags
     from tfscale.embedding.initializers import RowSeededNormal
     from tfscale.optimizers.factory import model_regularization
 
@@ -117,7 +125,7 @@ def build_model(schema, settings, optimizer_name, dtype_policy="float32"):
         FLAGS.model, schema, embedding_dim=FLAGS.embedding_dim, hidden_units=_dnn_units(),
         embeddings_initializer=RowSeededNormal(stddev=settings.embedding_init_stddev),
         dtype=dtype_policy, deduplicate_ids=FLAGS.dedup_ids,
-        embedding_sharding=FLAGS.embedding_sharding,
+        embedding_sharding=hybrid_flags.table_strategy(),
         **model_regularization(settings, optimizer_name, FLAGS.embedding_update),
         **_model_specific_config())
 
@@ -211,26 +219,30 @@ def file_preprocessing(recorded, counted_paths, test_fraction):
     if FLAGS.categorical_encoding == "raw":
         raise UserError(f"--categorical_encoding=raw passes the integer ids of --data=drifting "
                         f"through as they are, and --data={FLAGS.data} files hold strings: give "
-                        "--categorical_encoding=vocabulary or hash")
-    hashing = FLAGS.categorical_encoding == "hash"
+                        "--categorical_encoding=vocabulary, hash or fingerprint")
+    hashing = FLAGS.categorical_encoding in ("hash", "fingerprint")
+    fingerprint = FLAGS.categorical_encoding == "fingerprint"
     if hashing and FLAGS.vocabulary:
         raise UserError("--vocabulary goes with --categorical_encoding=vocabulary (the default)")
+    if fingerprint and FLAGS.embedding_sharding != "dynamic":
+        raise UserError("--categorical_encoding=fingerprint gives every value an id of its own "
+                        "(up to 2**56): it needs tables that grow, --embedding_sharding=dynamic")
     if FLAGS.integer_transform == "minmax" and hashing:
         raise UserError("--integer_transform=minmax needs the ranges a vocabulary records: use "
                         "--categorical_encoding=vocabulary")
     vocabulary = FLAGS.vocabulary
-    hash_buckets = FLAGS.hash_buckets
+    hash_buckets = FINGERPRINT_BUCKETS if fingerprint else FLAGS.hash_buckets
     if recorded is not None:
         vocabulary, recorded_buckets = recorded
         if (vocabulary is None) != hashing:
             raise UserError("--categorical_encoding differs from the resumed run's; resume with "
                             "the encoding it was trained with")
         hash_buckets = recorded_buckets or hash_buckets
-    elif vocabulary is None and (not hashing or FLAGS.fit_hash_buckets):
+    elif vocabulary is None and (not hashing or (FLAGS.fit_hash_buckets and not fingerprint)):
         vocabulary = _automatic_vocabulary(counted_paths, test_fraction)
     text_format = FILE_FORMATS[FLAGS.data].FORMAT
     if hashing and recorded is None:
-        if FLAGS.fit_hash_buckets:
+        if FLAGS.fit_hash_buckets and not fingerprint:
             from tfscale.data.vocabulary_cache import fitted_hash_buckets
 
             hash_buckets = fitted_hash_buckets(vocabulary, text_format.categorical_names,

@@ -5,6 +5,7 @@ reported by `describe`."""
 from absl import flags
 
 from tfscale.embedding.strategies import STRATEGIES
+from tfscale.errors import UserError
 
 FLAGS = flags.FLAGS
 
@@ -21,15 +22,62 @@ flags.DEFINE_integer("embedding_staleness", 0,
 flags.DEFINE_enum("embedding_sharding", "replicated", list(STRATEGIES),
                   "replicated: every rank holds every embedding table whole; row: each rank holds "
                   "the rows id mod P == rank of every table and their optimizer state, and looks "
-                  "the others up by alltoall (docs/sharding.md). Not with "
-                  "--embedding_comm=topk|gtopk.")
+                  "the others up by alltoall (docs/sharding.md); dynamic: rows are given to ids "
+                  "as they arrive in training, held as row does, up to --dynamic_capacity "
+                  "(docs/dynamic.md). Not with --embedding_comm=topk|gtopk.")
+flags.DEFINE_integer("dynamic_capacity", None,
+                     "--embedding_sharding=dynamic: rows in use at most per table, over all "
+                     "ranks (default: the data's vocabulary sizes summed).", lower_bound=1)
+flags.DEFINE_integer("dynamic_min_count", 1,
+                     "--embedding_sharding=dynamic: occurrences in training batches before an id "
+                     "gets a row of its own (until then it reads its field's unknown row).",
+                     lower_bound=1)
+flags.DEFINE_integer("dynamic_expire_after_steps", None,
+                     "--embedding_sharding=dynamic: also free rows unseen for this many steps "
+                     "(default: rows are freed only when the tables are full, least recently "
+                     "used first).", lower_bound=1)
+
+
+def table_strategy():
+    """FieldEmbedding's `sharding` for the flags: a name, or the dynamic tables' settings."""
+    from tfscale.embedding.dynamic import DynamicTables
+
+    dynamic_flags = [f"--{name}" for name in ("dynamic_capacity", "dynamic_expire_after_steps")
+                     if FLAGS[name].value is not None]
+    if FLAGS.dynamic_min_count != 1:
+        dynamic_flags.append("--dynamic_min_count")
+    if FLAGS.embedding_sharding != "dynamic":
+        if dynamic_flags:
+            raise UserError(f"{', '.join(dynamic_flags)} go with --embedding_sharding=dynamic")
+        return FLAGS.embedding_sharding
+    return DynamicTables(capacity=FLAGS.dynamic_capacity, min_count=FLAGS.dynamic_min_count,
+                         expire_after_steps=FLAGS.dynamic_expire_after_steps)
+
+
+def check_dynamic_capacity(source, local_batch_size):
+    """Refuses a --dynamic_capacity below the distinct ids of this rank's first training batch
+    (the first step could not give them rows), before anything is written."""
+    if FLAGS.embedding_sharding != "dynamic":
+        return
+    import numpy as np
+
+    from tfscale import distributed
+
+    capacity = FLAGS.dynamic_capacity or sum(source.schema.vocabulary_sizes)
+    features, _ = next(iter(source.train_batches(local_batch_size, **distributed.data_shard())))
+    ids = features["categorical"].numpy()
+    distinct = sum(len(np.unique(ids[:, field])) for field in range(ids.shape[1]))
+    if distinct > capacity:
+        raise UserError(f"--dynamic_capacity={capacity}: the first training batch alone holds "
+                        f"{distinct:,} distinct ids; give the tables room for the ids of many "
+                        "batches")
 
 
 def row_gradient_flags():
     """The flags given that need the tables' gradients as rows (IndexedSlices)."""
     given = []
-    if FLAGS.embedding_sharding == "row":
-        given.append("--embedding_sharding=row")
+    if FLAGS.embedding_sharding in ("row", "dynamic"):
+        given.append(f"--embedding_sharding={FLAGS.embedding_sharding}")
     if FLAGS.embedding_staleness:
         given.append(f"--embedding_staleness={FLAGS.embedding_staleness}")
     return given

@@ -58,6 +58,7 @@ def run():
     else:
         days, source = None, common_flags.build_source(resumed_run)
     check_test_split_is_labelled(source)  # before anything is written
+    hybrid_flags.check_dynamic_capacity(source, distributed.local_batch_size(FLAGS.batch_size))
     model = common_flags.build_model(source.schema, settings, optimizer_name,
                                      precision_flags.dtype_policy())
     steps_per_epoch = source.train_steps_per_epoch(

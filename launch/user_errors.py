@@ -12,6 +12,7 @@ from absl import app, flags
 # Library argument -> the launcher flag that sets it.
 ARGUMENT_FLAGS = {
     "batch_size": "batch_size",
+    "capacity": "dynamic_capacity",
     "checkpoint_dir": "checkpoint_dir",
     "deduplicate": "dedup_ids",
     "dense_transform": "integer_transform",
@@ -19,7 +20,9 @@ ARGUMENT_FLAGS = {
     "embedding_staleness": "embedding_staleness",
     "embedding_update": "embedding_update",
     "epochs": "epochs",
+    "expire_after_steps": "dynamic_expire_after_steps",
     "l2": "l2",
+    "min_count": "dynamic_min_count",
     "r": "clip_r",
     "table_l2": "l2",
     "test_fraction": "test_fraction",

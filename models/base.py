@@ -150,8 +150,10 @@ class CTRModel(TrainStepModel):
         deduplicate_ids: look up each unique id of a batch once (tfscale.embedding.dedup); the
             same outputs and summed gradients, with one gradient row per unique id instead of per
             occurrence.
-        embedding_sharding: "replicated" (every rank holds the whole tables) or "row" (each
-            Horovod rank holds 1/P of every table's rows: tfscale.embedding.row_sharding).
+        embedding_sharding: FieldEmbedding's `sharding`: "replicated" (every rank holds the
+            whole tables), "row" (each Horovod rank holds 1/P of every table's rows:
+            tfscale.embedding.row_sharding), "dynamic" (rows given to ids as they arrive:
+            tfscale.embedding.dynamic), or a TableStrategy.
         name: default `default_name` (the registry key), made unique in the process.
     """
 
@@ -298,7 +300,7 @@ class CTRModel(TrainStepModel):
                 "use_wide": self.use_wide,
                 "check_ids": self.check_ids,
                 "deduplicate_ids": self.deduplicate_ids,
-                "embedding_sharding": self.embedding_sharding,
+                "embedding_sharding": self.field_embedding.strategy.get_config(),
             }
         )
         return config

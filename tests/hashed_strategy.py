@@ -22,9 +22,9 @@ class Hashed(TableStrategy):
                                        name=name)
         return Table(name, buckets, width, self, layer)
 
-    def build(self, table):
+    def build(self, table, embedding):
         table.layer.build((None,))
         table.attach(table.layer.embeddings, RowShard(table.rows, 1, 0))
 
-    def lookup(self, tables, rows, embedding):
+    def lookup(self, tables, rows, embedding, training=False):
         return [dedup.lookup(table, rows % table.rows) for table in tables]

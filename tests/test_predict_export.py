@@ -9,7 +9,7 @@ checkpoints), so a restore that lost trained weights (tables back from their ini
 cannot agree with it, even though predict and export would still agree with each other. Each
 run trains once (module fixture) and is shared by the tests that use it. Hashed, vocabulary and
 min-max encodings; DeepFM, Wide & Deep, DCN and DCN-v2; float32, mixed_float16 and
-mixed_bfloat16; one process and two Horovod ranks (replicated and row-sharded tables); Criteo
+mixed_bfloat16; one process and two Horovod ranks (replicated, row-sharded and dynamic tables); Criteo
 (plain, and a .gz file longer than two read chunks) and Avazu."""
 
 import csv
@@ -52,6 +52,10 @@ RUNS = {
     "deepfm-2-ranks": (["--model=deepfm"], 2),
     # each rank wrote its own rows; predict and export read them all in one process
     "deepfm-2-ranks-sharded": (["--model=deepfm", "--embedding_sharding=row"], 2),
+    # dynamic tables keyed by fingerprints, each rank's ids by key: read into one process
+    "deepfm-2-ranks-dynamic": (["--model=deepfm", "--embedding_sharding=dynamic",
+                                "--categorical_encoding=fingerprint", "--dynamic_capacity=6000"],
+                               2),
 }
 
 

@@ -1,8 +1,10 @@
 """The categorical-feature embedding layer shared by all CTR models: one concatenated table per
 embedding kind (a deep [total_vocabulary, dim] table, optionally a 1-wide linear "wide" table),
 per-field row offsets, an in-graph range check of the ids, tables and lookups in host memory
-(tfscale.embedding.placement), de-duplicated lookups (tfscale.embedding.dedup) and, with
-`sharding="row"`, tables split by rows over the Horovod ranks (tfscale.embedding.row_sharding). Each
+(tfscale.embedding.placement), de-duplicated lookups (tfscale.embedding.dedup), with
+`sharding="row"` tables split by rows over the Horovod ranks (tfscale.embedding.row_sharding), and
+with `sharding="dynamic"` tables whose rows are given to ids as they arrive
+(tfscale.embedding.dynamic). Each
 table is a tfscale.embedding.table.Table, held by the strategy `sharding` names
 (tfscale.embedding.strategies). The tables' names are tfscale.embedding.tables', by which optimizers
 tell the two kinds apart."""
@@ -42,13 +44,18 @@ class FieldEmbedding(keras.layers.Layer):
             (tfscale.embedding.dedup); the gradients then hold one row per unique id. False: one
             gathered row per occurrence (the same outputs and summed gradients).
         sharding: the table strategy (tfscale.embedding.strategies): "replicated" (every rank
-            holds the whole tables) or "row" (each Horovod rank holds the rows id mod P == rank
+            holds the whole tables), "row" (each Horovod rank holds the rows id mod P == rank
             and looks the others up by alltoall; de-duplicated, so not with
             `deduplicate=False`; the initializers must be row-independent: RowSeededNormal,
-            zeros, constants; no regularizers).
+            zeros, constants; no regularizers) or "dynamic" (rows given to ids as they arrive
+            in training, for ids that are any ints in [0, 2**56) per field; as "row" in what it
+            takes; `vocabulary_sizes` sums to the rows in use at most, or give
+            `tfscale.embedding.dynamic.DynamicTables(capacity=..., min_count=...)`), or a
+            TableStrategy.
 
     The tables live in host memory (tfscale.embedding.placement.embedding_device), where their
-    lookups run. `tables` are their Tables (tfscale.embedding.table).
+    lookups run. `tables` are their Tables (tfscale.embedding.table); `row_index` is the
+    strategy's state they share on this rank (a dynamic table's id map), or None.
 
     Call: int ids [B, n_fields] -> embeddings [B, n_fields, embedding_dim], and with `use_wide`
     the tuple (embeddings, linear term [B, 1]).
@@ -77,7 +84,6 @@ class FieldEmbedding(keras.layers.Layer):
         self.check_ids = bool(check_ids)
         self.deduplicate = bool(deduplicate)
         self.strategy = strategies.get(sharding)
-        self.sharding = sharding
         self.scalars = StepScalars()
         # XLA has no kernels for its lookups (UniqueWithCounts, Horovod's alltoall): Keras's
         # "auto" then keeps XLA off, also on a GPU host.
@@ -95,9 +101,10 @@ class FieldEmbedding(keras.layers.Layer):
         self.strategy.check(self)
 
         sizes = np.array(self.vocabulary_sizes, dtype=np.int64)
-        self._sizes = sizes
+        self._id_limits = np.array(self.strategy.id_limits(self.vocabulary_sizes), dtype=np.int64)
         self._offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
         total = int(sizes.sum())
+        self.row_index = self.strategy.make_row_index(self)
         self.tables = [self.strategy.make_table(DEEP_TABLE_NAME, total, self.embedding_dim,
                                                 self.embeddings_initializer,
                                                 self.embeddings_regularizer)]
@@ -120,7 +127,7 @@ class FieldEmbedding(keras.layers.Layer):
 
     def build(self, input_shape=None):
         for table in self.tables:
-            self.strategy.build(table)
+            self.strategy.build(table, self)
         if self.strategy.partitioned:
             self.scalars.record("sharding/table_bytes", sum(
                 4 * np.prod(table.variable.shape) for table in self.tables))
@@ -130,7 +137,7 @@ class FieldEmbedding(keras.layers.Layer):
         the last step's alltoall bytes and lookup seconds; {} when replicated."""
         return self.scalars.summary_scalars()
 
-    def call(self, ids):
+    def call(self, ids, training=None):
         with tf.device(placement.embedding_device()):
             ids = tf.cast(ids, tf.int64)
             if self.check_ids:
@@ -139,7 +146,9 @@ class FieldEmbedding(keras.layers.Layer):
                 check = self._assert_ids_in_range(ids)
                 with tf.control_dependencies([check] if check is not None else []):
                     ids = tf.identity(ids)
-            looked_up = self.strategy.lookup(self.tables, ids + self._offsets, self)
+            looked_up = self.strategy.lookup(self.tables,
+                                             self.strategy.table_ids(ids, self._offsets), self,
+                                             training=bool(training))
             embeddings = tf.cast(looked_up[0], self.compute_dtype)
             if self.wide_table is None:
                 return embeddings
@@ -148,7 +157,7 @@ class FieldEmbedding(keras.layers.Layer):
             return embeddings, tf.cast(linear, self.compute_dtype)
 
     def _assert_ids_in_range(self, ids):
-        column_ok = tf.reduce_all((ids >= 0) & (ids < self._sizes), axis=0)
+        column_ok = tf.reduce_all((ids >= 0) & (ids < self._id_limits), axis=0)
         column = tf.argmin(tf.cast(column_ok, tf.int32), output_type=tf.int64)
         values = tf.gather(ids, column, axis=1)
         # Only string literals and numbers as data, so the op also compiles (as a no-op) in XLA.
@@ -162,7 +171,7 @@ class FieldEmbedding(keras.layers.Layer):
                 column,
                 tf.reduce_min(values),
                 tf.reduce_max(values),
-                tf.gather(self._sizes, column),
+                tf.gather(self._id_limits, column),
             ],
         )
 
@@ -185,7 +194,7 @@ class FieldEmbedding(keras.layers.Layer):
                 "wide_regularizer": keras.regularizers.serialize(self.wide_regularizer),
                 "check_ids": self.check_ids,
                 "deduplicate": self.deduplicate,
-                "sharding": self.sharding,
+                "sharding": self.strategy.get_config(),
             }
         )
         return config

@@ -3,7 +3,8 @@ table built whole and the same table built as row shards over any number of rank
 (docs/sharding.md). Keras's RandomNormal draws the whole [rows, dim] block at once, so its row i
 depends on the table's shape; this one draws fixed blocks of CHUNK_ROWS rows, block b from the
 stateless seed (seed, b), and a shard keeps the rows it owns of each block (one block in memory
-at a time)."""
+at a time). `keyed_rows` gives the initial rows of tables keyed by 64-bit ids instead of rows
+(tfscale.embedding.dynamic), in the graph."""
 
 import keras
 import numpy as np
@@ -45,8 +46,63 @@ class RowSeededNormal(keras.initializers.Initializer):
             parts.append(tf.gather(values, ids[start:end] - block * CHUNK_ROWS))
         return tf.concat(parts, axis=0)
 
+    def keyed_rows(self, keys, dim):
+        """float32 [len(keys), dim]: Normal(mean, stddev) values, row k a function of (seed,
+        keys[k]) alone (int64 keys >= 0; graph-compatible): splitmix64 of (seed, key, column)
+        gives the uniforms of a Box-Muller pair per two columns. Not the values `rows` gives
+        a row index (those are drawn in blocks)."""
+        keys = tf.cast(tf.reshape(keys, [-1, 1]), tf.int64)
+        pairs = (dim + 1) // 2
+        counters = tf.range(2 * pairs, dtype=tf.int64)[None, :]
+        bits = splitmix64(splitmix64(keys ^ tf.constant(self.seed, tf.int64)) + counters)
+        # The top 53 bits as a uniform in (0, 1).
+        uniform = (tf.cast(_logical_right_shift(bits, 11), tf.float64) + 0.5) / 2.0**53
+        radius = tf.sqrt(-2.0 * tf.math.log(uniform[:, :pairs]))
+        angle = 2.0 * np.pi * uniform[:, pairs:]
+        normal = tf.concat([radius * tf.cos(angle), radius * tf.sin(angle)], axis=1)[:, :dim]
+        return tf.cast(self.mean + self.stddev * normal, tf.float32)
+
     def get_config(self):
         return {"mean": self.mean, "stddev": self.stddev, "seed": self.seed}
+
+
+def keyed_rows(initializer, keys, dim):
+    """The initial rows [len(keys), dim] (float32) of ids `keys` in a table keyed by id:
+    RowSeededNormal's `keyed_rows`, or a constant initializer's value (in the graph; any
+    initializer `is_row_independent` accepts)."""
+    if isinstance(initializer, RowSeededNormal):
+        return initializer.keyed_rows(keys, dim)
+    return tf.fill(tf.stack([tf.size(keys), dim]), _constant_value(initializer))
+
+
+def _constant_value(initializer):
+    """The value every entry of a zeros, ones or constant initializer's output takes."""
+    if isinstance(initializer, keras.initializers.Zeros):
+        return 0.0
+    if isinstance(initializer, keras.initializers.Ones):
+        return 1.0
+    return float(initializer.get_config()["value"])
+
+
+_GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as int64
+_MIX_1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
+_MIX_2 = -7723592293110705685  # 0x94D049BB133111EB
+
+
+def splitmix64(x):
+    """splitmix64's output function of int64 `x` (as uint64 bits, wrapping arithmetic), for
+    random values keyed by id in the graph (TensorFlow's stateless random ops take one seed
+    per call)."""
+    z = x + _GOLDEN
+    z = (z ^ _logical_right_shift(z, 30)) * _MIX_1
+    z = (z ^ _logical_right_shift(z, 27)) * _MIX_2
+    return z ^ _logical_right_shift(z, 31)
+
+
+def _logical_right_shift(x, bits):
+    """`x` (int64) shifted right by `bits`, zeros in (as a uint64 would be)."""
+    return tf.bitwise.bitwise_and(tf.bitwise.right_shift(x, bits),
+                                  tf.constant((1 << (64 - bits)) - 1, tf.int64))
 
 
 def is_row_independent(initializer):

@@ -19,12 +19,12 @@ class Replicated(TableStrategy):
                                        name=name)
         return Table(name, rows, width, self, layer)
 
-    def build(self, table):
+    def build(self, table, embedding):
         with tf.device(placement.embedding_device()):
             table.layer.build((None,))
         table.attach(table.layer.embeddings, RowShard(table.rows, 1, 0))
 
-    def lookup(self, tables, rows, embedding):
+    def lookup(self, tables, rows, embedding, training=False):
         if embedding.deduplicate:
             return [dedup.lookup(table, rows) for table in tables]
         return [table.read_rows(rows) for table in tables]

@@ -35,33 +35,16 @@ class RowSharded(TableStrategy):
     partitioned = True
 
     def check(self, embedding):
-        if not embedding.deduplicate:
-            raise UserError("`deduplicate=False` cannot be used with `sharding=row`: a "
-                            "row-sharded lookup sends each unique id of the batch to its owner "
-                            "once (its outputs and summed gradients are those of plain "
-                            "lookups); leave `deduplicate` on")
-        for argument in ("embeddings_initializer", "wide_initializer"):
-            initializer = getattr(embedding, argument)
-            if not is_row_independent(initializer):
-                raise UserError(
-                    f"`{argument}={type(initializer).__name__}`: a row-sharded table needs an "
-                    "initializer whose rows do not depend on the table's shape "
-                    "(tfscale.embedding.initializers.RowSeededNormal, zeros or a constant)")
-        for argument in ("embeddings_regularizer", "wide_regularizer"):
-            if getattr(embedding, argument) is not None:
-                raise UserError(f"`{argument}`: a row-sharded table cannot carry a Keras "
-                                "regularizer (its gradient would be dense): give the embedding "
-                                "L2 to the optimizer (RowSparseAdam's `table_l2`, CowClip's "
-                                "`l2`) or none")
+        check_partitioned_arguments(embedding, "row")
 
     def make_table(self, name, rows, width, initializer, regularizer):
         return Table(name, rows, width, self, ShardedTable(rows, width, initializer, name=name))
 
-    def build(self, table):
+    def build(self, table, embedding):
         table.layer.build()
         table.attach(table.layer.embeddings, table.layer.shard)
 
-    def lookup(self, tables, rows, embedding):
+    def lookup(self, tables, rows, embedding, training=False):
         return lookup(tables, rows, name=f"tfscale_{embedding.name}", scalars=embedding.scalars)
 
 
@@ -91,6 +74,31 @@ class ShardedTable(keras.layers.Layer):
             self.embeddings = self.add_weight(shape=(shard.rows, self.dim),
                                               initializer=initializer, dtype="float32",
                                               autocast=False, name="embeddings")
+
+
+def check_partitioned_arguments(embedding, sharding):
+    """UserErrors for the FieldEmbedding arguments a table spread over the ranks by ids
+    (`sharding`: "row", "dynamic") cannot take: `deduplicate=False` (each unique id of a batch
+    goes to its owner once), an initializer whose rows depend on the table's shape, a Keras
+    regularizer (its gradient would be dense)."""
+    if not embedding.deduplicate:
+        raise UserError(f"`deduplicate=False` cannot be used with `sharding={sharding}`: its "
+                        "lookup sends each unique id of the batch to its owner once (its outputs "
+                        "and summed gradients are those of plain lookups); leave `deduplicate` "
+                        "on")
+    for argument in ("embeddings_initializer", "wide_initializer"):
+        initializer = getattr(embedding, argument)
+        if not is_row_independent(initializer):
+            raise UserError(
+                f"`{argument}={type(initializer).__name__}`: `sharding={sharding}` needs an "
+                "initializer whose rows do not depend on the table's shape "
+                "(tfscale.embedding.initializers.RowSeededNormal, zeros or a constant)")
+    for argument in ("embeddings_regularizer", "wide_regularizer"):
+        if getattr(embedding, argument) is not None:
+            raise UserError(f"`{argument}`: a table with `sharding={sharding}` cannot carry a "
+                            "Keras regularizer (its gradient would be dense): give the embedding "
+                            "L2 to the optimizer (RowSparseAdam's `table_l2`, CowClip's `l2`) or "
+                            "none")
 
 
 def lookup(tables, rows, name, scalars=None):
@@ -141,7 +149,7 @@ def _through_owners(tables, unique_ids, counts, shard, name, scalars=None):
     if scalars is not None:
         _record_bytes(scalars, splits, incoming_splits, shard.index,
                       2 * id_dtype.size, 4 * sum(table.width for table in tables))
-    return tf.gather(_gradient_divided_by(shard.num_shards)(returned),
+    return tf.gather(gradient_divided_by(shard.num_shards)(returned),
                      tf.math.invert_permutation(order))
 
 
@@ -162,7 +170,7 @@ def _record_bytes(scalars, splits, incoming_splits, rank, pair_bytes, row_bytes)
                    pair_bytes * from_others + row_bytes * (to_others + from_others))
 
 
-def _gradient_divided_by(num_ranks):
+def gradient_divided_by(num_ranks):
     """The identity, whose gradient is divided by `num_ranks` (a division, as Horovod's
     average divides)."""
 

@@ -1,11 +1,13 @@
 """The registry of table strategies, by the name FieldEmbedding's `sharding` takes: one line
 per strategy."""
 
-from tfscale.embedding import replicated, row_sharding
+from tfscale.embedding import dynamic, replicated, row_sharding
+from tfscale.embedding.strategy import TableStrategy
 
 STRATEGIES = {strategy.name: strategy for strategy in (
     replicated.Replicated(),
     row_sharding.RowSharded(),
+    dynamic.DynamicTables(),
 )}
 
 
@@ -17,8 +19,16 @@ def register(strategy):
     STRATEGIES[strategy.name] = strategy
 
 
-def get(name):
-    """The strategy registered as `name`; a ValueError naming `sharding` and the choices."""
-    if name not in STRATEGIES:
-        raise ValueError(f"`sharding={name!r}`: give one of {', '.join(STRATEGIES)}")
-    return STRATEGIES[name]
+def get(sharding):
+    """The strategy `sharding` names: a registered name, a TableStrategy (itself) or the config
+    of one with settings (`TableStrategy.get_config`); a ValueError naming `sharding` and the
+    choices."""
+    if isinstance(sharding, TableStrategy):
+        return sharding
+    if isinstance(sharding, dict):
+        settings = dict(sharding)
+        return type(get(settings.pop("name", None)))(**settings)
+    if sharding not in STRATEGIES:
+        raise ValueError(f"`sharding={sharding!r}`: give one of {', '.join(STRATEGIES)}, or a "
+                         "TableStrategy")
+    return STRATEGIES[sharding]

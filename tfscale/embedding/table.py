@@ -47,10 +47,13 @@ class RowShard:
 @dataclasses.dataclass(frozen=True)
 class StepLookup:
     """A table's de-duplicated lookup in one step: the rows its gradient will hold (unique,
-    in order) and how many ids each stands for in the global batch."""
+    in order), how many ids each stands for in the global batch, and the rows given to new ids
+    in this step (`fresh_rows`; None for fixed tables), whose optimizer state the train step
+    resets."""
 
     unique_rows: tf.Tensor
     counts: tf.Tensor
+    fresh_rows: tf.Tensor = None
 
 
 class Table:
@@ -59,7 +62,9 @@ class Table:
 
     `variable` (set by `attach` when the layer is built) holds this rank's rows, `shard` says
     which; `partitioned` tables hold different rows on each rank (never broadcast, averaged or
-    written whole by one rank)."""
+    written whole by one rank). `row_index` is the strategy's own state of this rank's rows
+    that differs between ranks (a dynamic table's id map, tfscale.embedding.id_rows.IdRows),
+    or None."""
 
     def __init__(self, name, rows, width, strategy, layer):
         self.name = name
@@ -70,6 +75,7 @@ class Table:
         self.strategy = strategy
         self.variable = None
         self.shard = None
+        self.row_index = None
         self.updated_by_row = False  # read whole until the train step says otherwise
         self._lookups = []  # this trace's StepLookups: the last two, enough to see a second one
         self._lookup_graph = None
@@ -82,10 +88,10 @@ class Table:
     def partitioned(self):
         return self.strategy.partitioned
 
-    def attach(self, variable, shard):
-        """Records the variable holding this rank's rows (`shard`) and makes it findable by
-        `table_of`."""
-        self.variable, self.shard = variable, shard
+    def attach(self, variable, shard, row_index=None):
+        """Records the variable holding this rank's rows (`shard`), and the strategy's
+        `row_index` of them if any, and makes the table findable by `table_of`."""
+        self.variable, self.shard, self.row_index = variable, shard, row_index
         for held in (variable, variable.value):
             key = id(held)
             _BY_VARIABLE[key] = (weakref.ref(held, lambda _, key=key: _BY_VARIABLE.pop(key, None)),
@@ -104,14 +110,16 @@ class Table:
         """Forgets earlier lookups: the train step calls it before its forward pass."""
         self._lookups, self._lookup_graph = [], None
 
-    def record_lookup(self, unique_rows, counts):
+    def record_lookup(self, unique_rows, counts, fresh_rows=None):
         """Records a de-duplicated lookup (its gradient rows are `unique_rows`, standing for
-        `counts` occurrences each). Lookups traced in another graph than the latest (Keras
-        building a subclassed model in a scratch graph) are forgotten."""
+        `counts` occurrences each; `fresh_rows`: rows given to new ids by it). Lookups traced in
+        another graph than the latest (Keras building a subclassed model in a scratch graph) are
+        forgotten."""
         graph = None if tf.executing_eagerly() else unique_rows.graph
         if graph is not self._lookup_graph:
             self._lookups, self._lookup_graph = [], graph
-        self._lookups = self._lookups[-1:] + [StepLookup(unique_rows, tf.cast(counts, tf.float32))]
+        self._lookups = self._lookups[-1:] + [StepLookup(unique_rows, tf.cast(counts, tf.float32),
+                                                             fresh_rows)]
 
     def step_lookup(self):
         """The StepLookup of the step being traced since `start_step` (None if none); a
@@ -138,6 +146,13 @@ def table_of(variable):
 def tables_of(variables):
     """The Tables of those of `variables` that hold tables, in order."""
     return [t for t in map(table_of, variables) if t is not None]
+
+
+def row_indexes_of(variables):
+    """The row indexes (Table.row_index) of the Tables of `variables`, each once."""
+    indexes = {id(t.row_index): t.row_index for t in tables_of(variables)
+               if t.row_index is not None}
+    return list(indexes.values())
 
 
 def shard_of(variable):

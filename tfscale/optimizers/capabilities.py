@@ -38,6 +38,9 @@ class TableState:
 
     per_row: tuple = ()
     whole: tuple = ()
+    # Per `per_row` variable, the value a row given to a new id starts from (a dynamic table's
+    # reused row); zeros when empty.
+    fresh: tuple = ()
 
 
 class DeclaresTableState:

@@ -56,11 +56,14 @@ class RowSparseAdam(DeclaresTableState, RowUpdates, FusedAdam):
                                  name=f"{variable.path.replace('/', '_')}_last_step")
 
     def table_state(self, table):
-        """Per row: both moments and, with `catch_up`, the last step."""
+        """Per row: both moments and, with `catch_up`, the last step (a fresh row's: the last
+        applied step, so it has nothing to catch up)."""
         index = self._get_variable_index(table)
         last_step = self._last_steps[index]
-        return TableState(per_row=(self._momentums[index], self._velocities[index])
-                          + ((last_step,) if last_step is not None else ()))
+        if last_step is None:
+            return TableState(per_row=(self._momentums[index], self._velocities[index]))
+        return TableState(per_row=(self._momentums[index], self._velocities[index], last_step),
+                          fresh=(0, 0, self.iterations))
 
     def update_step(self, gradient, variable, learning_rate):
         last_steps = self._last_steps[self._get_variable_index(variable)] if self.catch_up \

@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfscale.embedding.table import shard_of
+from tfscale.embedding.table import row_indexes_of, shard_of
 from tfscale.embedding.tables import is_embedding_table
 from tfscale.errors import UserError
 from tfscale.optimizers.capabilities import DeclaresTableState, TableState, wrapped_optimizers
@@ -23,15 +23,20 @@ def describe(model):
     shards = [shard_of(v) for v in tables if shard_of(v) is not None]
     if not shards:
         return f"tables replicated: {rows:,} rows, {megabytes:,.0f} MB with optimizer state"
-    return (f"tables row-sharded over {shards[0].num_shards} ranks: {rows:,} rows, "
+    how = ("dynamic (rows given to ids as they arrive)" if row_indexes_of(tables)
+           else "row-sharded")
+    return (f"tables {how} over {shards[0].num_shards} ranks: {rows:,} rows, "
             f"{megabytes:,.0f} MB with optimizer state per rank")
 
 
 def local_variables(model):
-    """`model`'s row-sharded tables and their per-row state in its (built) optimizer: the
-    variables that differ between ranks (and are never broadcast). A UserError when the
-    optimizer keeps other state of a shard that it does not declare (TableState)."""
+    """`model`'s partitioned tables, their per-row state in its (built) optimizer and their
+    strategies' row indexes (Table.row_index): the variables that differ between ranks (and are
+    never broadcast). A UserError when the optimizer keeps other state of a shard that it does
+    not declare (TableState)."""
     local = []
+    for index in row_indexes_of(model.variables):
+        local += index.state
     for shard in (v for v in model.variables if shard_of(v) is not None):
         state = table_state(model.optimizer, shard)
         declared = {id(slot) for slot in state.per_row + state.whole}
@@ -45,6 +50,24 @@ def local_variables(model):
                     "replicated tables")
         local += [shard, *state.per_row]
     return local
+
+
+def reset_rows(optimizer, table, rows):
+    """Sets rows `rows` (int64) of `optimizer`'s per-row state of `table` to where a new row
+    starts (TableState.fresh, else zeros), in the graph."""
+    for inner in wrapped_optimizers(optimizer):
+        if not any(v is table for v in getattr(inner, "_trainable_variables", [])):
+            continue
+        if isinstance(inner, DeclaresTableState):
+            state = inner.table_state(table)
+            per_row, fresh = state.per_row, state.fresh or (0,) * len(state.per_row)
+        else:
+            per_row = table_state(inner, table).per_row
+            fresh = (0,) * len(per_row)
+        for slot, value in zip(per_row, fresh):
+            shape = tf.concat([tf.shape(rows), tf.constant(list(slot.shape[1:]), tf.int32)], axis=0)
+            values = tf.fill(shape, tf.cast(value, slot.dtype))
+            slot.value.scatter_update(tf.IndexedSlices(values, rows))
 
 
 def per_row_state(optimizer, table):

@@ -3,7 +3,8 @@
 Each checkpoint is a directory `step-<global step>/` holding the embedding tables and their
 optimizer state by global row (`tables-<i>-of-<n>.npz`, tfscale.training.table_checkpoints: each
 rank writes the rows it holds, so row-sharded tables are never gathered and resume at any number of
-ranks), a `tf.train.Checkpoint` of every other model and optimizer variable (in the model's and the
+ranks; dynamic tables by id, tfscale.training.dynamic_checkpoints), a `tf.train.Checkpoint` of
+every other model and optimizer variable (in the model's and the
 optimizer's order) and `progress.json` (epoch, batches done in that epoch, global step, ...). It is
 written under a temporary name and renamed into place, and the `latest` file is replaced atomically
 afterwards, so a crash at any moment leaves the previous checkpoint intact and `latest` always names
@@ -26,7 +27,7 @@ import tensorflow as tf
 
 from tfscale.distributed import broadcast, per_rank, runtime
 from tfscale.errors import UserError
-from tfscale.training import table_checkpoints
+from tfscale.training import dynamic_checkpoints, table_checkpoints
 
 _LATEST_FILE = "latest"
 _PROGRESS_FILE = "progress.json"
@@ -55,10 +56,14 @@ class CheckpointStore:
     def _tables(self):
         return table_checkpoints.table_variables(self._model, self._optimizer)
 
+    def _dynamic_groups(self):
+        return dynamic_checkpoints.groups(self._model, self._optimizer)
+
     def _other_state(self):
         """A tf.train.Checkpoint of every model and optimizer variable that is not table state,
         in order."""
         table_ids = {id(entry.variable) for entry in self._tables()}
+        table_ids |= {id(v) for group in self._dynamic_groups() for v in group.variables()}
         variables = list(self._model.variables)
         if self._optimizer is not None:
             variables += list(self._optimizer.variables)
@@ -74,6 +79,7 @@ class CheckpointStore:
         staging_dir = broadcast.broadcast_from_chief(self._new_staging_dir,
                                                      name="tfscale_checkpoint_staging")
         table_checkpoints.save(self._tables(), staging_dir)
+        dynamic_checkpoints.save(self._dynamic_groups(), staging_dir)
         broadcast.barrier("tfscale_checkpoint_tables_written")
         if not runtime.is_chief():
             return None
@@ -141,6 +147,7 @@ class CheckpointStore:
         `weights_only` the model's alone (its variables come first in the checkpoint, the
         optimizer's after them)."""
         prefix = os.path.join(checkpoint_dir, _STATE_PREFIX)
+        dynamic_checkpoints.check_matches(self._dynamic_groups(), checkpoint_dir)
         try:
             status = self._other_state().read(prefix)
             if weights_only:
@@ -153,6 +160,7 @@ class CheckpointStore:
                 f"{'' if weights_only else ' and optimizer'} ({_first_line(error)}); use the "
                 "model, data schema and optimizer it was written with") from error
         table_checkpoints.restore(self._tables(), checkpoint_dir)
+        dynamic_checkpoints.restore(self._dynamic_groups(), checkpoint_dir)
 
     def finish_restore(self):
         """After rank 0's `restore_latest`, on every rank: the other ranks read their rows of
@@ -161,6 +169,8 @@ class CheckpointStore:
         tables = self._tables()
         if not runtime.is_chief() and tables and tables[0].shard.num_shards > 1:
             table_checkpoints.restore(tables, self._latest_dir())
+        if not runtime.is_chief():
+            dynamic_checkpoints.restore(self._dynamic_groups(), self._latest_dir())
         if self._per_rank_variables:
             per_rank.scatter_from_chief(self._per_rank_variables, self._restored_per_rank)
 

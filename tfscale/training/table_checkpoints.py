@@ -1,4 +1,5 @@
-"""Embedding tables and their optimizer state in checkpoints, by global row (docs/sharding.md).
+"""Embedding tables and their optimizer state in checkpoints, by global row (docs/sharding.md);
+dynamic tables go by id instead (tfscale.training.dynamic_checkpoints).
 
 Every 2-D embedding table, and each optimizer variable of it with one entry per table row
 (Adam's moments, CAME's row factors), is written apart from the rest of the checkpoint: each
@@ -18,7 +19,7 @@ import numpy as np
 
 from tfscale import distributed
 from tfscale.embedding import tables
-from tfscale.embedding.table import RowShard, shard_of
+from tfscale.embedding.table import RowShard, shard_of, table_of
 from tfscale.errors import UserError
 from tfscale.optimizers.table_state import per_row_state
 
@@ -39,12 +40,18 @@ def table_variables(model, optimizer=None):
     """The TableVariables of `model`'s embedding tables and of their state in `optimizer`."""
     entries = []
     for table in model.variables:
-        if not tables.is_row_table(table):
+        if not tables.is_row_table(table) or _is_dynamic(table):
             continue
         shard = shard_of(table) or RowShard(int(table.shape[0]), 1, 0)
         slots = [] if optimizer is None else per_row_state(optimizer, table)
         entries += [TableVariable(v.path, v, shard) for v in [table] + slots]
     return entries
+
+
+def _is_dynamic(variable):
+    """Whether `variable` is a dynamic table (checkpointed by id: dynamic_checkpoints)."""
+    table = table_of(variable)
+    return table is not None and table.row_index is not None
 
 
 def save(entries, directory):

@@ -33,6 +33,7 @@ from tfscale.optimizers.came import CAME
 from tfscale.optimizers.capabilities import (optimizer_for, takes_counted_slices, takes_row_slices,
                                              updates_rows_in_place)
 from tfscale.optimizers.cowclip import CowClip
+from tfscale.optimizers import table_state
 from tfscale.optimizers.fused_adam import FusedAdam
 from tfscale.row_gradients import densify
 from tfscale.step_scalars import StepScalars, scalars_of
@@ -143,6 +144,12 @@ class TrainStep:
             gradients = dedup.attach_counts(gradients, variables, lookups)
         if lookups.tables:
             self._step_scalars.record("embedding/unique_id_rate", lookups.unique_rate())
+
+        # Rows given to new ids in this step start with fresh optimizer state.
+        for table in tables_of(variables):
+            lookup = table.step_lookup()
+            if lookup is not None and lookup.fresh_rows is not None and self.optimizer.built:
+                table_state.reset_rows(self.optimizer, table.variable, lookup.fresh_rows)
 
         # Exchange
         gradients = exchange.exchange(gradients, variables)

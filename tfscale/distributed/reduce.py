@@ -1,0 +1,24 @@
+"""Sums and maxima of small tensors over the Horovod ranks, in the graph (the tensor itself in one
+process): the global counts that dynamic tables decide by (tfscale.embedding.id_rows)."""
+
+import tensorflow as tf
+
+from tfscale.distributed import runtime
+
+
+def allreduce_sum(tensor, name):
+    """`tensor` summed over the ranks (every rank calls it with the same `name`)."""
+    return _allreduce(tensor, name, "Sum")
+
+
+def allreduce_max(tensor, name):
+    """The element-wise maximum of `tensor` over the ranks."""
+    return _allreduce(tensor, name, "Max")
+
+
+def _allreduce(tensor, name, op):
+    tensor = tf.convert_to_tensor(tensor)
+    if not runtime.is_active() or runtime.size() == 1:
+        return tensor
+    hvd = runtime.horovod()
+    return hvd.allreduce(tensor, op=getattr(hvd, op), name=name)

@@ -1,0 +1,196 @@
+"""The `dynamic` table strategy (docs/dynamic.md): tables whose rows are given to ids as they arrive
+in training, for id spaces that grow (online training on a daily stream).
+
+Ids are 64-bit keys `field << 56 | id` (a field's ids are any ints in [0, 2**56): raw integers,
+or a string's fingerprint: tfscale.data). The owner of key k is rank k mod P, as for row-sharded
+tables (tfscale.embedding.row_sharding), which also lends its alltoall. Each rank holds a
+fixed-capacity table per kind (an ordinary float32 Keras variable, so every row-sparse optimizer
+updates it unchanged) and the map of which id each row holds (tfscale.embedding.id_rows.IdRows:
+admission after `min_count` occurrences, least-recently-used eviction at `capacity`). An id
+without a row reads its field's shared unknown row (a small replicated [fields, width] variable
+per table, averaged over the ranks as dense weights are). A row given to a new id starts from the
+initializer's row for that id (RowSeededNormal.keyed_rows) and the train step resets its
+optimizer state (Table.record_lookup's `fresh_rows`). Evaluation and prediction look ids up
+without counting or admitting them."""
+
+import dataclasses
+
+import keras
+import tensorflow as tf
+
+from tfscale import distributed
+from tfscale.embedding import placement
+from tfscale.embedding.id_rows import IdRows
+from tfscale.embedding.initializers import keyed_rows
+from tfscale.embedding.row_sharding import check_partitioned_arguments, gradient_divided_by
+from tfscale.embedding.strategy import TableStrategy
+from tfscale.embedding.table import RowShard, Table
+from tfscale.errors import UserError
+
+FIELD_BITS = 56  # a key is field << FIELD_BITS | id
+MAX_FIELDS = 127  # fields that fit above the id bits of a non-negative int64
+MAX_DEFAULT_CAPACITY = 1 << 31  # the vocabulary sizes' sum taken as capacity at most
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicTables(TableStrategy):
+    """The `dynamic` strategy: `FieldEmbedding(sharding="dynamic")` with the defaults, or
+    `sharding=DynamicTables(capacity=..., min_count=...)`.
+
+    Args:
+        capacity: rows in use at most, summed over the ranks (None: the sum of the
+            FieldEmbedding's `vocabulary_sizes`). Memory is capacity x width x 4 bytes per
+            table (10% more at P > 1: IdRows), plus the optimizer's state of as many rows.
+        min_count: occurrences in training batches before an id gets a row (1: at once).
+        evict_fraction: the share of capacity one eviction frees (evictions are batched).
+        expire_after_steps: also free rows unseen for this many training steps (checked every
+            that many steps), or None.
+        sketch_width: admission counters per sketch row (with min_count > 1; 8 bytes each).
+    """
+
+    capacity: int = None
+    min_count: int = 1
+    evict_fraction: float = 0.1
+    expire_after_steps: int = None
+    sketch_width: int = 1 << 20
+
+    name = "dynamic"
+    partitioned = True
+
+    def __post_init__(self):
+        if self.capacity is not None and int(self.capacity) < 1:
+            raise UserError(f"`capacity={self.capacity}`: give the dynamic tables at least 1 row")
+        if int(self.min_count) < 1:
+            raise UserError(f"`min_count={self.min_count}`: an id is admitted after at least 1 "
+                            "occurrence; give 1 (at once) or more")
+        if not 0 < float(self.evict_fraction) < 1:
+            raise UserError(f"`evict_fraction={self.evict_fraction}`: give a share in (0, 1)")
+        if self.expire_after_steps is not None and int(self.expire_after_steps) < 1:
+            raise UserError(f"`expire_after_steps={self.expire_after_steps}`: give a number of "
+                            "steps >= 1, or None")
+        if int(self.sketch_width) < 5:
+            raise UserError(f"`sketch_width={self.sketch_width}`: give at least 5 counters")
+
+    def get_config(self):
+        return {"name": self.name, **dataclasses.asdict(self)}
+
+    def check(self, embedding):
+        check_partitioned_arguments(embedding, self.name)
+        if embedding.num_fields > MAX_FIELDS:
+            raise UserError(f"`vocabulary_sizes` has {embedding.num_fields} fields; dynamic "
+                            f"tables key ids by field and hold at most {MAX_FIELDS}")
+
+    def id_limits(self, vocabulary_sizes):
+        return [1 << FIELD_BITS] * len(vocabulary_sizes)
+
+    def table_ids(self, ids, offsets):
+        fields = tf.range(tf.shape(ids)[-1], dtype=tf.int64)
+        return tf.bitwise.bitwise_or(tf.bitwise.left_shift(fields, FIELD_BITS), ids)
+
+    def make_row_index(self, embedding):
+        capacity = int(self.capacity or sum(embedding.vocabulary_sizes))
+        if capacity > MAX_DEFAULT_CAPACITY and self.capacity is None:
+            raise UserError(f"the vocabulary sizes sum to {capacity:,} rows, more than a dynamic "
+                            "table holds by default: give DynamicTables a `capacity` (the rows "
+                            "in use at most)")
+        return IdRows(capacity, min_count=self.min_count, sketch_width=self.sketch_width,
+                      evict_fraction=self.evict_fraction,
+                      expire_after_steps=self.expire_after_steps, name="id_rows")
+
+    def make_table(self, name, rows, width, initializer, regularizer):
+        return Table(name, rows, width, self, DynamicTable(width, initializer, name=name))
+
+    def build(self, table, embedding):
+        row_index = embedding.row_index
+        if not row_index.built:
+            row_index.build()
+        table.layer.build(row_index.rows, embedding.num_fields)
+        table.attach(table.layer.embeddings, RowShard(row_index.rows * distributed.size(),
+                                                      distributed.size(), distributed.rank()),
+                     row_index)
+
+    def lookup(self, tables, keys, embedding, training=False):
+        return lookup(tables, keys, embedding.row_index, training,
+                      name=f"tfscale_{embedding.name}", scalars=embedding.scalars)
+
+
+@keras.saving.register_keras_serializable(package="tfscale")
+class DynamicTable(keras.layers.Layer):
+    """One kind's dynamic table on this rank: `embeddings` [rows, dim] (float32, host memory,
+    rows given to ids by IdRows) and `unknown` [fields, dim], the rows of ids without one (one a
+    field, replicated). Read through its Table."""
+
+    def __init__(self, dim, initializer, **kwargs):
+        kwargs["dtype"] = "float32"
+        super().__init__(**kwargs)
+        self.dim = int(dim)
+        self.initializer = initializer
+
+    def build(self, rows, num_fields):
+        with tf.device(placement.embedding_device()):
+            self.embeddings = self.add_weight(shape=(rows, self.dim), initializer="zeros",
+                                              dtype="float32", autocast=False, name="embeddings")
+            self.unknown = self.add_weight(
+                shape=(num_fields, self.dim), dtype="float32", autocast=False, name="unknown",
+                initializer=lambda shape, dtype=None: keyed_rows(
+                    self.initializer, tf.range(shape[0], dtype=tf.int64) | (1 << 62), shape[1]))
+
+
+def lookup(tables, keys, row_index, training, name, scalars=None):
+    """The rows of `keys` (int64 field-salted ids, any shape) in each of `tables` (one
+    FieldEmbedding's dynamic Tables, sharing `row_index`), as [*keys.shape, width] tensors. In
+    training, new ids are counted and admitted and each table's lookup is recorded on it with
+    its fresh rows."""
+    flat = tf.reshape(keys, [-1])
+    unique_keys, position, counts = tf.unique_with_counts(flat, out_idx=tf.int64)
+    widths = [t.width for t in tables]
+    if distributed.size() == 1:
+        held = _owned_rows(tables, row_index, unique_keys, counts, training, scalars)
+    else:
+        held = _through_owners(tables, row_index, unique_keys, counts, training, name, scalars)
+    found = held[:, -1:] > 0
+    fields = tf.bitwise.right_shift(unique_keys, FIELD_BITS)
+    unknown = tf.concat([tf.gather(t.layer.unknown, fields) for t in tables], axis=1)
+    vectors = tf.gather(tf.where(found, held[:, :-1], unknown), position)
+    shape = tf.shape(keys, out_type=tf.int64)
+    return [tf.reshape(part, tf.concat([shape, [width]], axis=0))
+            for part, width in zip(tf.split(vectors, widths, axis=1), widths)]
+
+
+def _through_owners(tables, row_index, unique_keys, counts, training, name, scalars):
+    """_owned_rows of each key, fetched from its owner (rank key mod P) by alltoall."""
+    hvd = distributed.runtime.horovod()
+    num_ranks = distributed.size()
+    owner = tf.cast(unique_keys % num_ranks, tf.int32)
+    order = tf.argsort(owner, stable=True)
+    splits = tf.math.bincount(owner, minlength=num_ranks, maxlength=num_ranks, dtype=tf.int32)
+    outgoing = tf.stack([tf.gather(unique_keys, order), tf.gather(counts, order)], axis=1)
+    incoming, incoming_splits = hvd.alltoall(outgoing, splits=splits, name=f"{name}_ids")
+    owned, owned_position = tf.unique(incoming[:, 0], out_idx=tf.int64)
+    owned_counts = tf.math.unsorted_segment_sum(incoming[:, 1], owned_position, tf.size(owned))
+    rows = tf.gather(_owned_rows(tables, row_index, owned, owned_counts, training, scalars),
+                     owned_position)
+    returned, _ = hvd.alltoall(rows, splits=incoming_splits, name=f"{name}_rows")
+    return tf.gather(gradient_divided_by(num_ranks)(returned), tf.math.invert_permutation(order))
+
+
+def _owned_rows(tables, row_index, keys, counts, training, scalars):
+    """[len(keys), sum of widths + 1]: each table's row of each of `keys` (unique, owned here)
+    side by side, and a last column 1 where the id has a row (0, and zero rows, where not)."""
+    if training:
+        rows, fresh, fresh_keys = row_index.rows_for_step(keys, counts, scalars)
+        for table in tables:
+            table.variable.value.scatter_update(tf.IndexedSlices(
+                keyed_rows(table.layer.initializer, fresh_keys, table.width), fresh))
+    else:
+        rows, fresh = row_index.rows_of(keys), None
+    held = tf.where(rows >= 0)[:, 0]
+    held_rows = tf.gather(rows, held)
+    if training:
+        for table in tables:
+            table.record_lookup(held_rows, tf.gather(counts, held), fresh)
+    values = tf.concat([table.read_rows(held_rows) for table in tables]
+                       + [tf.ones([tf.size(held_rows), 1])], axis=1)
+    return tf.scatter_nd(held[:, None], values,
+                         tf.stack([tf.size(keys, out_type=tf.int64),
+                                   sum(t.width for t in tables) + 1]))
