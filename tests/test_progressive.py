@@ -105,24 +105,31 @@ def test_each_day_is_scored_by_the_model_before_it_trains_on_that_day(days, two_
     assert again == ["the run finished its 3 days at global step 24; nothing left to do"]
 
 
-def test_a_run_stopped_at_a_days_last_batch_resumes_with_that_days_end(days, two_days,
-                                                                       tmp_path):
-    """The last checkpoint of a run stopped at day 1's last step was taken within the day
-    (before the catch-up of the rows it left behind and the day's own checkpoint): the resumed
-    run finishes day 1 without training, then goes on as the uninterrupted run did."""
-    config = ProgressiveConfig(BATCH, checkpoint_dir=str(tmp_path), checkpoint_every_steps=4,
-                               stop_after_steps=8)
+@pytest.mark.parametrize("every_steps, stop, position, resumed_at", [
+    (0, 9, (1, 0), "day 2 ("),  # day 1's own checkpoint: the next day
+    (4, 8, (0, 8), "day 1 ("),  # day 1's last batch, before the day's catch-up and checkpoint
+], ids=["next-day", "last-batch"])
+def test_a_stopped_run_resumes_bitwise(days, two_days, tmp_path, every_steps, stop, position,
+                                       resumed_at):
+    """Stopped on day 2, the newest checkpoint is day 1's own (the run resumes with day 2), or
+    one of day 1's last batch, taken before the catch-up of the rows it left behind and the
+    day's own checkpoint (the run finishes day 1 without training); either way it ends bitwise
+    as the uninterrupted run did."""
+    config = ProgressiveConfig(BATCH, checkpoint_dir=str(tmp_path / "ckpt"),
+                               checkpoint_every_steps=every_steps, stop_after_steps=stop)
     stopped = train_progressively(compiled_model(days[0][1].schema), days[:2], config)
-    assert stopped.stopped_early and stopped.days == []
-    progress = CheckpointStore(str(tmp_path), model=None).latest_progress()
-    assert (progress["epoch"], progress["batches_done"], progress["days_done"]) == (0, 8, [])
-    assert progress["day_in_progress"]["auc"] == two_days[1].days[0]["auc"]
+    assert stopped.stopped_early and day_metrics(stopped) == day_metrics(two_days[1])[:position[0]]
+    progress = CheckpointStore(str(tmp_path / "ckpt"), model=None).latest_progress()
+    assert (progress["epoch"], progress["batches_done"]) == position
     lines = []
     resumed = train_progressively(compiled_model(days[0][1].schema), days[:2], ProgressiveConfig(
-        BATCH, checkpoint_dir=str(tmp_path), resume=True), print_fn=lines.append)
-    assert lines[0].startswith("resumed from global step 8: day 1 (") and "batch 8" in lines[0]
-    assert lines[2] == "day 1/2: trained 0 steps in " + lines[2].split(" in ")[1]
+        BATCH, checkpoint_dir=str(tmp_path / "ckpt"), resume=True), print_fn=lines.append)
+    assert lines[0].startswith(f"resumed from global step 8: {resumed_at}"), lines
     assert day_metrics(resumed) == day_metrics(two_days[1])
+    expected, actual = checkpoint_values(two_days[0]), checkpoint_values(str(tmp_path / "ckpt"))
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        np.testing.assert_array_equal(expected[name], actual[name], err_msg=name)
 
 
 def checkpoint_files(directory):
