@@ -8,7 +8,10 @@ defaults, the same seed and days): every day is scored by the model as it stands
 AUC and log loss), then trained on once. The variants:
 - vocabulary: every id of day 1 (`--vocabulary_min_count=1`; ids later days bring read their
   field's out-of-vocabulary row);
-- hashing: buckets fitted to day 1's distinct ids (at most twice them per field);
+- hashing fitted to day 1: the launcher's default, twice day 1's distinct ids per field (so twice
+  the vocabulary's rows);
+- hashing at equal rows: the vocabulary's rows split evenly over the fields (`--nofit_hash_buckets
+  --hash_buckets=N`), so small fields keep every id and large ones collide;
 - dynamic, min_count 1 and 3: raw ids, rows given as ids arrive, least recently used evicted,
   with as many rows as the day-1 vocabulary holds (equal memory: the vocabulary run goes first
   and its row count is the capacity).
@@ -25,6 +28,7 @@ import sys
 from absl import app, flags
 
 from benchmarks.timing import machine_description
+from tfscale.data.drifting import CATEGORICAL_NAMES
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("days", 7, "Days of the drifting stream.")
@@ -70,6 +74,11 @@ def main(argv):
     capacity = runs[0]["rows"] // 2  # the deep and the wide table hold as many rows each
     output, peak = launcher_run("--categorical_encoding=hash")
     runs.append(parse("hashing fitted to day 1", output, peak))
+    print(runs[-1], file=sys.stderr, flush=True)
+    buckets = max(1, capacity // len(CATEGORICAL_NAMES))
+    output, peak = launcher_run("--categorical_encoding=hash", "--nofit_hash_buckets",
+                                f"--hash_buckets={buckets}")
+    runs.append(parse("hashing at equal rows", output, peak))
     print(runs[-1], file=sys.stderr, flush=True)
     for min_count in (1, 3):
         output, peak = launcher_run("--categorical_encoding=raw", "--embedding_sharding=dynamic",
