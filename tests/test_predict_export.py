@@ -7,7 +7,8 @@ All of them are checked against the trained model itself: at its end a run score
 lines of its test split with the model still in memory (`trained_predictions.json` beside the
 checkpoints), so a restore that lost trained weights (tables back from their initializer, say)
 cannot agree with it, even though predict and export would still agree with each other. Each
-run trains once (module fixture) and is shared by the tests that use it. Hashed, vocabulary and
+run trains once (a job of the grouped launches, tests/grouped_launches.py: the one-process runs
+in one process, the 2-rank ones in one launch) and is shared by the tests that use it. Hashed, vocabulary and
 min-max encodings; DeepFM, Wide & Deep, DCN and DCN-v2; float32, mixed_float16 and
 mixed_bfloat16; one process and two Horovod ranks (replicated and row-sharded tables); Criteo
 (plain, and a .gz file longer than two read chunks) and Avazu."""
@@ -16,6 +17,7 @@ import csv
 import gzip
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -23,7 +25,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from tests.horovod_launch import REPO_ROOT, horovodrun
+from tests import grouped_launches
+from tests.horovod_launch import REPO_ROOT
 
 # A tiny model, one epoch of about 9 steps; learning rates high enough that the trained weights
 # are far from their initial values (so a restore that loses them cannot pass as trained).
@@ -93,6 +96,7 @@ def avazu_without_label(lines):
 
 
 def avazu_files(directory, rows=500):
+    """A labelled Avazu file of `rows` lines after its header."""
     rng = np.random.default_rng(0)
     labelled = []
     for row in range(rows):
@@ -103,7 +107,7 @@ def avazu_files(directory, rows=500):
         labelled.append(",".join([row_id, click, hour] + values))
     path = directory / "avazu_train.csv"
     path.write_text("\n".join([AVAZU_HEADER] + labelled) + "\n")
-    return path, labelled
+    return path
 
 
 def read_predictions(path):
@@ -181,15 +185,43 @@ def served_by_fields(saved_model, rows_by_name):
         "probability"].numpy()
 
 
-def train(checkpoint_dir, data_flags, *extra, ranks=1):
-    flags = [*TINY_RUN, *data_flags, f"--checkpoint_dir={checkpoint_dir}", *extra]
-    if ranks == 1:
-        done = run_module("launch.train", *flags)
-        assert done.returncode == 0, done.stdout + done.stderr
-    else:
-        done = horovodrun(ranks, ["-m", "launch.train", *flags], timeout=300)
-        assert done.returncode == 0, done.stdout
-    return checkpoint_dir
+PREDICT_DIR = "{dir}/predict"
+CRITEO_FILE = f"{PREDICT_DIR}/train.txt"
+AVAZU_FILE = f"{PREDICT_DIR}/avazu_train.csv"
+
+
+def checkpoints_of(run):
+    """The checkpoint directory of training job `run`, as a job argument."""
+    return f"{PREDICT_DIR}/{run}/checkpoints"
+
+
+def train(run, data_flags, *flags, ranks=1):
+    """Registers the training job `run` (tests/grouped_launches.py); returns its name."""
+    return grouped_launches.launcher_job(f"predict-{run}", ranks, *TINY_RUN, *data_flags,
+                                         *flags, f"--checkpoint_dir={checkpoints_of(run)}")
+
+
+for _run, (_flags, _ranks) in RUNS.items():
+    train(_run, ["--data=criteo", f"--train_path={CRITEO_FILE}"], *_flags, ranks=_ranks)
+AVAZU_RUN = train("avazu", ["--data=avazu", f"--train_path={AVAZU_FILE}"])
+SYNTHETIC_RUN = train("synthetic", ["--train_rows=2000", "--test_rows=200",
+                                    "--synthetic_vocabulary_scale=0.001"])
+
+
+@grouped_launches.prepare
+def _training_files(directory):
+    """The Criteo files (labelled and not) and the Avazu file the runs train on."""
+    predict_dir = pathlib.Path(PREDICT_DIR.format(dir=directory))
+    predict_dir.mkdir(parents=True)
+    criteo_files(predict_dir)
+    avazu_files(predict_dir)
+
+
+def trained(launched_jobs, run):
+    """The checkpoint directory of training job `run`, which must have succeeded."""
+    job = launched_jobs[f"predict-{run}"]
+    assert job.returncode == 0, job.output
+    return launched_jobs.path(checkpoints_of(run))
 
 
 def assert_scores(actual, expected, tolerance, what):
@@ -197,25 +229,10 @@ def assert_scores(actual, expected, tolerance, what):
 
 
 @pytest.fixture(scope="module")
-def criteo(tmp_path_factory):
-    return criteo_files(tmp_path_factory.mktemp("criteo"))
-
-
-@pytest.fixture(scope="module")
-def trained_run(criteo, tmp_path_factory):
-    """The checkpoint directory of a run of RUNS by name, trained on the Criteo file on first
-    use and shared by every test of the module."""
-    labelled, _ = criteo
-    runs = {}
-
-    def get(name):
-        if name not in runs:
-            flags, ranks = RUNS[name]
-            runs[name] = train(tmp_path_factory.mktemp(name) / "checkpoints",
-                               ["--data=criteo", f"--train_path={labelled}"], *flags, ranks=ranks)
-        return runs[name]
-
-    return get
+def criteo(launched_jobs):
+    """The labelled Criteo file the runs trained on and its lines without labels."""
+    labelled = launched_jobs.path(CRITEO_FILE)
+    return labelled, labelled.parent / "test.txt"
 
 
 def precision_of(run):
@@ -225,12 +242,12 @@ def precision_of(run):
 
 
 @pytest.mark.parametrize("run", list(RUNS))
-def test_predict_and_saved_model_score_as_the_trained_model(tmp_path, criteo, trained_run, run):
+def test_predict_and_saved_model_score_as_the_trained_model(tmp_path, criteo, launched_jobs, run):
     """launch.predict on a labelled file and the SavedModel's score_lines (lines with and without
     labels, whole and one by one) and serving_default (fields by name) give the trained model's
     own scores of its test lines, and agree with each other on every line of the file."""
     labelled, _ = criteo
-    checkpoint_dir = trained_run(run)
+    checkpoint_dir = trained(launched_jobs, run)
     reference_lines, reference, global_step = trained_predictions(checkpoint_dir)
     tolerance = TOLERANCE[precision_of(run)]
     n = len(reference)
@@ -267,14 +284,14 @@ def test_predict_and_saved_model_score_as_the_trained_model(tmp_path, criteo, tr
     assert_scores(by_fields, probabilities, 1e-6, "serving_default vs predict")
 
 
-def test_predict_reads_a_gz_file_of_several_chunks_in_order(tmp_path, criteo, trained_run):
+def test_predict_reads_a_gz_file_of_several_chunks_in_order(tmp_path, criteo, launched_jobs):
     """An unlabelled .gz file longer than two read chunks (CHUNK_LINES lines each) is scored line
     for line: the trained model's test lines, placed across the first chunk boundary and at the
     end, get the trained model's scores, and every line gets score_lines' score."""
     from tfscale.data.text_lines import CHUNK_LINES
 
     _, unlabelled = criteo
-    checkpoint_dir = trained_run("deepfm-hash")
+    checkpoint_dir = trained(launched_jobs, "deepfm-hash")
     reference_lines, reference, _ = trained_predictions(checkpoint_dir)
     n = len(reference)
     filler = unlabelled.read_text().splitlines()
@@ -302,24 +319,25 @@ def test_predict_reads_a_gz_file_of_several_chunks_in_order(tmp_path, criteo, tr
     assert_scores(loaded["lines"], probabilities, 1e-6, "every line, score_lines vs predict")
 
 
-def test_predict_scores_a_labelled_file_of_one_class(tmp_path, criteo, trained_run):
+def test_predict_scores_a_labelled_file_of_one_class(tmp_path, criteo, launched_jobs):
     """A labelled file whose labels are all 0 is scored, with its log loss and an undefined AUC
     in the report (it used to end in a traceback from the AUC)."""
     labelled, _ = criteo
     negatives = [line for line in labelled.read_text().splitlines() if line.startswith("0\t")]
     path = tmp_path / "negatives.txt"
     path.write_text("\n".join(negatives[:20]) + "\n")
-    header, rows, report = predict(trained_run("deepfm-hash"), path, tmp_path / "p.csv")
+    header, rows, report = predict(trained(launched_jobs, "deepfm-hash"), path,
+                                   tmp_path / "p.csv")
     assert header == ["probability"] and len(rows) == 20
     assert "AUC undefined" in report and "logloss" in report, report
 
 
-def test_avazu_predictions_keep_order_and_ids(tmp_path):
+def test_avazu_predictions_keep_order_and_ids(tmp_path, launched_jobs):
     """Avazu: launch.predict hands the id column through in order and gives the trained model's
     scores of its test lines; score_lines (labelled, with the header skipped) and
     serving_default agree."""
-    labelled, train_lines = avazu_files(tmp_path)
-    checkpoint_dir = train(tmp_path / "checkpoints", ["--data=avazu", f"--train_path={labelled}"])
+    train_lines = launched_jobs.path(AVAZU_FILE).read_text().splitlines()[1:]
+    checkpoint_dir = trained(launched_jobs, "avazu")
     reference_lines, reference, _ = trained_predictions(checkpoint_dir)
     n = len(reference)
     lines = reference_lines + train_lines
@@ -344,7 +362,7 @@ def test_avazu_predictions_keep_order_and_ids(tmp_path):
     assert_scores(by_fields, probabilities, 1e-6, "serving_default vs predict")
 
 
-def test_predict_and_export_errors_are_one_paragraph(tmp_path, criteo):
+def test_predict_and_export_errors_are_one_paragraph(tmp_path, criteo, launched_jobs):
     """Predict without a run record and export of a synthetic-data run (no file format, so no
     trained predictions either) end with one paragraph and exit status 2."""
     labelled, _ = criteo
@@ -352,8 +370,7 @@ def test_predict_and_export_errors_are_one_paragraph(tmp_path, criteo):
                          f"--input={labelled}")
     assert missing.returncode == 2 and "has no run.json" in missing.stderr, missing.stderr
     assert "Traceback" not in missing.stderr
-    synthetic = train(tmp_path / "synthetic", ["--train_rows=2000", "--test_rows=200",
-                                               "--synthetic_vocabulary_scale=0.001"])
+    synthetic = trained(launched_jobs, "synthetic")
     assert not os.path.exists(synthetic / "trained_predictions.json")
     refused = run_module("launch.export", f"--checkpoint_dir={synthetic}",
                          f"--output={tmp_path}/served")

@@ -77,6 +77,12 @@ def model_state(model):
     return [v.numpy() for v in list(model.variables) + list(model.optimizer.variables)]
 
 
+def load_state(path):
+    """The values a script saved with np.savez(*values) (a model_state), in order."""
+    with np.load(path) as saved:
+        return [saved[f"arr_{i}"] for i in range(len(saved.files))]
+
+
 def train(optimizer_name, rank, num_ranks, embedding_exchange="allgather", embedding_staleness=0):
     """(model, its initial state, data) after STEPS steps of rank `rank` of `num_ranks` (1: the
     reference)."""
