@@ -4,21 +4,25 @@ of ranks and stage (tests/multiworker/jobs.py), so that TensorFlow and Horovod's
 once per launch instead of once per job. A launch costs 15-25 s before its first job.
 
 Test modules register their jobs when imported (`job(...)`; pytest imports every collected module
-before the first test runs) and the input files those jobs read (`prepare(...)`); the session
-fixture `launched_jobs` (tests/conftest.py) then runs the jobs of the modules whose tests were
-collected, all the launches at once, in a fixed order:
-stage 0 before stage 1, and within a stage one process, then 2, 3 and 4 ranks. A job may read
-what any job of an earlier launch wrote. Paths in a job's arguments are written relative to the
-session's launch directory as "{dir}/..."."""
+before the first test runs) and the input files those jobs read (`prepare(...)`). When the
+session starts, tests/conftest.py starts the launches of the jobs of every module with a
+collected test that uses the fixture `launched_jobs`, in the background (InBackground), and
+orders those tests last; they wait for the launches to end. Stage 0's launches run before stage
+1's; within a stage the one-process launch runs beside the horovodrun launches, which run one
+after another (2, 3, then 4 ranks). A job may read what any job of an earlier stage wrote, and
+what a horovodrun launch of fewer ranks in its own stage wrote. Paths in a job's arguments are
+written relative to the session's launch directory as "{dir}/..."."""
 
+import concurrent.futures
 import dataclasses
 import json
 import os
 import pathlib
 import subprocess
 import sys
+import threading
 
-from tests.horovod_launch import horovodrun, python
+from tests.horovod_launch import horovodrun_command, side_by_side
 
 _JOBS = {}
 _PREPARERS = []
@@ -42,8 +46,8 @@ def job(name, ranks, module, *args, stage=0, timeout=240, before_horovod=False):
     something before Horovod starts gives `before_horovod` and runs first in its launch (one
     such job per launch). Returns `name`."""
     assert name not in _JOBS, f"two jobs named {name}"
-    _JOBS[name] = Job(_registering_module(), name, ranks, stage, module, [str(arg) for arg in args], timeout,
-                      before_horovod)
+    _JOBS[name] = Job(_registering_module(), name, ranks, stage, module,
+                      [str(arg) for arg in args], timeout, before_horovod)
     return name
 
 
@@ -69,7 +73,9 @@ def _registering_module():
 
 
 class JobResult:
-    """What a job's ranks wrote: their exit statuses, stdout and stderr."""
+    """What a job's ranks wrote: their exit statuses, stdout and stderr. Reading any of them
+    fails (with the launch's own output) when a rank did not end the job: the launch ended or
+    was killed before."""
 
     def __init__(self, job, log_dir, launch_output):
         self.name, self.ranks, self.log_dir = job.name, job.ranks, log_dir
@@ -82,32 +88,33 @@ class JobResult:
         with open(path) as f:
             return f.read()
 
+    def _statuses(self):
+        statuses = [self._read(rank, "status") for rank in range(self.ranks)]
+        assert None not in statuses, (
+            f"job {self.name} did not end on every rank (statuses {statuses}); its launch's "
+            f"output:\n{self._launch_output[-5000:]}")
+        return [int(status) for status in statuses]
+
     @property
     def returncode(self):
-        """0 when every rank ended the job with status 0, else the first other status; None
-        when a rank did not end it (the launch ended or was killed before)."""
-        statuses = [self._read(rank, "status") for rank in range(self.ranks)]
-        if None in statuses:
-            return None
-        return next((int(s) for s in statuses if int(s) != 0), 0)
+        """0 when every rank ended the job with status 0, else the first other status."""
+        return next((status for status in self._statuses() if status != 0), 0)
 
     def stdout(self, rank=0):
-        return self._read(rank, "stdout") or ""
+        self._statuses()
+        return self._read(rank, "stdout")
 
     def stderr(self, rank=0):
-        return self._read(rank, "stderr") or ""
+        self._statuses()
+        return self._read(rank, "stderr")
 
     @property
     def output(self):
         """Every rank's stdout and stderr, each line prefixed as horovodrun does
-        ("[<rank>]<stdout>:"), then the end of the launch's own output if the job did not end."""
-        lines = [f"[{rank}]<{kind}>:{line}" for rank in range(self.ranks)
-                 for kind in ("stdout", "stderr")
-                 for line in getattr(self, kind)(rank).splitlines()]
-        if self.returncode is None:
-            lines.append(f"job {self.name} did not end; its launch's output:\n"
-                         f"{self._launch_output[-5000:]}")
-        return "\n".join(lines)
+        ("[<rank>]<stdout>:")."""
+        return "\n".join(f"[{rank}]<{kind}>:{line}" for rank in range(self.ranks)
+                         for kind in ("stdout", "stderr")
+                         for line in getattr(self, kind)(rank).splitlines())
 
 
 class LaunchedJobs(dict):
@@ -122,33 +129,71 @@ class LaunchedJobs(dict):
         return pathlib.Path(template.format(dir=self.directory))
 
 
-def run_all(directory, modules):
-    """Runs the jobs that `modules` (names) registered, after their preparers, in `directory`
-    (a pathlib.Path) and returns their LaunchedJobs."""
-    for owner, write_inputs in _PREPARERS:
-        if owner in modules:
-            write_inputs(directory)
-    jobs = [j for j in _JOBS.values() if j.owner in modules]
-    results = LaunchedJobs(directory)
-    for key in sorted({(j.stage, j.ranks) for j in jobs}):
-        group = sorted((j for j in jobs if (j.stage, j.ranks) == key),
-                       key=lambda j: not j.before_horovod)
-        assert sum(j.before_horovod for j in group) <= 1, [j.name for j in group]
-        results.update(_launch(group, directory, f"stage{key[0]}-P{key[1]}"))
-    return results
+class InBackground:
+    """The launches of the jobs that `modules` (names) registered, in `directory` (a
+    pathlib.Path), run by a thread so that their processes work while pytest runs other tests.
+    The jobs' input files are written first, in the calling thread."""
 
+    def __init__(self, directory, modules):
+        for owner, write_inputs in _PREPARERS:
+            if owner in modules:
+                write_inputs(directory)
+        self._jobs = LaunchedJobs(directory)
+        self._error = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run_all, args=([j for j in _JOBS.values() if j.owner in modules],),
+            name="grouped launches", daemon=True)
+        self._thread.start()
 
-def _launch(group, directory, label):
-    """Runs the jobs of `group` (same ranks) in one launch; {name: JobResult}."""
-    plan = [{"name": j.name, "log_dir": str(directory / "logs" / j.name), "module": j.module,
-             "args": [arg.format(dir=directory) for arg in j.args]} for j in group]
-    plan_path = directory / f"{label}.json"
-    plan_path.write_text(json.dumps(plan, indent=1))
-    args, timeout = ["tests/multiworker/jobs.py", str(plan_path)], sum(j.timeout for j in group)
-    ranks = group[0].ranks
-    try:
-        done = python(args, timeout) if ranks == 1 else horovodrun(ranks, args, timeout)
-        output = done.stdout
-    except subprocess.TimeoutExpired as expired:
-        output = f"{expired.output}\n(killed after {timeout:.0f} s)"
-    return {j.name: JobResult(j, entry["log_dir"], output) for j, entry in zip(group, plan)}
+    def _run_all(self, jobs):
+        try:
+            for stage in sorted({j.stage for j in jobs}):
+                groups = {}
+                for j in jobs:
+                    if j.stage == stage:
+                        groups.setdefault(j.ranks, []).append(j)
+                one_process = [groups[1]] if 1 in groups else []
+                horovodrun = [groups[ranks] for ranks in sorted(groups) if ranks > 1]
+                with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                    lanes = [pool.submit(self._run_lane, stage, lane)
+                             for lane in (one_process, horovodrun)]
+                    for lane in lanes:
+                        lane.result()
+        except BaseException as error:  # noqa: B036 (raised again in the thread that waits)
+            self._error = error
+
+    def _run_lane(self, stage, groups):
+        """Launches `groups` (lists of jobs of one number of ranks) one after another."""
+        for group in groups:
+            group = sorted(group, key=lambda j: not j.before_horovod)
+            assert sum(j.before_horovod for j in group) <= 1, [j.name for j in group]
+            self._jobs.update(self._launch(group, f"stage{stage}-P{group[0].ranks}"))
+
+    def _launch(self, group, label):
+        """Runs the jobs of `group` (same ranks) in one launch; {name: JobResult}."""
+        directory = self._jobs.directory
+        plan = [{"name": j.name, "log_dir": str(directory / "logs" / j.name), "module": j.module,
+                 "args": [arg.format(dir=directory) for arg in j.args]} for j in group]
+        plan_path = directory / f"{label}.json"
+        plan_path.write_text(json.dumps(plan, indent=1))
+        args = ["tests/multiworker/jobs.py", str(plan_path)]
+        ranks, timeout = group[0].ranks, sum(j.timeout for j in group)
+        command = [sys.executable, *args] if ranks == 1 else horovodrun_command(ranks, args)
+        try:
+            output = side_by_side([command], timeout, stop=self._stop)[0].stdout
+        except subprocess.TimeoutExpired as expired:
+            output = f"{expired.output}\n(killed after {timeout:.0f} s)"
+        return {j.name: JobResult(j, entry["log_dir"], output) for j, entry in zip(group, plan)}
+
+    def result(self):
+        """The LaunchedJobs, once every launch has ended."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._jobs
+
+    def stop(self):
+        """Kills the running launch, if any, and starts no other."""
+        self._stop.set()
+        self._thread.join()

@@ -17,10 +17,11 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def horovodrun(num_ranks, args, timeout=240):
     """Runs `python ARGS` on `num_ranks` local ranks with Gloo and returns the CompletedProcess
     (stdout and stderr merged into stdout)."""
-    return _run(_horovodrun_command(num_ranks, args), timeout)
+    return _run(horovodrun_command(num_ranks, args), timeout)
 
 
-def _horovodrun_command(num_ranks, args):
+def horovodrun_command(num_ranks, args):
+    """The command line of `python ARGS` on `num_ranks` local ranks with Gloo."""
     horovodrun_bin = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     return [horovodrun_bin, "-np", str(num_ranks), "-H", f"localhost:{num_ranks}", "--gloo",
             sys.executable] + list(args)
@@ -43,14 +44,15 @@ def python_side_by_side(arg_lists, timeout=240, separate_stderr=False):
 def horovodrun_side_by_side(num_ranks, arg_lists, timeout=240):
     """Runs `python ARGS` on `num_ranks` ranks for each ARGS of `arg_lists`, the launches
     concurrently (independent jobs that mostly wait: start-up, a failure); see side_by_side."""
-    return side_by_side([_horovodrun_command(num_ranks, args) for args in arg_lists], timeout)
+    return side_by_side([horovodrun_command(num_ranks, args) for args in arg_lists], timeout)
 
 
-def side_by_side(commands, timeout=240, separate_stderr=False):
+def side_by_side(commands, timeout=240, separate_stderr=False, stop=None):
     """Runs `commands` as concurrent processes and returns their CompletedProcesses in order
     (stderr merged into stdout unless `separate_stderr`), each with `ended`, the time.time() at
     which its process ended; on timeout, kills them all and raises subprocess.TimeoutExpired
-    with the first unfinished one's output."""
+    with the first unfinished one's output; when `stop` (a threading.Event) is set meanwhile,
+    kills them all and raises InterruptedError."""
     deadline = time.monotonic() + timeout
     started = []
     try:
@@ -67,6 +69,8 @@ def side_by_side(commands, timeout=240, separate_stderr=False):
             unfinished = [entry for index, entry in enumerate(started) if index not in ended]
             if not unfinished:
                 break
+            if stop is not None and stop.is_set():
+                raise InterruptedError(f"stopped: {unfinished[0][0]}")
             if time.monotonic() > deadline:
                 command, stdout, stderr, _ = unfinished[0]
                 raise subprocess.TimeoutExpired(command, timeout, output=_read(stdout),

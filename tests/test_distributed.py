@@ -20,7 +20,7 @@ from tests import grouped_launches
 from tests.horovod_launch import REPO_ROOT, horovodrun_side_by_side
 from tests.multiworker import data_parallel_steps, loss_scale_skip
 from tests.multiworker.data_parallel_steps import load_state
-from tests.test_launcher import checkpoint_values, train_scalars
+from tests.run_outputs import checkpoint_values, train_scalars
 from tfscale.data.synthetic import SyntheticCTR
 from tfscale.errors import UserError
 

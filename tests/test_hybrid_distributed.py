@@ -9,8 +9,8 @@ import pytest
 import tensorflow as tf
 
 from tests import grouped_launches
+from tests.run_outputs import checkpoint_values, train_scalars
 from tests.test_distributed import SMALL_RUN
-from tests.test_launcher import checkpoint_values, train_scalars
 
 RUN_DIR = "{dir}/hybrid"
 HYBRID_RUN = [*SMALL_RUN, "--optimizer=cowclip", "--embedding_staleness=1",

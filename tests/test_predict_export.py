@@ -1,15 +1,15 @@
 """From a trained run to predictions and a served model: `launch.predict` scores every line of a
 file in order, `launch.export` writes a SavedModel whose graph holds the preprocessing, and that
 SavedModel, loaded by TensorFlow alone in a fresh process where tfscale cannot be imported,
-scores lines through both signatures.
+scores lines (score_lines) and fields by name (serving_default).
 
 All of them are checked against the trained model itself: at its end a run scores the first
 lines of its test split with the model still in memory (`trained_predictions.json` beside the
 checkpoints), so a restore that lost trained weights (tables back from their initializer, say)
 cannot agree with it, even though predict and export would still agree with each other. Each
 run trains once (a job of the grouped launches, tests/grouped_launches.py: the one-process runs
-in one process, the 2-rank ones in one launch) and is shared by the tests that use it. Hashed, vocabulary and
-min-max encodings; DeepFM, Wide & Deep, DCN and DCN-v2; float32, mixed_float16 and
+in one process, the 2-rank ones in one launch) and is shared by the tests that use it. Hashed,
+vocabulary and min-max encodings; DeepFM, Wide & Deep, DCN and DCN-v2; float32, mixed_float16 and
 mixed_bfloat16; one process and two Horovod ranks (replicated and row-sharded tables); Criteo
 (plain, and a .gz file longer than two read chunks) and Avazu."""
 
@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from tests import grouped_launches
-from tests.horovod_launch import REPO_ROOT
+from tests.horovod_launch import REPO_ROOT, python_side_by_side
 
 # A tiny model, one epoch of about 9 steps; learning rates high enough that the trained weights
 # are far from their initial values (so a restore that loses them cannot pass as trained).
@@ -123,22 +123,34 @@ def trained_predictions(checkpoint_dir):
     return record["lines"], np.array(record["probabilities"], np.float32), record["global_step"]
 
 
+def predict_flags(checkpoint_dir, path, output):
+    return [f"--checkpoint_dir={checkpoint_dir}", f"--input={path}", f"--output={output}",
+            "--batch_size=100"]
+
+
 def predict(checkpoint_dir, path, output):
     """launch.predict on `path`: (CSV header, rows, its report on stdout)."""
-    done = run_module("launch.predict", f"--checkpoint_dir={checkpoint_dir}", f"--input={path}",
-                      f"--output={output}", "--batch_size=100")
+    done = run_module("launch.predict", *predict_flags(checkpoint_dir, path, output))
     assert done.returncode == 0, done.stdout + done.stderr
     header, rows = read_predictions(output)
     return header, rows, done.stdout
 
 
-def export(checkpoint_dir, output):
-    done = run_module("launch.export", f"--checkpoint_dir={checkpoint_dir}", f"--output={output}")
-    assert done.returncode == 0, done.stdout + done.stderr
-    return output
+def predict_and_export(checkpoint_dir, path, output, served):
+    """launch.predict on `path` (as `predict`) and launch.export to `served`, side by side:
+    (CSV header, rows, predict's report on stdout)."""
+    predicted, exported = python_side_by_side(
+        [["-m", "launch.predict", *predict_flags(checkpoint_dir, path, output)],
+         ["-m", "launch.export", f"--checkpoint_dir={checkpoint_dir}", f"--output={served}"]],
+        timeout=300, separate_stderr=True)
+    assert predicted.returncode == 0, predicted.stdout + predicted.stderr
+    assert exported.returncode == 0, exported.stdout + exported.stderr
+    header, rows = read_predictions(output)
+    return header, rows, predicted.stdout
 
 
 LOAD_SCRIPT = textwrap.dedent("""
+    import json
     import sys
     # tfscale (installed in this environment) and the repository's packages cannot be imported
     # here: loading needs TensorFlow alone.
@@ -146,7 +158,7 @@ LOAD_SCRIPT = textwrap.dedent("""
         sys.modules[blocked] = None
     import numpy as np
     import tensorflow as tf
-    saved_model, out, *files = sys.argv[1:]
+    saved_model, out, fields, *files = sys.argv[1:]
     loaded = tf.saved_model.load(saved_model)
     score_lines = loaded.signatures["score_lines"]
     results = {}
@@ -156,33 +168,34 @@ LOAD_SCRIPT = textwrap.dedent("""
         results[name + "_one_by_one"] = np.concatenate([
             score_lines(lines=tf.constant(lines[i:i + 1]))["probability"].numpy()
             for i in range(0, len(lines), 97)])
+    if fields != "-":
+        columns = json.load(open(fields))
+        results["serving_default"] = loaded.signatures["serving_default"](
+            **{name: tf.constant(values) for name, values in columns.items()})[
+            "probability"].numpy()
     np.savez(out, **results)
 """)
 
 
-def load_in_fresh_process(tmp_path, saved_model, files):
+def load_in_fresh_process(tmp_path, saved_model, files, fields=None):
     """score_lines of the SavedModel on each {name: (path, header lines)}, whole and every 97th
-    line alone (`<name>_one_by_one`), run by TensorFlow only: outside the checkout, no
+    line alone (`<name>_one_by_one`), and serving_default on `fields` ({name: column of
+    values}, if given; "serving_default"), run by TensorFlow only: outside the checkout, no
     PYTHONPATH, isolated, tfscale's packages blocked."""
     script = tmp_path / "load_saved_model.py"
     script.write_text(LOAD_SCRIPT)
     out = tmp_path / "loaded"
+    fields_file = "-"
+    if fields is not None:
+        fields_file = tmp_path / "fields.json"
+        fields_file.write_text(json.dumps(fields))
     args = [str(value) for name, (path, header) in files.items() for value in (name, path, header)]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([sys.executable, "-I", str(script), str(saved_model), str(out), *args],
+    done = subprocess.run([sys.executable, "-I", str(script), str(saved_model), str(out),
+                           str(fields_file), *args],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     return dict(np.load(f"{out}.npz"))
-
-
-def served_by_fields(saved_model, rows_by_name):
-    """serving_default on columns by name, in this process (TensorFlow only is used)."""
-    import tensorflow as tf
-
-    loaded = tf.saved_model.load(str(saved_model))
-    serving = loaded.signatures["serving_default"]
-    return serving(**{name: tf.constant(values) for name, values in rows_by_name.items()})[
-        "probability"].numpy()
 
 
 PREDICT_DIR = "{dir}/predict"
@@ -257,29 +270,29 @@ def test_predict_and_saved_model_score_as_the_trained_model(tmp_path, criteo, la
     unlabelled = tmp_path / "unlabelled.txt"
     unlabelled.write_text("\n".join(criteo_without_label(lines)) + "\n")
 
-    header, rows, report = predict(checkpoint_dir, scored, tmp_path / "p.csv")
+    served = tmp_path / "served"
+    header, rows, report = predict_and_export(checkpoint_dir, scored, tmp_path / "p.csv", served)
     assert f"at global step {global_step};" in report, report
     assert "AUC " in report and "logloss" in report, report
     assert header == ["probability"] and len(rows) == len(lines)
     probabilities = np.array([row[0] for row in rows], np.float32)
     assert_scores(probabilities[:n], reference, tolerance, "launch.predict")
 
-    served = export(checkpoint_dir, tmp_path / "served")
-    loaded = load_in_fresh_process(tmp_path, served, {"labelled": (scored, 0),
-                                                      "unlabelled": (unlabelled, 0)})
+    from tfscale.data.criteo import CATEGORICAL_NAMES, DENSE_NAMES
+
+    names = DENSE_NAMES + CATEGORICAL_NAMES
+    columns = [line.split("\t") + [""] * (len(names) - len(line.split("\t")))
+               for line in criteo_without_label(lines)]
+    loaded = load_in_fresh_process(
+        tmp_path, served, {"labelled": (scored, 0), "unlabelled": (unlabelled, 0)},
+        fields={name: [column[i] for column in columns] for i, name in enumerate(names)})
     for name in ("labelled", "unlabelled"):
         assert_scores(loaded[name][:n], reference, tolerance, f"score_lines, {name}")
         assert_scores(loaded[name], probabilities, 1e-6, f"score_lines, {name}, vs predict")
         assert_scores(loaded[f"{name}_one_by_one"], probabilities[::97], 1e-6,
                       f"score_lines one line at a time, {name}")
 
-    from tfscale.data.criteo import CATEGORICAL_NAMES, DENSE_NAMES
-
-    names = DENSE_NAMES + CATEGORICAL_NAMES
-    columns = [line.split("\t") + [""] * (len(names) - len(line.split("\t")))
-               for line in criteo_without_label(lines)]
-    by_fields = served_by_fields(served, {
-        name: [column[i] for column in columns] for i, name in enumerate(names)})
+    by_fields = loaded["serving_default"]
     assert_scores(by_fields[:n], reference, tolerance, "serving_default")
     assert_scores(by_fields, probabilities, 1e-6, "serving_default vs predict")
 
@@ -305,7 +318,8 @@ def test_predict_reads_a_gz_file_of_several_chunks_in_order(tmp_path, criteo, la
     with gzip.open(path, "wt") as stream:
         stream.write("\n".join(lines) + "\n")
 
-    header, rows, _ = predict(checkpoint_dir, path, tmp_path / "p.csv")
+    served = tmp_path / "served"
+    header, rows, _ = predict_and_export(checkpoint_dir, path, tmp_path / "p.csv", served)
     assert header == ["probability"] and len(rows) == len(lines)
     probabilities = np.array([row[0] for row in rows], np.float32)
     assert_scores(probabilities[first:first + n], reference, TOLERANCE["float32"],
@@ -314,7 +328,6 @@ def test_predict_reads_a_gz_file_of_several_chunks_in_order(tmp_path, criteo, la
 
     plain = tmp_path / "many.txt"
     plain.write_text("\n".join(lines) + "\n")
-    served = export(checkpoint_dir, tmp_path / "served")
     loaded = load_in_fresh_process(tmp_path, served, {"lines": (plain, 0)})
     assert_scores(loaded["lines"], probabilities, 1e-6, "every line, score_lines vs predict")
 
@@ -343,7 +356,8 @@ def test_avazu_predictions_keep_order_and_ids(tmp_path, launched_jobs):
     lines = reference_lines + train_lines
     unlabelled = tmp_path / "unlabelled.csv"
     unlabelled.write_text("\n".join(avazu_without_label([AVAZU_HEADER] + lines)) + "\n")
-    header, rows, _ = predict(checkpoint_dir, unlabelled, tmp_path / "p.csv")
+    served = tmp_path / "served"
+    header, rows, _ = predict_and_export(checkpoint_dir, unlabelled, tmp_path / "p.csv", served)
     assert header == ["id", "probability"]
     assert [row[0] for row in rows] == [line.split(",")[0] for line in lines]
     probabilities = np.array([row[1] for row in rows], np.float32)
@@ -351,15 +365,12 @@ def test_avazu_predictions_keep_order_and_ids(tmp_path, launched_jobs):
 
     scored = tmp_path / "lines.csv"
     scored.write_text("\n".join([AVAZU_HEADER] + lines) + "\n")
-    served = export(checkpoint_dir, tmp_path / "served")
-    loaded = load_in_fresh_process(tmp_path, served, {"lines": (scored, 1)})
-    assert_scores(loaded["lines"], probabilities, 1e-6, "score_lines vs predict")
-
     columns = avazu_without_label([AVAZU_HEADER])[0].split(",")
     values = [line.split(",") for line in avazu_without_label(lines)]
-    by_fields = served_by_fields(served, {
+    loaded = load_in_fresh_process(tmp_path, served, {"lines": (scored, 1)}, fields={
         name: [v[columns.index(name)] for v in values] for name in columns if name != "id"})
-    assert_scores(by_fields, probabilities, 1e-6, "serving_default vs predict")
+    assert_scores(loaded["lines"], probabilities, 1e-6, "score_lines vs predict")
+    assert_scores(loaded["serving_default"], probabilities, 1e-6, "serving_default vs predict")
 
 
 def test_predict_and_export_errors_are_one_paragraph(tmp_path, criteo, launched_jobs):

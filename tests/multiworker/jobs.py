@@ -10,9 +10,10 @@ TensorFlow's op determinism off, as a new process would start it. While a job ru
 what the process writes to its stdout and stderr (file descriptors 1 and 2, so TensorFlow's and
 Horovod's C++ output too) goes to LOG_DIR/rank<r>.stdout and .stderr; at its end the rank
 writes its exit status (main's return value, a SystemExit's code, 1 after an exception, whose
-traceback goes to the job's stderr) to LOG_DIR/rank<r>.status. A job that fails ends the
-process at once: the other ranks' next collective then fails (a dead rank ends a Horovod job)
-instead of waiting for a rank that went on to another job."""
+traceback goes to the job's stderr) to LOG_DIR/rank<r>.status. Under horovodrun a job that
+fails ends the process at once: the other ranks' next collective then fails (a dead rank ends a
+Horovod job) instead of waiting for a rank that went on to another job; one process goes on to
+its next job (some are meant to fail: the launcher's refusals)."""
 
 import contextlib
 import importlib
@@ -72,6 +73,7 @@ def run_job(module, args):
 def main(plan_path):
     with open(plan_path) as f:
         plan = json.load(f)
+    under_horovodrun = "HOROVOD_RANK" in os.environ
     rank = os.environ.get("HOROVOD_RANK", "0")
     for job in plan:
         log = os.path.join(job["log_dir"], f"rank{rank}")
@@ -81,7 +83,7 @@ def main(plan_path):
         with open(f"{log}.status", "w") as f:
             f.write(str(status))
         print(f"rank {rank}: job {job['name']} ended with status {status}", flush=True)
-        if status != 0:
+        if status != 0 and under_horovodrun:
             os._exit(status)
     return 0
 
