@@ -1,5 +1,6 @@
-"""The Horovod build works: a 2-rank Gloo allreduce under horovodrun; and a job that outlives
-the harness's timeout is killed with all its ranks."""
+"""The Horovod build works: a 2-rank Gloo allreduce under horovodrun (a job of the grouped
+launches, tests/grouped_launches.py); and a job that outlives the harness's timeout is killed with
+all its ranks."""
 
 import os
 import subprocess
@@ -7,13 +8,18 @@ import uuid
 
 import pytest
 
+from tests import grouped_launches
 from tests.horovod_launch import horovodrun
 
 
-def test_two_rank_allreduce_under_horovodrun():
-    result = horovodrun(2, ["tests/multiworker/allreduce_smoke.py"])
-    assert result.returncode == 0, result.stdout
-    assert result.stdout.count("allreduce sum [3.0, 3.0, 3.0, 3.0] (expected 3) OK") == 2, result.stdout
+ALLREDUCE = grouped_launches.job("allreduce-smoke", 2, "tests.multiworker.allreduce_smoke")
+
+
+def test_two_rank_allreduce_under_horovodrun(launched_jobs):
+    result = launched_jobs[ALLREDUCE]
+    assert result.returncode == 0, result.output
+    assert result.output.count("allreduce sum [3.0, 3.0, 3.0, 3.0] (expected 3) OK") == 2, (
+        result.output)
 
 
 def _processes_naming(marker):

@@ -1,4 +1,5 @@
-"""Row-sharded tables under horovodrun (any number of ranks) with an output directory.
+"""Row-sharded tables under horovodrun (any number of ranks) with an output directory: a job of
+tests/multiworker/jobs.py, the first of its launch (it builds a model before Horovod starts).
 
 Each rank trains a small DeepFM with row-sharded tables for STEPS steps on its B/P slice of
 every global batch, for each optimizer of RUNS (a run named *_stale<T> with embedding updates T
@@ -11,8 +12,8 @@ shards and their slots unchanged. Run without horovodrun, it trains the one-proc
 of each float32 run with replicated tables on the whole global batches and writes
 OUT_DIR/<run>-reference.npz.
 
-Under horovodrun it also checks that a model built before Horovod started (one shard) is refused on
-every rank ("built before Horovod refused"), and, printing "edge cases ok": the lookup of a 3-row
+Under horovodrun it also checks that a model built before Horovod started (one shard) is refused
+on every rank ("built before Horovod refused"), and, printing "edge cases ok": the lookup of a 3-row
 table (rank 3 of 4 owns no row) where every rank looks up the same id, ids only one rank looks up,
 and ranks whose batch holds no id of some owners (empty splits), against the gathered whole table,
 with the gradient each owner receives; and an inf in one rank's shard gradient alone makes every
