@@ -156,3 +156,10 @@ def kill_process_tree(pid):
             pass
         if not victims:
             return
+
+
+def launch_side_by_side(*flag_lists, timeout=300):
+    """The CompletedProcesses of `python -m launch.train FLAGS` for each of `flag_lists`, run as
+    concurrent processes (independent runs, one per core)."""
+    return python_side_by_side([["-m", "launch.train", *flags] for flags in flag_lists],
+                               timeout=timeout, separate_stderr=True)

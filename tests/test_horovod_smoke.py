@@ -36,8 +36,10 @@ def _processes_naming(marker):
 
 def test_a_job_past_its_timeout_is_killed_with_its_ranks():
     marker = f"hang-{uuid.uuid4().hex}"
+    # horovodrun itself imports TensorFlow: under the grouped launches' load its ranks can take
+    # 20 s to start. The wait overlaps those launches (this test runs before their readers).
     with pytest.raises(subprocess.TimeoutExpired) as timed_out:
-        horovodrun(2, ["tests/multiworker/hang.py", marker], timeout=20)
+        horovodrun(2, ["tests/multiworker/hang.py", marker], timeout=60)
     output = timed_out.value.output
     assert f"rank 0 up, marker {marker}" in output and f"rank 1 up, marker {marker}" in output
     assert _processes_naming(marker) == []
