@@ -21,6 +21,7 @@ import pathlib
 import subprocess
 import sys
 import threading
+import time
 
 from tests.horovod_launch import horovodrun_command, side_by_side
 
@@ -148,20 +149,25 @@ class InBackground:
 
     def _run_all(self, jobs):
         try:
-            for stage in sorted({j.stage for j in jobs}):
-                groups = {}
-                for j in jobs:
-                    if j.stage == stage:
-                        groups.setdefault(j.ranks, []).append(j)
-                one_process = [groups[1]] if 1 in groups else []
-                horovodrun = [groups[ranks] for ranks in sorted(groups) if ranks > 1]
-                with concurrent.futures.ThreadPoolExecutor(2) as pool:
-                    lanes = [pool.submit(self._run_lane, stage, lane)
-                             for lane in (one_process, horovodrun)]
-                    for lane in lanes:
-                        lane.result()
+            self._run_stages(jobs)
         except BaseException as error:  # noqa: B036 (raised again in the thread that waits)
             self._error = error
+        finally:
+            _write_outcome(self._jobs, self._error)
+
+    def _run_stages(self, jobs):
+        for stage in sorted({j.stage for j in jobs}):
+            groups = {}
+            for j in jobs:
+                if j.stage == stage:
+                    groups.setdefault(j.ranks, []).append(j)
+            one_process = [groups[1]] if 1 in groups else []
+            horovodrun = [groups[ranks] for ranks in sorted(groups) if ranks > 1]
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                lanes = [pool.submit(self._run_lane, stage, lane)
+                         for lane in (one_process, horovodrun)]
+                for lane in lanes:
+                    lane.result()
 
     def _run_lane(self, stage, groups):
         """Launches `groups` (lists of jobs of one number of ranks) one after another."""
@@ -197,3 +203,38 @@ class InBackground:
         """Kills the running launch, if any, and starts no other."""
         self._stop.set()
         self._thread.join()
+
+
+class InAnotherWorker:
+    """The launches an InBackground of another pytest-xdist worker runs in `directory`: their
+    results once its outcome file is written."""
+
+    def __init__(self, directory):
+        self._directory = directory
+
+    def result(self, poll_seconds=2):
+        outcome = self._directory / OUTCOME_FILE
+        deadline = time.monotonic() + sum(j.timeout for j in _JOBS.values()) + 600
+        while not outcome.exists():
+            assert time.monotonic() < deadline, f"no {outcome} from the worker running the launches"
+            time.sleep(poll_seconds)
+        written = json.loads(outcome.read_text())
+        if written["error"]:
+            raise RuntimeError(f"the grouped launches failed in another worker: {written['error']}")
+        jobs = LaunchedJobs(self._directory)
+        for name, (log_dir, output) in written["jobs"].items():
+            jobs[name] = JobResult(_JOBS[name], log_dir, output)
+        return jobs
+
+
+OUTCOME_FILE = "outcome.json"
+
+
+def _write_outcome(jobs, error):
+    """What InAnotherWorker reads: every job's log directory and its launch's output, and the
+    error that ended the launches, if any (written whole, then renamed into place)."""
+    written = {"error": None if error is None else repr(error),
+               "jobs": {name: (job.log_dir, job._launch_output) for name, job in jobs.items()}}
+    partial = jobs.directory / (OUTCOME_FILE + ".partial")
+    partial.write_text(json.dumps(written))
+    os.replace(partial, jobs.directory / OUTCOME_FILE)

@@ -70,6 +70,11 @@ def initial_state():
     return [v.numpy() for v in model.variables]
 
 
+def test_every_sharded_run_is_compared_at_two_ranks_and_at_three_or_four():
+    assert set(sharded_steps.RUNS_AT[2]) == set(sharded_steps.RUNS)
+    assert set(sharded_steps.RUNS_AT[3]) | set(sharded_steps.RUNS_AT[4]) == set(sharded_steps.RUNS)
+
+
 @pytest.mark.parametrize("num_ranks", [2, 3, 4])
 def test_sharded_ranks_match_one_replicated_process(reference, initial_state, launched_jobs,
                                                     num_ranks):
@@ -80,7 +85,7 @@ def test_sharded_ranks_match_one_replicated_process(reference, initial_state, la
     steps_dir = launched_jobs.path(STEPS_DIR)
     stale, synchronous = reference["cowclip_scalable_stale1"], reference["cowclip_scalable"]
     assert any(not np.allclose(a, b) for a, b in zip(stale, synchronous))  # the lag is real
-    for run in FLOAT32_RUNS:
+    for run in [run for run in FLOAT32_RUNS if run in sharded_steps.RUNS_AT[num_ranks]]:
         states = [load_state(steps_dir / f"{run}-row-P{num_ranks}-rank{r}.npz")
                   for r in range(num_ranks)]
         assert len(states[0]) == len(reference[run])
@@ -93,7 +98,7 @@ def test_sharded_ranks_match_one_replicated_process(reference, initial_state, la
         moved = [np.abs(a - b).max() for a, b in zip(states[0], initial_state)
                  if a.size and a.shape == b.shape]
         assert max(moved) > 0, run
-    for r in range(num_ranks):
+    for r in range(num_ranks if "float16_adam" in sharded_steps.RUNS_AT[num_ranks] else 0):
         row = load_state(steps_dir / f"float16_adam-row-P{num_ranks}-rank{r}.npz")
         replicated = load_state(steps_dir / f"float16_adam-replicated-P{num_ranks}-rank{r}.npz")
         for i, (got, want) in enumerate(zip(row, replicated)):
