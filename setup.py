@@ -20,8 +20,10 @@ setup(
     ],
     extras_require={
         # torch 2.13.0 is the CPU build the machine image carries; came-pytorch is CAME's
-        # reference implementation, used only by tests/test_came_parity.py.
-        "test": ["pytest>=8", "scikit-learn>=1.4", "torch==2.13.0", "came-pytorch==0.1.3"],
+        # reference implementation, used only by tests/test_came_parity.py; pytest-xdist runs
+        # the suite in two workers (`make test`).
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "scikit-learn>=1.4", "torch==2.13.0",
+                 "came-pytorch==0.1.3"],
         "bench": ["matplotlib>=3.8"],
     },
 )

@@ -17,10 +17,14 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def horovodrun(num_ranks, args, timeout=240):
     """Runs `python ARGS` on `num_ranks` local ranks with Gloo and returns the CompletedProcess
     (stdout and stderr merged into stdout)."""
+    return _run(horovodrun_command(num_ranks, args), timeout)
+
+
+def horovodrun_command(num_ranks, args):
+    """The command line of `python ARGS` on `num_ranks` local ranks with Gloo."""
     horovodrun_bin = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    command = [horovodrun_bin, "-np", str(num_ranks), "-H", f"localhost:{num_ranks}", "--gloo",
-               sys.executable] + list(args)
-    return _run(command, timeout)
+    return [horovodrun_bin, "-np", str(num_ranks), "-H", f"localhost:{num_ranks}", "--gloo",
+            sys.executable] + list(args)
 
 
 def python(args, timeout=240):
@@ -32,27 +36,52 @@ def python(args, timeout=240):
 def python_side_by_side(arg_lists, timeout=240, separate_stderr=False):
     """Runs `python ARGS` for each ARGS of `arg_lists` as concurrent processes (no Horovod), so
     that independent runs share the machine's cores (one TensorFlow process of a small model
-    keeps about one busy), and returns their CompletedProcesses in order (stderr merged into
-    stdout unless `separate_stderr`); on timeout, kills them all and raises
-    subprocess.TimeoutExpired with the first unfinished one's output."""
+    keeps about one busy); see side_by_side."""
+    return side_by_side([[sys.executable] + list(args) for args in arg_lists], timeout,
+                        separate_stderr)
+
+
+def horovodrun_side_by_side(num_ranks, arg_lists, timeout=240):
+    """Runs `python ARGS` on `num_ranks` ranks for each ARGS of `arg_lists`, the launches
+    concurrently (independent jobs that mostly wait: start-up, a failure); see side_by_side."""
+    return side_by_side([horovodrun_command(num_ranks, args) for args in arg_lists], timeout)
+
+
+def side_by_side(commands, timeout=240, separate_stderr=False, stop=None):
+    """Runs `commands` as concurrent processes and returns their CompletedProcesses in order
+    (stderr merged into stdout unless `separate_stderr`), each with `ended`, the time.time() at
+    which its process ended; on timeout, kills them all and raises subprocess.TimeoutExpired
+    with the first unfinished one's output; when `stop` (a threading.Event) is set meanwhile,
+    kills them all and raises InterruptedError."""
     deadline = time.monotonic() + timeout
     started = []
     try:
-        for args in arg_lists:
+        for command in commands:
             # Files, not pipes: a full pipe would stall its process until the ones before end.
             stdout = tempfile.TemporaryFile(mode="w+")
             stderr = tempfile.TemporaryFile(mode="w+") if separate_stderr else None
-            command = [sys.executable] + list(args)
             started.append((command, stdout, stderr, _start(command, stdout, stderr)))
-        results = []
-        for command, stdout, stderr, process in started:
-            try:
-                process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+        ended = {}
+        while True:
+            for index, (_, _, _, process) in enumerate(started):
+                if index not in ended and process.poll() is not None:
+                    ended[index] = time.time()
+            unfinished = [entry for index, entry in enumerate(started) if index not in ended]
+            if not unfinished:
+                break
+            if stop is not None and stop.is_set():
+                raise InterruptedError(f"stopped: {unfinished[0][0]}")
+            if time.monotonic() > deadline:
+                command, stdout, stderr, _ = unfinished[0]
                 raise subprocess.TimeoutExpired(command, timeout, output=_read(stdout),
-                                                stderr=_read(stderr)) from None
-            results.append(subprocess.CompletedProcess(command, process.returncode,
-                                                       _read(stdout), _read(stderr)))
+                                                stderr=_read(stderr))
+            time.sleep(0.1)
+        results = []
+        for index, (command, stdout, stderr, process) in enumerate(started):
+            result = subprocess.CompletedProcess(command, process.returncode, _read(stdout),
+                                                 _read(stderr))
+            result.ended = ended[index]
+            results.append(result)
         return results
     finally:
         for _, stdout, stderr, process in started:
@@ -127,3 +156,10 @@ def kill_process_tree(pid):
             pass
         if not victims:
             return
+
+
+def launch_side_by_side(*flag_lists, timeout=300):
+    """The CompletedProcesses of `python -m launch.train FLAGS` for each of `flag_lists`, run as
+    concurrent processes (independent runs, one per core)."""
+    return python_side_by_side([["-m", "launch.train", *flags] for flags in flag_lists],
+                               timeout=timeout, separate_stderr=True)

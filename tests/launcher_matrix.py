@@ -13,16 +13,13 @@ import traceback
 
 import keras
 import numpy as np
-from absl import flags
 from tensorflow.python.framework import config as tf_config
 
 import launch.train
+from tests.multiworker import launcher_run
 from tfscale.embedding import tables
 from tfscale.optimizers.cowclip import CowClip
 from tfscale.training import run as training
-
-FLAGS = flags.FLAGS
-
 
 def digest(arrays):
     """A short hash of the bytes of `arrays`."""
@@ -143,10 +140,7 @@ def run_case(argv):
         captured.update(model=model, source=source, result=result)
         return result
 
-    FLAGS.unparse_flags()
-    FLAGS(["launch.train", "--logdir=none", "--checkpoint_dir=none", *argv])
-    keras.backend.clear_session()
-    tf_config.disable_op_determinism()
+    launcher_run.start(["--logdir=none", "--checkpoint_dir=none", *argv])
     training.train = recording_train
     try:
         launch.train.run()

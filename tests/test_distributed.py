@@ -9,22 +9,24 @@ never import Horovod."""
 
 import glob
 import os
+import pathlib
 import re
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
-from tests.horovod_launch import REPO_ROOT, horovodrun, python
+from tests import grouped_launches
+from tests.horovod_launch import REPO_ROOT, horovodrun_side_by_side
 from tests.multiworker import data_parallel_steps, loss_scale_skip, progressive_days
-from tests.test_launcher import checkpoint_values, train_scalars
+from tests.multiworker.data_parallel_steps import load_state
+from tests.run_outputs import checkpoint_values, train_scalars
 from tfscale.data.synthetic import SyntheticCTR
 from tfscale.errors import UserError
 
 # 6400 rows / 2 shards / 128 per rank = 25 steps per epoch.
-SMALL_RUN = ["-m", "launch.train", "--train_rows=6400", "--test_rows=2000",
+SMALL_RUN = ["--train_rows=6400", "--test_rows=2000",
              "--synthetic_vocabulary_scale=0.002", "--dnn_units=32,32", "--batch_size=256",
              "--log_every_steps=10", "--checkpoint_every_steps=10"]
 
@@ -35,20 +37,26 @@ SMALL_RUN = ["-m", "launch.train", "--train_rows=6400", "--test_rows=2000",
 GTOPK_FLAGS = ["--optimizer=adam", "--embedding_comm=gtopk", "--density=0.005"]
 
 
-def load_state(path):
-    """The variable values a multi-process script saved with np.savez(*values), in order."""
-    with np.load(path) as saved:
-        return [saved[f"arr_{i}"] for i in range(len(saved.files))]
+TWO_RANK_DIR, ONE_PROCESS_DIR = "{dir}/distributed/two_ranks", "{dir}/distributed/one_process"
+# The data-parallel runs and the run with an inf on one rank, on 2 ranks; the one-process
+# references, trained in a fresh process like the ranks (not in pytest's, where earlier tests
+# have run).
+DATA_PARALLEL = grouped_launches.job("data-parallel-steps", 2,
+                                     "tests.multiworker.data_parallel_steps", TWO_RANK_DIR)
+LOSS_SCALE_SKIP = grouped_launches.job("loss-scale-skip", 2, "tests.multiworker.loss_scale_skip",
+                                       TWO_RANK_DIR)
+PROGRESSIVE_DAYS = grouped_launches.job("progressive-days", 2,
+                                        "tests.multiworker.progressive_days", TWO_RANK_DIR)
+ONE_PROCESS = grouped_launches.job("data-parallel-reference", 1,
+                                   "tests.multiworker.data_parallel_steps", ONE_PROCESS_DIR)
 
 
 @pytest.fixture(scope="module")
-def two_rank_dir(tmp_path_factory):
-    """The output directory of one 2-rank launch of the data-parallel runs and of the run with an
-    inf on one rank (tests/multiworker/two_rank_runs.py)."""
-    out_dir = tmp_path_factory.mktemp("data_parallel")
-    result = horovodrun(2, ["tests/multiworker/two_rank_runs.py", str(out_dir)], timeout=400)
-    assert result.returncode == 0, result.stdout
-    return out_dir
+def two_rank_dir(launched_jobs):
+    """The output directory of the 2-rank data-parallel runs."""
+    job = launched_jobs[DATA_PARALLEL]
+    assert job.returncode == 0, job.output
+    return launched_jobs.path(TWO_RANK_DIR)
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +67,10 @@ def two_rank_states(two_rank_dir):
 
 
 @pytest.fixture(scope="module")
-def one_process_states(tmp_path_factory):
-    """The one-process references, trained in a fresh process like the ranks (not in pytest's,
-    where earlier tests have run)."""
-    out_dir = tmp_path_factory.mktemp("one_process")
-    result = python(["tests/multiworker/data_parallel_steps.py", str(out_dir)])
-    assert result.returncode == 0, result.stdout
+def one_process_states(launched_jobs):
+    job = launched_jobs[ONE_PROCESS]
+    assert job.returncode == 0, job.output
+    out_dir = launched_jobs.path(ONE_PROCESS_DIR)
     return {(name, staleness, part): load_state(
                 out_dir / f"{name}-allgather-stale{staleness}-reference{part}.npz")
             for name, exchange, staleness in data_parallel_steps.RUNS if exchange == "allgather"
@@ -124,8 +130,10 @@ def test_dense_embedding_exchange_is_refused_with_cowclip():
             "cowclip"), embedding_exchange="dense")
 
 
-def test_inf_on_one_rank_skips_the_step_on_every_rank(two_rank_dir):
-    ranks = [np.load(two_rank_dir / f"rank{rank}.npz") for rank in (0, 1)]
+def test_inf_on_one_rank_skips_the_step_on_every_rank(launched_jobs):
+    job = launched_jobs[LOSS_SCALE_SKIP]
+    assert job.returncode == 0, job.output
+    ranks = [np.load(launched_jobs.path(TWO_RANK_DIR) / f"rank{rank}.npz") for rank in (0, 1)]
     for saved in ranks:
         assert int(saved["skipped_steps"]) == 1
         assert float(saved["scale"]) == loss_scale_skip.INITIAL_SCALE / 2
@@ -135,10 +143,13 @@ def test_inf_on_one_rank_skips_the_step_on_every_rank(two_rank_dir):
         np.testing.assert_array_equal(ranks[0][name], ranks[1][name], err_msg=name)
 
 
-def test_two_ranks_train_day_by_day_and_resume(two_rank_dir):
+def test_two_ranks_train_day_by_day_and_resume(launched_jobs):
     """Each rank trains on its shard of each day; a day's progressive validation covers every
     row of it (the ranks' shards gathered) and, after a resume on both ranks, equals one
     process's evaluation of the model the first run left."""
+    job = launched_jobs[PROGRESSIVE_DAYS]
+    assert job.returncode == 0, job.output
+    two_rank_dir = launched_jobs.path(TWO_RANK_DIR)
     ranks = [np.load(two_rank_dir / f"progressive-rank{rank}.npz") for rank in (0, 1)]
     names = [k for k in ranks[0] if k.startswith("arr_")]
     assert names
@@ -154,39 +165,64 @@ def test_two_ranks_train_day_by_day_and_resume(two_rank_dir):
     np.testing.assert_array_equal(ranks[0]["resumed"], ranks[1]["resumed"])
 
 
-@pytest.mark.parametrize("sharding", ["replicated", "row"])
-def test_a_killed_rank_ends_the_job_with_an_error(sharding):
-    result = horovodrun(2, ["tests/multiworker/rank_dies.py", sharding], timeout=300)
-    ended = time.time()
+SHARDINGS = ("replicated", "row")
+
+
+@pytest.fixture(scope="module")
+def killed_rank_launches():
+    """{sharding: CompletedProcess} of the 2-rank launches in which rank 1 kills itself, with
+    replicated and with row-sharded tables, side by side."""
+    return dict(zip(SHARDINGS, horovodrun_side_by_side(
+        2, [["tests/multiworker/rank_dies.py", sharding] for sharding in SHARDINGS],
+        timeout=300)))
+
+
+@pytest.mark.parametrize("sharding", SHARDINGS)
+def test_a_killed_rank_ends_the_job_with_an_error(killed_rank_launches, sharding):
+    result = killed_rank_launches[sharding]
     killed = re.search(r"rank 1: killing itself at ([0-9.]+)", result.stdout)
     assert killed, result.stdout
     assert result.returncode != 0, result.stdout
     # Timed from the kill, not from the start: start-up on a loaded machine is not the point.
-    after_kill = ended - float(killed.group(1))
+    after_kill = result.ended - float(killed.group(1))
     assert after_kill < 60, f"the job ended {after_kill:.0f} s after the kill"
 
 
-@pytest.fixture(scope="module")
-def criteo_run(tmp_path_factory):
-    """Launcher flags of a 2-rank run on a Criteo-format file of 7,112 lines (10% held out by
-    line hash: 729 test lines, 6,383 training lines, 24 steps of 2 x 128), whose vocabulary
-    rank 0 counts and caches on first use."""
-    train_file = tmp_path_factory.mktemp("criteo") / "train.txt"
+CRITEO_FILE, LAUNCHED_DIR = "{dir}/distributed/criteo.txt", "{dir}/distributed/launched"
+# A 2-rank run on a Criteo-format file of 7,112 lines (10% held out by line hash: 729 test lines,
+# 6,383 training lines, 24 steps of 2 x 128), whose vocabulary rank 0 counts and caches on first
+# use.
+CRITEO_RUN = ["--data=criteo", f"--train_path={CRITEO_FILE}", "--dnn_units=32,32",
+              "--batch_size=256", "--log_every_steps=10", "--checkpoint_every_steps=10",
+              *GTOPK_FLAGS, "--gradient_compression=fp16"]
+# The whole run with logs and checkpoints; one stopped after step 17, resumed in a later launch.
+LAUNCHED = grouped_launches.launcher_job("criteo-2-ranks", 2, *CRITEO_RUN,
+                                         f"--logdir={LAUNCHED_DIR}/logs",
+                                         f"--checkpoint_dir={LAUNCHED_DIR}/ckpt")
+STOPPED = grouped_launches.launcher_job("criteo-2-ranks-stopped", 2, *CRITEO_RUN,
+                                        "--logdir=none", f"--checkpoint_dir={LAUNCHED_DIR}/split",
+                                        "--stop_after_steps=17")
+RESUMED = grouped_launches.launcher_job("criteo-2-ranks-resumed", 2, *CRITEO_RUN,
+                                        "--logdir=none", f"--checkpoint_dir={LAUNCHED_DIR}/split",
+                                        "--resume", stage=1)
+
+
+@grouped_launches.prepare
+def _inputs_and_output_directories(directory):
+    path = pathlib.Path(CRITEO_FILE.format(dir=directory))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for out_dir in (TWO_RANK_DIR, ONE_PROCESS_DIR):
+        pathlib.Path(out_dir.format(dir=directory)).mkdir(parents=True, exist_ok=True)
     SyntheticCTR(seed=0, train_rows=7112, test_rows=10,
-                 vocabulary_scale=0.002).write_criteo_tsv(str(train_file), 0, 7112)
-    return ["-m", "launch.train", "--data=criteo", f"--train_path={train_file}",
-            "--dnn_units=32,32", "--batch_size=256", "--log_every_steps=10",
-            "--checkpoint_every_steps=10", *GTOPK_FLAGS, "--gradient_compression=fp16"]
+                 vocabulary_scale=0.002).write_criteo_tsv(str(path), 0, 7112)
 
 
 @pytest.fixture(scope="module")
-def launched_run(tmp_path_factory, criteo_run):
-    """(stdout, run directory) of a whole 2-rank launcher run with logs and checkpoints."""
-    run_dir = tmp_path_factory.mktemp("launched_run")
-    result = horovodrun(2, [*criteo_run, f"--logdir={run_dir}/logs",
-                            f"--checkpoint_dir={run_dir}/ckpt"])
-    assert result.returncode == 0, result.stdout
-    return result.stdout, run_dir
+def launched_run(launched_jobs):
+    """(stdout, run directory) of the whole 2-rank launcher run with logs and checkpoints."""
+    job = launched_jobs[LAUNCHED]
+    assert job.returncode == 0, job.output
+    return job.output, launched_jobs.path(LAUNCHED_DIR)
 
 
 def test_launcher_under_horovodrun(launched_run):
@@ -209,17 +245,16 @@ def test_launcher_under_horovodrun(launched_run):
     assert scalars["exchange/bytes_sent"] > 0 and scalars["exchange/bytes_received"] > 0, scalars
 
 
-def test_resumed_two_rank_run_equals_uninterrupted_one(launched_run, criteo_run, tmp_path):
+def test_resumed_two_rank_run_equals_uninterrupted_one(launched_run, launched_jobs):
     """On the Criteo file; the resumed run reads the vocabulary its checkpoints recorded."""
-    common = [*criteo_run, "--logdir=none"]
-    first = horovodrun(2, [*common, f"--checkpoint_dir={tmp_path}/split", "--stop_after_steps=17"])
-    assert first.returncode == 0, first.stdout
+    stopped = launched_jobs[STOPPED]
+    assert stopped.returncode == 0, stopped.output
     # Rank 0 restores step 10 and broadcasts its variables and position to rank 1.
-    second = horovodrun(2, [*common, f"--checkpoint_dir={tmp_path}/split", "--resume"])
-    assert second.returncode == 0, second.stdout
-    assert "resumed from global step 10: epoch 1, batch 10" in second.stdout, second.stdout
+    resumed = launched_jobs[RESUMED]
+    assert resumed.returncode == 0, resumed.output
+    assert "resumed from global step 10: epoch 1, batch 10" in resumed.output, resumed.output
     expected = checkpoint_values(f"{launched_run[1]}/ckpt")
-    actual = checkpoint_values(f"{tmp_path}/split")
+    actual = checkpoint_values(f"{launched_run[1]}/split")
     assert expected.keys() == actual.keys()
     residuals = [name for name in expected
                  if name.startswith("per_rank/residual/") and name.endswith("@rank0")]
@@ -232,14 +267,27 @@ def test_resumed_two_rank_run_equals_uninterrupted_one(launched_run, criteo_run,
         np.testing.assert_array_equal(expected[name], actual[name], err_msg=name)
 
 
-@pytest.mark.parametrize("flags, message", [
+USER_ERRORS = [
     (["--batch_size=255", "--checkpoint_dir=none"],
      "--batch_size=255 is the global batch and must divide evenly over the 2 Horovod ranks"),
     (["--checkpoint_dir={run_dir}/ckpt"], "already holds a checkpoint"),  # found by rank 0 only
-])
-def test_launcher_user_errors_stop_every_rank_cleanly(launched_run, flags, message):
-    flags = [flag.format(run_dir=launched_run[1]) for flag in flags]
-    result = horovodrun(2, [*SMALL_RUN, "--logdir=none", *flags])
+]
+
+
+@pytest.fixture(scope="module")
+def user_error_launches(launched_run):
+    """The CompletedProcesses of 2-rank launcher runs with each of USER_ERRORS' flags, side by
+    side."""
+    return horovodrun_side_by_side(2, [
+        ["-m", "launch.train", *SMALL_RUN, "--logdir=none",
+         *[flag.format(run_dir=launched_run[1]) for flag in flags]]
+        for flags, _ in USER_ERRORS])
+
+
+@pytest.mark.parametrize("case", range(len(USER_ERRORS)),
+                         ids=[message for _, message in USER_ERRORS])
+def test_launcher_user_errors_stop_every_rank_cleanly(user_error_launches, case):
+    result, message = user_error_launches[case], USER_ERRORS[case][1]
     assert result.returncode != 0
     # Every rank raises the error; the first to exit makes horovodrun end the others, which may
     # not have printed it yet.

@@ -10,22 +10,37 @@ import pytest
 import tensorflow as tf
 
 import models
-from tests import gtopk_reference
-from tests.horovod_launch import horovodrun
+from tests import grouped_launches, gtopk_reference
 from tfscale import distributed, exchanges
 from tfscale.data.synthetic import SyntheticCTR
 from tfscale.errors import UserError
 from tfscale.optimizers import CowClip, FusedAdam
 
 
-@pytest.mark.parametrize("num_ranks", [3, 4])
-def test_collectives_and_error_feedback_under_horovodrun(num_ranks):
-    result = horovodrun(num_ranks, ["tests/multiworker/topk_all.py"], timeout=400)
-    assert result.returncode == 0, result.stdout
+RANKS = (3, 4)
+COLLECTIVES = {num_ranks: grouped_launches.job(
+    f"gtopk-collectives-P{num_ranks}", num_ranks, "tests.multiworker.gtopk_collective")
+    for num_ranks in RANKS}
+EXCHANGE_STEPS = {num_ranks: grouped_launches.job(
+    f"topk-exchange-steps-P{num_ranks}", num_ranks, "tests.multiworker.topk_exchange_steps")
+    for num_ranks in RANKS}
+
+
+@pytest.mark.parametrize("num_ranks", RANKS)
+def test_collectives_under_horovodrun(launched_jobs, num_ranks):
+    result = launched_jobs[COLLECTIVES[num_ranks]]
+    assert result.returncode == 0, result.output
     for rank in range(num_ranks):
-        assert f"rank {rank} of {num_ranks}: 36 cases match the NumPy butterfly" in result.stdout
+        assert f"rank {rank} of {num_ranks}: 36 cases match the NumPy butterfly" in result.output
+
+
+@pytest.mark.parametrize("num_ranks", RANKS)
+def test_error_feedback_under_horovodrun(launched_jobs, num_ranks):
+    result = launched_jobs[EXCHANGE_STEPS[num_ranks]]
+    assert result.returncode == 0, result.output
+    for rank in range(num_ranks):
         assert (f"rank {rank} of {num_ranks}: exchange steps match the NumPy error feedback and "
-                "conserve the gradients") in result.stdout
+                "conserve the gradients") in result.output
 
 
 def test_one_rank_gtopk_is_its_own_top_k():

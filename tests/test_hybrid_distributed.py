@@ -8,25 +8,30 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.horovod_launch import horovodrun
+from tests import grouped_launches
+from tests.run_outputs import checkpoint_values, train_scalars
 from tests.test_distributed import SMALL_RUN
-from tests.test_launcher import checkpoint_values, train_scalars
 
-HYBRID_FLAGS = ["--optimizer=cowclip", "--embedding_staleness=1", "--precision=mixed_float16",
-                "--logdir={run_dir}/logs"]
-
-
-def _run(run_dir, *flags):
-    common = [flag.format(run_dir=run_dir) for flag in [*SMALL_RUN, *HYBRID_FLAGS]]
-    return horovodrun(2, [*common, f"--checkpoint_dir={run_dir}/ckpt", *flags])
+RUN_DIR = "{dir}/hybrid"
+HYBRID_RUN = [*SMALL_RUN, "--optimizer=cowclip", "--embedding_staleness=1",
+              "--precision=mixed_float16"]
+# The whole run with logs and checkpoints; one stopped after step 17, resumed in a later launch.
+WHOLE = grouped_launches.launcher_job("hybrid-whole", 2, *HYBRID_RUN, f"--logdir={RUN_DIR}/logs",
+                                      f"--checkpoint_dir={RUN_DIR}/whole")
+STOPPED = grouped_launches.launcher_job("hybrid-stopped", 2, *HYBRID_RUN,
+                                        f"--logdir={RUN_DIR}/split_logs",
+                                        f"--checkpoint_dir={RUN_DIR}/split",
+                                        "--stop_after_steps=17")
+RESUMED = grouped_launches.launcher_job("hybrid-resumed", 2, *HYBRID_RUN,
+                                        f"--logdir={RUN_DIR}/split_logs",
+                                        f"--checkpoint_dir={RUN_DIR}/split", "--resume", stage=1)
 
 
 @pytest.fixture(scope="module")
-def whole_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("hybrid_whole")
-    result = _run(run_dir)
-    assert result.returncode == 0, result.stdout
-    return result.stdout, run_dir
+def whole_run(launched_jobs):
+    job = launched_jobs[WHOLE]
+    assert job.returncode == 0, job.output
+    return job.output, launched_jobs.path(RUN_DIR)
 
 
 def test_launcher_reports_placement_and_embedding_scalars(whole_run):
@@ -43,14 +48,13 @@ def test_launcher_reports_placement_and_embedding_scalars(whole_run):
     assert scalars["exchange/bytes_sent"] > 0, scalars
 
 
-def test_resumed_stale_run_equals_uninterrupted_one(whole_run, tmp_path):
-    first = _run(tmp_path, "--stop_after_steps=17")
-    assert first.returncode == 0, first.stdout
-    second = _run(tmp_path, "--resume")
-    assert second.returncode == 0, second.stdout
-    assert "resumed from global step 10: epoch 1, batch 10" in second.stdout, second.stdout
-    expected = checkpoint_values(f"{whole_run[1]}/ckpt")
-    actual = checkpoint_values(f"{tmp_path}/ckpt")
+def test_resumed_stale_run_equals_uninterrupted_one(whole_run, launched_jobs):
+    stopped, resumed = launched_jobs[STOPPED], launched_jobs[RESUMED]
+    assert stopped.returncode == 0, stopped.output
+    assert resumed.returncode == 0, resumed.output
+    assert "resumed from global step 10: epoch 1, batch 10" in resumed.output, resumed.output
+    expected = checkpoint_values(f"{whole_run[1]}/whole")
+    actual = checkpoint_values(f"{whole_run[1]}/split")
     assert expected.keys() == actual.keys()
     queued = [name for name in expected
               if name.startswith("per_rank/staleness/") and name.endswith("values@rank0")]

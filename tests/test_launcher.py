@@ -1,23 +1,34 @@
 """End to end through `python -m launch.train`: a few hundred training steps with progress,
 evaluation, TensorBoard event files and checkpoints; a stopped-and-resumed run ending with
-bitwise the same weights as an uninterrupted one; bad input ending in a one-paragraph error."""
+bitwise the same weights as an uninterrupted one; bad input ending in a one-paragraph error.
 
+The runs are the launcher's command line (absl's app.run of launch.train.run, as its __main__
+runs it) in one process for all of them, started once (tests/grouped_launches.py); the resumed
+finished run and the TensorFlow start-up lines are processes of their own."""
+
+import functools
 import glob
 import os
+import pathlib
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.horovod_launch import REPO_ROOT, python_side_by_side
+from tests import grouped_launches
+from tests.horovod_launch import REPO_ROOT
+from tests.run_outputs import checkpoint_values
 
 # A small DeepFM on a small synthetic set, so a few hundred steps take seconds.
 # CowClip given: on the built-in data the launcher's default is Adam with sqrt scaling.
 SMALL_RUN = ["--train_rows=40000", "--test_rows=8000", "--synthetic_vocabulary_scale=0.002",
              "--dnn_units=64,64", "--batch_size=256", "--log_every_steps=50", "--optimizer=cowclip"]
+RUNS_DIR = "{dir}/launcher"
 
 
 def launch(*flags, timeout=300):
@@ -27,42 +38,24 @@ def launch(*flags, timeout=300):
                           timeout=timeout)
 
 
-def launch_side_by_side(*flag_lists, timeout=300):
-    """The CompletedProcesses of `python -m launch.train FLAGS` for each of `flag_lists`, run as
-    concurrent processes (independent runs, one per core)."""
-    return python_side_by_side([["-m", "launch.train", *flags] for flags in flag_lists],
-                               timeout=timeout, separate_stderr=True)
+def launcher_job(name, *flags, stage=0):
+    """Registers `python -m launch.train FLAGS` in one process as the job "launcher-NAME"
+    (tests/grouped_launches.py, tests/multiworker/launcher_run.py: absl's app.run of the
+    launcher, as its command line runs it); returns the name."""
+    return grouped_launches.launcher_job(f"launcher-{name}", 1, *flags, stage=stage)
 
 
-def checkpoint_values(checkpoint_dir):
-    """{name: array} of every value in the newest checkpoint of a CheckpointStore directory:
-    the tables' files' under "<file>/<variable path>", the per-rank state (per_rank.npz) under
-    "per_rank/<name>"."""
-    with open(os.path.join(checkpoint_dir, "latest")) as f:
-        step_dir = os.path.join(checkpoint_dir, f.read().strip())
-    reader = tf.train.load_checkpoint(os.path.join(step_dir, "state"))
-    values = {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-              if not name.startswith("_CHECKPOINTABLE_OBJECT_GRAPH")}
-    for path in glob.glob(os.path.join(step_dir, "*.npz")):
-        prefix = os.path.basename(path).removesuffix(".npz")
-        with np.load(path) as stored:
-            values.update({f"{prefix}/{name}": stored[name] for name in stored.files})
-    return values
+TRAINING_RUN = launcher_job("training-run", *SMALL_RUN, "--epochs=2",
+                            f"--logdir={RUNS_DIR}/training/logs",
+                            f"--checkpoint_dir={RUNS_DIR}/training/ckpt",
+                            "--checkpoint_every_steps=100")
 
 
-def train_scalars(logdir):
-    """{tag: last value} of the TensorBoard scalars in `logdir`/train (one event file)."""
-    events, = glob.glob(f"{logdir}/train/events.out.tfevents.*")
-    return {value.tag: float(tf.make_ndarray(value.tensor))
-            for event in tf.compat.v1.train.summary_iterator(events)
-            for value in event.summary.value}
-
-
-def test_training_run_reports_auc_and_writes_logs_and_checkpoints(tmp_path):
-    result = launch(*SMALL_RUN, "--epochs=2", f"--logdir={tmp_path}/logs",
-                    f"--checkpoint_dir={tmp_path}/ckpt", "--checkpoint_every_steps=100")
-    assert result.returncode == 0, result.stderr
-    out = result.stdout
+def test_training_run_reports_auc_and_writes_logs_and_checkpoints(launched_jobs):
+    result = launched_jobs[TRAINING_RUN]
+    assert result.returncode == 0, result.stderr()
+    out = result.stdout()
+    run_dir = launched_jobs.path(f"{RUNS_DIR}/training")
     assert "examples/s" in out
     assert "epoch 2/2: test AUC" in out
     final = [line for line in out.splitlines() if line.startswith("final test AUC")]
@@ -71,10 +64,10 @@ def test_training_run_reports_auc_and_writes_logs_and_checkpoints(tmp_path):
     ceiling = float(final[0].split("teacher ceiling: AUC ")[1].split(",")[0])
     assert 0.6 < auc < ceiling + 0.01, final[0]  # learned something, and no better than the teacher
     # 2 epochs of 156 steps: checkpoints at steps 100, 200, 300 and epoch ends; the newest 2 kept.
-    steps = sorted(os.path.basename(d) for d in glob.glob(f"{tmp_path}/ckpt/step-*"))
+    steps = sorted(os.path.basename(d) for d in glob.glob(f"{run_dir}/ckpt/step-*"))
     assert steps == ["step-0000000300", "step-0000000312"], steps
-    train_events = glob.glob(f"{tmp_path}/logs/train/events.out.tfevents.*")
-    test_events = glob.glob(f"{tmp_path}/logs/test/events.out.tfevents.*")
+    train_events = glob.glob(f"{run_dir}/logs/train/events.out.tfevents.*")
+    test_events = glob.glob(f"{run_dir}/logs/test/events.out.tfevents.*")
     assert train_events and test_events
     tags = {value.tag for event in tf.compat.v1.train.summary_iterator(train_events[0])
             for value in event.summary.value}
@@ -106,35 +99,49 @@ def _has_loss_scale_state(values):
 
 # CowClip is resumed under float16 loss scaling: its state and the
 # scaler's in one run.
-@pytest.mark.parametrize("flags, has_its_state", [
-    (["--optimizer=came", "--embedding_update=dense"], _has_came_state),
-    (["--precision=mixed_float16", "--loss_scale_growth_steps=5"], _has_loss_scale_state),
-], ids=["came", "cowclip-float16"])
-def test_stopped_and_resumed_run_equals_uninterrupted_run(tmp_path, flags, has_its_state):
+RESUMED_CASES = {"came": (["--optimizer=came", "--embedding_update=dense"], _has_came_state),
+                 "cowclip-float16": (["--precision=mixed_float16", "--loss_scale_growth_steps=5"],
+                                     _has_loss_scale_state)}
+
+
+def _resume_jobs(case, flags):
+    """The uninterrupted run, one that stops at step 37 (mid-epoch 1: its newest checkpoint is
+    step 30, so 7 steps are redone) and its resumption: (job names, run directory)."""
+    run_dir = f"{RUNS_DIR}/resume-{case}"
     common = [*SMALL_RUN, "--train_rows=12800", "--epochs=2", "--checkpoint_every_steps=15",
               "--logdir=none", *flags]
-    # The uninterrupted run, and one that stops at step 37 (mid-epoch 1): its newest checkpoint
-    # is step 30, so 7 steps are redone.
-    whole, first = launch_side_by_side(
-        [*common, f"--checkpoint_dir={tmp_path}/whole"],
-        [*common, f"--checkpoint_dir={tmp_path}/split", "--stop_after_steps=37"])
-    assert whole.returncode == 0, whole.stderr
-    warns = "warning: --precision=mixed_float16 with no GPU" in whole.stdout
+    return (launcher_job(f"{case}-whole", *common, f"--checkpoint_dir={run_dir}/whole"),
+            launcher_job(f"{case}-stopped", *common, f"--checkpoint_dir={run_dir}/split",
+                         "--stop_after_steps=37"),
+            launcher_job(f"{case}-resumed", *common, f"--checkpoint_dir={run_dir}/split",
+                         "--resume", stage=1)), run_dir
+
+
+RESUME_JOBS = {case: _resume_jobs(case, flags) for case, (flags, _) in RESUMED_CASES.items()}
+
+
+@pytest.mark.parametrize("case", list(RESUMED_CASES))
+def test_stopped_and_resumed_run_equals_uninterrupted_run(launched_jobs, case):
+    flags, has_its_state = RESUMED_CASES[case]
+    (whole, first, second), run_dir = RESUME_JOBS[case]
+    whole, first, second = (launched_jobs[name] for name in (whole, first, second))
+    assert whole.returncode == 0, whole.stderr()
+    warns = "warning: --precision=mixed_float16 with no GPU" in whole.stdout()
     assert warns == ("--precision=mixed_float16" in flags
-                     and not tf.config.list_physical_devices("GPU")), whole.stdout
-    assert first.returncode == 0, first.stderr
-    assert "stopped after global step 37" in first.stdout
-    second = launch(*common, f"--checkpoint_dir={tmp_path}/split", "--resume")
-    assert second.returncode == 0, second.stderr
-    resumed = re.search(r"resumed from global step 30: epoch 1, batch (\d+)", second.stdout)
-    assert resumed, second.stdout
+                     and not tf.config.list_physical_devices("GPU")), whole.stdout()
+    assert first.returncode == 0, first.stderr()
+    assert "stopped after global step 37" in first.stdout()
+    assert second.returncode == 0, second.stderr()
+    resumed = re.search(r"resumed from global step 30: epoch 1, batch (\d+)", second.stdout())
+    assert resumed, second.stdout()
     if "--precision=mixed_float16" in flags:
         # The first steps at scale 2^15 overflow and are skipped: batches, not optimizer steps.
         assert int(resumed.group(1)) > 30
     else:
         assert int(resumed.group(1)) == 30
 
-    expected, actual = checkpoint_values(f"{tmp_path}/whole"), checkpoint_values(f"{tmp_path}/split")
+    run_dir = launched_jobs.path(run_dir)
+    expected, actual = checkpoint_values(f"{run_dir}/whole"), checkpoint_values(f"{run_dir}/split")
     assert expected.keys() == actual.keys()
     weight_names = [n for n in expected if "embedding" in n or "kernel" in n]
     assert weight_names
@@ -143,12 +150,22 @@ def test_stopped_and_resumed_run_equals_uninterrupted_run(tmp_path, flags, has_i
         np.testing.assert_array_equal(expected[name], actual[name], err_msg=name)
 
 
-def test_refuses_to_overwrite_a_run_without_resume(criteo_checkpointed_run):
-    _, flags, checkpoint_dir, _ = criteo_checkpointed_run
-    again = launch(*flags)
+CRITEO_RUN = ["--data=criteo", "--batch_size=256", "--dnn_units=32", "--hash_buckets=1000",
+              "--epochs=1", "--logdir=none", "--checkpoint_dir=none"]
+CRITEO_DIR = f"{RUNS_DIR}/criteo"
+# A whole run on a Criteo file with checkpoints, and the same command again (no --resume).
+CHECKPOINTED_FLAGS = [*CRITEO_RUN[:-1], f"--train_path={CRITEO_DIR}/train.txt",
+                      f"--checkpoint_dir={CRITEO_DIR}/ckpt"]
+CHECKPOINTED_RUN = launcher_job("criteo-checkpointed", *CHECKPOINTED_FLAGS)
+CHECKPOINTED_AGAIN = launcher_job("criteo-checkpointed-again", *CHECKPOINTED_FLAGS, stage=1)
+
+
+def test_refuses_to_overwrite_a_run_without_resume(launched_jobs):
+    checkpoint_dir = launched_jobs.path(f"{CRITEO_DIR}/ckpt")
+    again = launched_jobs[CHECKPOINTED_AGAIN]
     assert again.returncode == 2
-    assert f"--checkpoint_dir={checkpoint_dir} already holds a checkpoint" in again.stderr
-    assert "give --resume to continue" in again.stderr and "Traceback" not in again.stderr
+    assert f"--checkpoint_dir={checkpoint_dir} already holds a checkpoint" in again.stderr()
+    assert "give --resume to continue" in again.stderr() and "Traceback" not in again.stderr()
 
 
 BAD_FLAGS = [
@@ -189,41 +206,35 @@ BAD_FLAGS = [
 # that come once the data and the model are built do not build the default 4M-row set first.
 SMALL_DATA = ["--train_rows=1000", "--test_rows=100", "--synthetic_vocabulary_scale=0.002",
               "--dnn_units=16", "--batch_size=128"]
+BAD_FLAG_JOBS = [launcher_job(f"bad-flags-{row}", *SMALL_DATA, *flags, "--logdir=none",
+                              "--checkpoint_dir=none")
+                 for row, (flags, _) in enumerate(BAD_FLAGS)]
 
 
-@pytest.fixture(scope="module")
-def bad_flag_launches():
-    """{flags: the CompletedProcess of launching with them} for every row of BAD_FLAGS, two
-    launches at a time side by side."""
-    launches = {}
-    for first in range(0, len(BAD_FLAGS), 2):
-        rows = [flags for flags, _ in BAD_FLAGS[first:first + 2]]
-        results = launch_side_by_side(*[[*SMALL_DATA, *flags, "--logdir=none",
-                                         "--checkpoint_dir=none"] for flags in rows])
-        launches.update(zip(map(tuple, rows), results))
-    return launches
-
-
-@pytest.mark.parametrize("flags, message", BAD_FLAGS)
-def test_bad_flags_give_a_clear_error(bad_flag_launches, flags, message):
-    result = bad_flag_launches[tuple(flags)]
+@pytest.mark.parametrize("row", range(len(BAD_FLAGS)),
+                         ids=[" ".join(flags) for flags, _ in BAD_FLAGS])
+def test_bad_flags_give_a_clear_error(launched_jobs, row):
+    result, message = launched_jobs[BAD_FLAG_JOBS[row]], BAD_FLAGS[row][1]
     assert result.returncode != 0
-    assert message in result.stderr
-    assert "Traceback" not in result.stderr
+    assert message in result.stderr(), result.stderr()
+    assert "Traceback" not in result.stderr()
 
 
-def test_an_unlabelled_test_file_is_refused_before_anything_is_written(tmp_path):
-    train_file = _criteo_file(tmp_path / "train.txt")
-    unlabelled = tmp_path / "test.txt"  # as Criteo's own test.txt: no label column
-    unlabelled.write_text("".join(line.split("\t", 1)[1]
-                                  for line in train_file.read_text().splitlines(keepends=True)))
-    result = launch(*CRITEO_RUN[:-1], f"--train_path={train_file}", f"--test_path={unlabelled}",
-                    f"--checkpoint_dir={tmp_path}/ckpt")
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert "the test split has no label column" in result.stderr, result.stderr
-    assert "give labelled --test_path, or none to hold out --test_fraction" in result.stderr
-    assert "Traceback" not in result.stderr and "examples/s" not in result.stdout
-    assert not (tmp_path / "ckpt").exists()
+UNLABELLED_DIR = f"{RUNS_DIR}/unlabelled"
+# Criteo's own test.txt has no label column.
+UNLABELLED = launcher_job("unlabelled-test-file", *CRITEO_RUN[:-1],
+                          f"--train_path={UNLABELLED_DIR}/train.txt",
+                          f"--test_path={UNLABELLED_DIR}/test.txt",
+                          f"--checkpoint_dir={UNLABELLED_DIR}/ckpt")
+
+
+def test_an_unlabelled_test_file_is_refused_before_anything_is_written(launched_jobs):
+    result = launched_jobs[UNLABELLED]
+    assert result.returncode == 2, result.stdout() + result.stderr()
+    assert "the test split has no label column" in result.stderr(), result.stderr()
+    assert "give labelled --test_path, or none to hold out --test_fraction" in result.stderr()
+    assert "Traceback" not in result.stderr() and "examples/s" not in result.stdout()
+    assert not launched_jobs.path(f"{UNLABELLED_DIR}/ckpt").exists()
 
 
 def test_library_arguments_are_told_as_flags():
@@ -235,15 +246,25 @@ def test_library_arguments_are_told_as_flags():
         "--checkpoint_dir; `unknown_arg=3`")
 
 
-def _criteo_file(path, lines_to_replace=None):
-    """A 3,000-line Criteo-format file from the synthetic generator, with some lines replaced."""
+@functools.lru_cache(maxsize=None)
+def _criteo_lines():
+    """The lines of a 3,000-line Criteo-format file from the synthetic generator."""
     from tfscale.data.synthetic import SyntheticCTR
 
+    path = pathlib.Path(tempfile.mkdtemp()) / "train.txt"
     SyntheticCTR(seed=3, train_rows=3000, test_rows=10,
                  vocabulary_scale=0.002).write_criteo_tsv(str(path), 0, 3000)
     lines = path.read_text().splitlines(keepends=True)
+    shutil.rmtree(path.parent)
+    return lines
+
+
+def _criteo_file(path, lines_to_replace=None):
+    """_criteo_lines() written to `path` (its directory made), with some lines replaced."""
+    lines = list(_criteo_lines())
     for number, text in (lines_to_replace or {}).items():
         lines[number - 1] = text
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(lines))
     return path
 
@@ -258,76 +279,87 @@ def _integer_not_numeric(line):
     return "\t".join(fields) + "\n"
 
 
-CRITEO_RUN = ["--data=criteo", "--batch_size=256", "--dnn_units=32", "--hash_buckets=1000",
-              "--epochs=1", "--logdir=none", "--checkpoint_dir=none"]
+SHORT_LINES_FILE = f"{RUNS_DIR}/short_lines/train.txt"
+SHORT_LINES = launcher_job("short-lines", *CRITEO_RUN, f"--train_path={SHORT_LINES_FILE}")
+SHORT_LINES_REFUSED = launcher_job("short-lines-refused", *CRITEO_RUN,
+                                   f"--train_path={SHORT_LINES_FILE}", "--on_short_line=error")
+# name: (the corruption of line 1234, the message naming the line)
+MALFORMED = {"integer-not-numeric": (_integer_not_numeric, "line 1234")}
+MALFORMED_JOBS = {
+    name: (launcher_job(f"malformed-{name}", *CRITEO_RUN,
+                        f"--train_path={RUNS_DIR}/malformed-{name}/train.txt"),
+           launcher_job(f"malformed-{name}-skipped", *CRITEO_RUN,
+                        f"--train_path={RUNS_DIR}/malformed-{name}/train.txt",
+                        "--on_bad_line=skip"))
+    for name in MALFORMED}
+MISSING = launcher_job("missing-file", *CRITEO_RUN, f"--train_path={RUNS_DIR}/nope.txt")
+EMPTY = launcher_job("empty-file", *CRITEO_RUN, f"--train_path={RUNS_DIR}/empty.txt")
 
 
-@pytest.fixture(scope="module")
-def criteo_checkpointed_run(tmp_path_factory):
-    """(training file, flags, checkpoint directory, CompletedProcess) of a whole run on a Criteo
-    file with checkpoints."""
-    directory = tmp_path_factory.mktemp("criteo_run")
-    path = _criteo_file(directory / "train.txt")
-    flags = [*CRITEO_RUN[:-1], f"--train_path={path}", f"--checkpoint_dir={directory}/ckpt"]
-    return path, flags, f"{directory}/ckpt", launch(*flags)
+@grouped_launches.prepare
+def _criteo_files(directory):
+    """The files the Criteo runs read."""
+    runs_dir = pathlib.Path(RUNS_DIR.format(dir=directory))
+    lines = _criteo_lines()
+    _criteo_file(runs_dir / "criteo" / "train.txt")
+    train_file = _criteo_file(runs_dir / "unlabelled" / "train.txt")
+    (runs_dir / "unlabelled" / "test.txt").write_text(
+        "".join(line.split("\t", 1)[1] for line in train_file.read_text().splitlines(True)))
+    _criteo_file(pathlib.Path(SHORT_LINES_FILE.format(dir=directory)),
+                 {3: _field_missing(_field_missing(lines[2])), 1234: _field_missing(lines[1233])})
+    for name, (corrupt, _) in MALFORMED.items():
+        _criteo_file(runs_dir / f"malformed-{name}" / "train.txt", {1234: corrupt(lines[1233])})
+    (runs_dir / "empty.txt").write_text("")
 
 
-def test_trains_on_a_criteo_file(criteo_checkpointed_run):
-    result = criteo_checkpointed_run[-1]
-    assert result.returncode == 0, result.stderr
-    assert "final test AUC" in result.stdout
+def test_trains_on_a_criteo_file(launched_jobs):
+    result = launched_jobs[CHECKPOINTED_RUN]
+    assert result.returncode == 0, result.stderr()
+    assert "final test AUC" in result.stdout()
 
 
-def test_short_line_trains_by_default_and_is_refused_on_request(tmp_path):
-    path = tmp_path / "train.txt"
-    _criteo_file(path)
-    lines = path.read_text().splitlines(keepends=True)
-    _criteo_file(path, {3: _field_missing(_field_missing(lines[2])), 1234: _field_missing(lines[1233])})
-    result = launch(*CRITEO_RUN, f"--train_path={path}")
-    assert result.returncode == 0, result.stderr
-    assert "of 2 short lines as missing values (--on_short_line=missing)" in result.stdout
-    refused = launch(*CRITEO_RUN, f"--train_path={path}", "--on_short_line=error")
-    assert refused.returncode == 2, refused.stdout + refused.stderr
+def test_short_line_trains_by_default_and_is_refused_on_request(launched_jobs):
+    result = launched_jobs[SHORT_LINES]
+    assert result.returncode == 0, result.stderr()
+    assert "of 2 short lines as missing values (--on_short_line=missing)" in result.stdout()
+    refused = launched_jobs[SHORT_LINES_REFUSED]
+    assert refused.returncode == 2, refused.stdout() + refused.stderr()
+    path = launched_jobs.path(SHORT_LINES_FILE)
     assert f"{path} line 3: expected 40 tab-separated fields, found 38 (a line missing only " \
-           "trailing fields reads them as missing with --on_short_line=missing)" in refused.stderr
-    assert "Traceback" not in refused.stderr
+           "trailing fields reads them as missing with --on_short_line=missing)" in refused.stderr()
+    assert "Traceback" not in refused.stderr()
 
 
-@pytest.mark.parametrize("corrupt, message", [
-    (_integer_not_numeric, "line 1234"),
-])
-def test_malformed_line_names_file_and_line(tmp_path, corrupt, message):
-    path = tmp_path / "train.txt"
-    _criteo_file(path)
-    original = path.read_text().splitlines(keepends=True)[1233]
-    _criteo_file(path, {1234: corrupt(original)})
-    result = launch(*CRITEO_RUN, f"--train_path={path}")
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert "train.txt" in result.stderr and message in result.stderr, result.stderr
-    assert "Traceback" not in result.stderr
+@pytest.mark.parametrize("name", list(MALFORMED))
+def test_malformed_line_names_file_and_line(launched_jobs, name):
+    message = MALFORMED[name][1]
+    result, skipped = (launched_jobs[job] for job in MALFORMED_JOBS[name])
+    assert result.returncode == 2, result.stdout() + result.stderr()
+    assert "train.txt" in result.stderr() and message in result.stderr(), result.stderr()
+    assert "Traceback" not in result.stderr()
 
-    skipped = launch(*CRITEO_RUN, f"--train_path={path}", "--on_bad_line=skip")
-    assert skipped.returncode == 0, skipped.stderr
-    assert "skipped 1 malformed lines" in skipped.stdout
+    assert skipped.returncode == 0, skipped.stderr()
+    assert "skipped 1 malformed lines" in skipped.stdout()
 
 
-def test_missing_and_empty_files_give_a_clear_error(tmp_path):
-    (tmp_path / "empty.txt").write_text("")
-    missing, empty = launch_side_by_side([*CRITEO_RUN, f"--train_path={tmp_path}/nope.txt"],
-                                         [*CRITEO_RUN, f"--train_path={tmp_path}/empty.txt"])
-    assert missing.returncode == 2 and "nope.txt" in missing.stderr
-    assert "Traceback" not in missing.stderr
-    assert empty.returncode == 2 and "empty.txt" in empty.stderr and "empty" in empty.stderr
-    assert "Traceback" not in empty.stderr
+def test_missing_and_empty_files_give_a_clear_error(launched_jobs):
+    missing, empty = launched_jobs[MISSING], launched_jobs[EMPTY]
+    assert missing.returncode == 2 and "nope.txt" in missing.stderr()
+    assert "Traceback" not in missing.stderr()
+    assert empty.returncode == 2 and "empty.txt" in empty.stderr() and "empty" in empty.stderr()
+    assert "Traceback" not in empty.stderr()
 
 
-def test_resume_of_a_finished_run_reports_its_result(criteo_checkpointed_run):
-    path, flags, checkpoint_dir, first = criteo_checkpointed_run
-    assert first.returncode == 0, first.stderr
-    final = [line for line in first.stdout.splitlines() if line.startswith("final test AUC")]
+def test_resume_of_a_finished_run_reports_its_result(launched_jobs):
+    first = launched_jobs[CHECKPOINTED_RUN]
+    assert first.returncode == 0, first.stderr()
+    final = [line for line in first.stdout().splitlines() if line.startswith("final test AUC")]
+    path = launched_jobs.path(f"{CRITEO_DIR}/train.txt")
+    checkpoint_dir = launched_jobs.path(f"{CRITEO_DIR}/ckpt")
     with open(path, "a") as stream:  # the data changes: its cached vocabulary is recounted,
         stream.write(path.read_text().splitlines(keepends=True)[0])  # the run keeps its own
-    again = launch(*flags, "--resume")
+    again = launch(*[flag.format(dir=launched_jobs.directory) for flag in CHECKPOINTED_FLAGS],
+                   "--resume")
     assert again.returncode == 0, again.stderr
     assert "the run finished its 1 epochs at global step 10; nothing left to do" in again.stdout
     assert final and final[0] in again.stdout.splitlines(), again.stdout

@@ -1,21 +1,23 @@
 """From a trained run to predictions and a served model: `launch.predict` scores every line of a
 file in order, `launch.export` writes a SavedModel whose graph holds the preprocessing, and that
 SavedModel, loaded by TensorFlow alone in a fresh process where tfscale cannot be imported,
-scores lines through both signatures.
+scores lines (score_lines) and fields by name (serving_default).
 
 All of them are checked against the trained model itself: at its end a run scores the first
 lines of its test split with the model still in memory (`trained_predictions.json` beside the
 checkpoints), so a restore that lost trained weights (tables back from their initializer, say)
 cannot agree with it, even though predict and export would still agree with each other. Each
-run trains once (module fixture) and is shared by the tests that use it. Hashed, vocabulary and
-min-max encodings; DeepFM, Wide & Deep, DCN and DCN-v2; float32, mixed_float16 and
-mixed_bfloat16; one process and two Horovod ranks (replicated, row-sharded and dynamic tables); Criteo
-(plain, and a .gz file longer than two read chunks) and Avazu."""
+run trains once (a job of the grouped launches, tests/grouped_launches.py: the one-process runs
+in one process, the 2-rank ones in one launch) and is shared by the tests that use it. Hashed,
+vocabulary and min-max encodings; DeepFM, Wide & Deep, DCN and DCN-v2; float32, mixed_float16 and
+mixed_bfloat16; one process and two Horovod ranks (replicated, row-sharded and dynamic tables);
+Criteo (plain, and a .gz file longer than two read chunks) and Avazu."""
 
 import csv
 import gzip
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -23,7 +25,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from tests.horovod_launch import REPO_ROOT, horovodrun
+from tests import grouped_launches
+from tests.horovod_launch import REPO_ROOT, python_side_by_side
 
 # A tiny model, one epoch of about 9 steps; learning rates high enough that the trained weights
 # are far from their initial values (so a restore that loses them cannot pass as trained).
@@ -97,6 +100,7 @@ def avazu_without_label(lines):
 
 
 def avazu_files(directory, rows=500):
+    """A labelled Avazu file of `rows` lines after its header."""
     rng = np.random.default_rng(0)
     labelled = []
     for row in range(rows):
@@ -107,7 +111,7 @@ def avazu_files(directory, rows=500):
         labelled.append(",".join([row_id, click, hour] + values))
     path = directory / "avazu_train.csv"
     path.write_text("\n".join([AVAZU_HEADER] + labelled) + "\n")
-    return path, labelled
+    return path
 
 
 def read_predictions(path):
@@ -123,22 +127,34 @@ def trained_predictions(checkpoint_dir):
     return record["lines"], np.array(record["probabilities"], np.float32), record["global_step"]
 
 
+def predict_flags(checkpoint_dir, path, output):
+    return [f"--checkpoint_dir={checkpoint_dir}", f"--input={path}", f"--output={output}",
+            "--batch_size=100"]
+
+
 def predict(checkpoint_dir, path, output):
     """launch.predict on `path`: (CSV header, rows, its report on stdout)."""
-    done = run_module("launch.predict", f"--checkpoint_dir={checkpoint_dir}", f"--input={path}",
-                      f"--output={output}", "--batch_size=100")
+    done = run_module("launch.predict", *predict_flags(checkpoint_dir, path, output))
     assert done.returncode == 0, done.stdout + done.stderr
     header, rows = read_predictions(output)
     return header, rows, done.stdout
 
 
-def export(checkpoint_dir, output):
-    done = run_module("launch.export", f"--checkpoint_dir={checkpoint_dir}", f"--output={output}")
-    assert done.returncode == 0, done.stdout + done.stderr
-    return output
+def predict_and_export(checkpoint_dir, path, output, served):
+    """launch.predict on `path` (as `predict`) and launch.export to `served`, side by side:
+    (CSV header, rows, predict's report on stdout)."""
+    predicted, exported = python_side_by_side(
+        [["-m", "launch.predict", *predict_flags(checkpoint_dir, path, output)],
+         ["-m", "launch.export", f"--checkpoint_dir={checkpoint_dir}", f"--output={served}"]],
+        timeout=300, separate_stderr=True)
+    assert predicted.returncode == 0, predicted.stdout + predicted.stderr
+    assert exported.returncode == 0, exported.stdout + exported.stderr
+    header, rows = read_predictions(output)
+    return header, rows, predicted.stdout
 
 
 LOAD_SCRIPT = textwrap.dedent("""
+    import json
     import sys
     # tfscale (installed in this environment) and the repository's packages cannot be imported
     # here: loading needs TensorFlow alone.
@@ -146,7 +162,7 @@ LOAD_SCRIPT = textwrap.dedent("""
         sys.modules[blocked] = None
     import numpy as np
     import tensorflow as tf
-    saved_model, out, *files = sys.argv[1:]
+    saved_model, out, fields, *files = sys.argv[1:]
     loaded = tf.saved_model.load(saved_model)
     score_lines = loaded.signatures["score_lines"]
     results = {}
@@ -156,44 +172,73 @@ LOAD_SCRIPT = textwrap.dedent("""
         results[name + "_one_by_one"] = np.concatenate([
             score_lines(lines=tf.constant(lines[i:i + 1]))["probability"].numpy()
             for i in range(0, len(lines), 97)])
+    if fields != "-":
+        columns = json.load(open(fields))
+        results["serving_default"] = loaded.signatures["serving_default"](
+            **{name: tf.constant(values) for name, values in columns.items()})[
+            "probability"].numpy()
     np.savez(out, **results)
 """)
 
 
-def load_in_fresh_process(tmp_path, saved_model, files):
+def load_in_fresh_process(tmp_path, saved_model, files, fields=None):
     """score_lines of the SavedModel on each {name: (path, header lines)}, whole and every 97th
-    line alone (`<name>_one_by_one`), run by TensorFlow only: outside the checkout, no
+    line alone (`<name>_one_by_one`), and serving_default on `fields` ({name: column of
+    values}, if given; "serving_default"), run by TensorFlow only: outside the checkout, no
     PYTHONPATH, isolated, tfscale's packages blocked."""
     script = tmp_path / "load_saved_model.py"
     script.write_text(LOAD_SCRIPT)
     out = tmp_path / "loaded"
+    fields_file = "-"
+    if fields is not None:
+        fields_file = tmp_path / "fields.json"
+        fields_file.write_text(json.dumps(fields))
     args = [str(value) for name, (path, header) in files.items() for value in (name, path, header)]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([sys.executable, "-I", str(script), str(saved_model), str(out), *args],
+    done = subprocess.run([sys.executable, "-I", str(script), str(saved_model), str(out),
+                           str(fields_file), *args],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     return dict(np.load(f"{out}.npz"))
 
 
-def served_by_fields(saved_model, rows_by_name):
-    """serving_default on columns by name, in this process (TensorFlow only is used)."""
-    import tensorflow as tf
-
-    loaded = tf.saved_model.load(str(saved_model))
-    serving = loaded.signatures["serving_default"]
-    return serving(**{name: tf.constant(values) for name, values in rows_by_name.items()})[
-        "probability"].numpy()
+PREDICT_DIR = "{dir}/predict"
+CRITEO_FILE = f"{PREDICT_DIR}/train.txt"
+AVAZU_FILE = f"{PREDICT_DIR}/avazu_train.csv"
 
 
-def train(checkpoint_dir, data_flags, *extra, ranks=1):
-    flags = [*TINY_RUN, *data_flags, f"--checkpoint_dir={checkpoint_dir}", *extra]
-    if ranks == 1:
-        done = run_module("launch.train", *flags)
-        assert done.returncode == 0, done.stdout + done.stderr
-    else:
-        done = horovodrun(ranks, ["-m", "launch.train", *flags], timeout=300)
-        assert done.returncode == 0, done.stdout
-    return checkpoint_dir
+def checkpoints_of(run):
+    """The checkpoint directory of training job `run`, as a job argument."""
+    return f"{PREDICT_DIR}/{run}/checkpoints"
+
+
+def train(run, data_flags, *flags, ranks=1):
+    """Registers the training job `run` (tests/grouped_launches.py); returns its name."""
+    return grouped_launches.launcher_job(f"predict-{run}", ranks, *TINY_RUN, *data_flags,
+                                         *flags, f"--checkpoint_dir={checkpoints_of(run)}")
+
+
+for _run, (_flags, _ranks) in RUNS.items():
+    train(_run, ["--data=criteo", f"--train_path={CRITEO_FILE}"], *_flags, ranks=_ranks)
+AVAZU_RUN = train("avazu", ["--data=avazu", f"--train_path={AVAZU_FILE}"])
+SYNTHETIC_RUN = train("synthetic", ["--train_rows=2000", "--test_rows=200",
+                                    "--synthetic_vocabulary_scale=0.001"])
+
+
+@grouped_launches.prepare
+def _training_files(directory):
+    """The Criteo files (labelled and not) and the Avazu file the runs train on."""
+    predict_dir = pathlib.Path(PREDICT_DIR.format(dir=directory))
+    predict_dir.mkdir(parents=True)
+    criteo_files(predict_dir)
+    avazu_files(predict_dir)
+
+
+def trained(launched_jobs, run):
+    """The checkpoint directory of training job `run`, which must have succeeded."""
+    job = launched_jobs[f"predict-{run}"]
+    assert job.returncode == 0, job.output
+    return launched_jobs.path(checkpoints_of(run))
 
 
 def assert_scores(actual, expected, tolerance, what):
@@ -201,25 +246,10 @@ def assert_scores(actual, expected, tolerance, what):
 
 
 @pytest.fixture(scope="module")
-def criteo(tmp_path_factory):
-    return criteo_files(tmp_path_factory.mktemp("criteo"))
-
-
-@pytest.fixture(scope="module")
-def trained_run(criteo, tmp_path_factory):
-    """The checkpoint directory of a run of RUNS by name, trained on the Criteo file on first
-    use and shared by every test of the module."""
-    labelled, _ = criteo
-    runs = {}
-
-    def get(name):
-        if name not in runs:
-            flags, ranks = RUNS[name]
-            runs[name] = train(tmp_path_factory.mktemp(name) / "checkpoints",
-                               ["--data=criteo", f"--train_path={labelled}"], *flags, ranks=ranks)
-        return runs[name]
-
-    return get
+def criteo(launched_jobs):
+    """The labelled Criteo file the runs trained on and its lines without labels."""
+    labelled = launched_jobs.path(CRITEO_FILE)
+    return labelled, labelled.parent / "test.txt"
 
 
 def precision_of(run):
@@ -229,12 +259,12 @@ def precision_of(run):
 
 
 @pytest.mark.parametrize("run", list(RUNS))
-def test_predict_and_saved_model_score_as_the_trained_model(tmp_path, criteo, trained_run, run):
+def test_predict_and_saved_model_score_as_the_trained_model(tmp_path, criteo, launched_jobs, run):
     """launch.predict on a labelled file and the SavedModel's score_lines (lines with and without
     labels, whole and one by one) and serving_default (fields by name) give the trained model's
     own scores of its test lines, and agree with each other on every line of the file."""
     labelled, _ = criteo
-    checkpoint_dir = trained_run(run)
+    checkpoint_dir = trained(launched_jobs, run)
     reference_lines, reference, global_step = trained_predictions(checkpoint_dir)
     tolerance = TOLERANCE[precision_of(run)]
     n = len(reference)
@@ -244,41 +274,41 @@ def test_predict_and_saved_model_score_as_the_trained_model(tmp_path, criteo, tr
     unlabelled = tmp_path / "unlabelled.txt"
     unlabelled.write_text("\n".join(criteo_without_label(lines)) + "\n")
 
-    header, rows, report = predict(checkpoint_dir, scored, tmp_path / "p.csv")
+    served = tmp_path / "served"
+    header, rows, report = predict_and_export(checkpoint_dir, scored, tmp_path / "p.csv", served)
     assert f"at global step {global_step};" in report, report
     assert "AUC " in report and "logloss" in report, report
     assert header == ["probability"] and len(rows) == len(lines)
     probabilities = np.array([row[0] for row in rows], np.float32)
     assert_scores(probabilities[:n], reference, tolerance, "launch.predict")
 
-    served = export(checkpoint_dir, tmp_path / "served")
-    loaded = load_in_fresh_process(tmp_path, served, {"labelled": (scored, 0),
-                                                      "unlabelled": (unlabelled, 0)})
+    from tfscale.data.criteo import CATEGORICAL_NAMES, DENSE_NAMES
+
+    names = DENSE_NAMES + CATEGORICAL_NAMES
+    columns = [line.split("\t") + [""] * (len(names) - len(line.split("\t")))
+               for line in criteo_without_label(lines)]
+    loaded = load_in_fresh_process(
+        tmp_path, served, {"labelled": (scored, 0), "unlabelled": (unlabelled, 0)},
+        fields={name: [column[i] for column in columns] for i, name in enumerate(names)})
     for name in ("labelled", "unlabelled"):
         assert_scores(loaded[name][:n], reference, tolerance, f"score_lines, {name}")
         assert_scores(loaded[name], probabilities, 1e-6, f"score_lines, {name}, vs predict")
         assert_scores(loaded[f"{name}_one_by_one"], probabilities[::97], 1e-6,
                       f"score_lines one line at a time, {name}")
 
-    from tfscale.data.criteo import CATEGORICAL_NAMES, DENSE_NAMES
-
-    names = DENSE_NAMES + CATEGORICAL_NAMES
-    columns = [line.split("\t") + [""] * (len(names) - len(line.split("\t")))
-               for line in criteo_without_label(lines)]
-    by_fields = served_by_fields(served, {
-        name: [column[i] for column in columns] for i, name in enumerate(names)})
+    by_fields = loaded["serving_default"]
     assert_scores(by_fields[:n], reference, tolerance, "serving_default")
     assert_scores(by_fields, probabilities, 1e-6, "serving_default vs predict")
 
 
-def test_predict_reads_a_gz_file_of_several_chunks_in_order(tmp_path, criteo, trained_run):
+def test_predict_reads_a_gz_file_of_several_chunks_in_order(tmp_path, criteo, launched_jobs):
     """An unlabelled .gz file longer than two read chunks (CHUNK_LINES lines each) is scored line
     for line: the trained model's test lines, placed across the first chunk boundary and at the
     end, get the trained model's scores, and every line gets score_lines' score."""
     from tfscale.data.text_lines import CHUNK_LINES
 
     _, unlabelled = criteo
-    checkpoint_dir = trained_run("deepfm-hash")
+    checkpoint_dir = trained(launched_jobs, "deepfm-hash")
     reference_lines, reference, _ = trained_predictions(checkpoint_dir)
     n = len(reference)
     filler = unlabelled.read_text().splitlines()
@@ -292,7 +322,8 @@ def test_predict_reads_a_gz_file_of_several_chunks_in_order(tmp_path, criteo, tr
     with gzip.open(path, "wt") as stream:
         stream.write("\n".join(lines) + "\n")
 
-    header, rows, _ = predict(checkpoint_dir, path, tmp_path / "p.csv")
+    served = tmp_path / "served"
+    header, rows, _ = predict_and_export(checkpoint_dir, path, tmp_path / "p.csv", served)
     assert header == ["probability"] and len(rows) == len(lines)
     probabilities = np.array([row[0] for row in rows], np.float32)
     assert_scores(probabilities[first:first + n], reference, TOLERANCE["float32"],
@@ -301,35 +332,36 @@ def test_predict_reads_a_gz_file_of_several_chunks_in_order(tmp_path, criteo, tr
 
     plain = tmp_path / "many.txt"
     plain.write_text("\n".join(lines) + "\n")
-    served = export(checkpoint_dir, tmp_path / "served")
     loaded = load_in_fresh_process(tmp_path, served, {"lines": (plain, 0)})
     assert_scores(loaded["lines"], probabilities, 1e-6, "every line, score_lines vs predict")
 
 
-def test_predict_scores_a_labelled_file_of_one_class(tmp_path, criteo, trained_run):
+def test_predict_scores_a_labelled_file_of_one_class(tmp_path, criteo, launched_jobs):
     """A labelled file whose labels are all 0 is scored, with its log loss and an undefined AUC
     in the report (it used to end in a traceback from the AUC)."""
     labelled, _ = criteo
     negatives = [line for line in labelled.read_text().splitlines() if line.startswith("0\t")]
     path = tmp_path / "negatives.txt"
     path.write_text("\n".join(negatives[:20]) + "\n")
-    header, rows, report = predict(trained_run("deepfm-hash"), path, tmp_path / "p.csv")
+    header, rows, report = predict(trained(launched_jobs, "deepfm-hash"), path,
+                                   tmp_path / "p.csv")
     assert header == ["probability"] and len(rows) == 20
     assert "AUC undefined" in report and "logloss" in report, report
 
 
-def test_avazu_predictions_keep_order_and_ids(tmp_path):
+def test_avazu_predictions_keep_order_and_ids(tmp_path, launched_jobs):
     """Avazu: launch.predict hands the id column through in order and gives the trained model's
     scores of its test lines; score_lines (labelled, with the header skipped) and
     serving_default agree."""
-    labelled, train_lines = avazu_files(tmp_path)
-    checkpoint_dir = train(tmp_path / "checkpoints", ["--data=avazu", f"--train_path={labelled}"])
+    train_lines = launched_jobs.path(AVAZU_FILE).read_text().splitlines()[1:]
+    checkpoint_dir = trained(launched_jobs, "avazu")
     reference_lines, reference, _ = trained_predictions(checkpoint_dir)
     n = len(reference)
     lines = reference_lines + train_lines
     unlabelled = tmp_path / "unlabelled.csv"
     unlabelled.write_text("\n".join(avazu_without_label([AVAZU_HEADER] + lines)) + "\n")
-    header, rows, _ = predict(checkpoint_dir, unlabelled, tmp_path / "p.csv")
+    served = tmp_path / "served"
+    header, rows, _ = predict_and_export(checkpoint_dir, unlabelled, tmp_path / "p.csv", served)
     assert header == ["id", "probability"]
     assert [row[0] for row in rows] == [line.split(",")[0] for line in lines]
     probabilities = np.array([row[1] for row in rows], np.float32)
@@ -337,18 +369,15 @@ def test_avazu_predictions_keep_order_and_ids(tmp_path):
 
     scored = tmp_path / "lines.csv"
     scored.write_text("\n".join([AVAZU_HEADER] + lines) + "\n")
-    served = export(checkpoint_dir, tmp_path / "served")
-    loaded = load_in_fresh_process(tmp_path, served, {"lines": (scored, 1)})
-    assert_scores(loaded["lines"], probabilities, 1e-6, "score_lines vs predict")
-
     columns = avazu_without_label([AVAZU_HEADER])[0].split(",")
     values = [line.split(",") for line in avazu_without_label(lines)]
-    by_fields = served_by_fields(served, {
+    loaded = load_in_fresh_process(tmp_path, served, {"lines": (scored, 1)}, fields={
         name: [v[columns.index(name)] for v in values] for name in columns if name != "id"})
-    assert_scores(by_fields, probabilities, 1e-6, "serving_default vs predict")
+    assert_scores(loaded["lines"], probabilities, 1e-6, "score_lines vs predict")
+    assert_scores(loaded["serving_default"], probabilities, 1e-6, "serving_default vs predict")
 
 
-def test_predict_and_export_errors_are_one_paragraph(tmp_path, criteo):
+def test_predict_and_export_errors_are_one_paragraph(tmp_path, criteo, launched_jobs):
     """Predict without a run record and export of a synthetic-data run (no file format, so no
     trained predictions either) end with one paragraph and exit status 2."""
     labelled, _ = criteo
@@ -356,8 +385,7 @@ def test_predict_and_export_errors_are_one_paragraph(tmp_path, criteo):
                          f"--input={labelled}")
     assert missing.returncode == 2 and "has no run.json" in missing.stderr, missing.stderr
     assert "Traceback" not in missing.stderr
-    synthetic = train(tmp_path / "synthetic", ["--train_rows=2000", "--test_rows=200",
-                                               "--synthetic_vocabulary_scale=0.001"])
+    synthetic = trained(launched_jobs, "synthetic")
     assert not os.path.exists(synthetic / "trained_predictions.json")
     refused = run_module("launch.export", f"--checkpoint_dir={synthetic}",
                          f"--output={tmp_path}/served")

@@ -19,7 +19,8 @@ from absl import flags
 import launch.train  # noqa: F401  (defines the launcher's flags)
 import models
 from launch import progressive_flags
-from tests.test_launcher import checkpoint_values, launch_side_by_side
+from tests.horovod_launch import launch_side_by_side
+from tests.run_outputs import checkpoint_values
 from tfscale.data import drifting_days
 from tfscale.data.drifting import DriftingCTR
 from tfscale.data.synthetic import SyntheticCTR

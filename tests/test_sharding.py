@@ -16,10 +16,10 @@ import tensorflow as tf
 
 import models
 from launch.user_errors import in_flag_terms
-from tests.horovod_launch import horovodrun, python
+from tests import grouped_launches
 from tests.multiworker import sharded_steps
-from tests.test_distributed import load_state
-from tests.test_launcher import checkpoint_values, train_scalars
+from tests.multiworker.data_parallel_steps import load_state
+from tests.run_outputs import checkpoint_values, train_scalars
 from tfscale import exchanges
 from tfscale.data.synthetic import SyntheticCTR
 from tfscale.embedding import initializers
@@ -38,25 +38,54 @@ FLOAT32_RUNS = [run for run in sharded_steps.RUNS if not run.startswith("float16
 RTOL = {"came": 1e-4}
 
 
+STEPS_DIR = "{dir}/sharding/steps"
+REFERENCE = grouped_launches.job("sharded-steps-reference", 1, "tests.multiworker.sharded_steps",
+                                 STEPS_DIR, timeout=600)
+SHARDED_STEPS = {num_ranks: grouped_launches.job(
+    f"sharded-steps-P{num_ranks}", num_ranks, "tests.multiworker.sharded_steps", STEPS_DIR,
+    timeout=900, before_horovod=True) for num_ranks in (2, 3, 4)}
+
+
+@grouped_launches.prepare
+def _output_directories(directory):
+    for name in ("steps", "launcher"):
+        (directory / "sharding" / name).mkdir(parents=True)
+
+
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    out_dir = tmp_path_factory.mktemp("sharded_reference")
-    result = python(["tests/multiworker/sharded_steps.py", str(out_dir)], timeout=600)
-    assert result.returncode == 0, result.stdout
-    return {run: load_state(out_dir / f"{run}-reference.npz") for run in FLOAT32_RUNS}
+def reference(launched_jobs):
+    job = launched_jobs[REFERENCE]
+    assert job.returncode == 0, job.output
+    steps_dir = launched_jobs.path(STEPS_DIR)
+    return {run: load_state(steps_dir / f"{run}-reference.npz") for run in FLOAT32_RUNS}
+
+
+@pytest.fixture(scope="module")
+def initial_state():
+    """The model variables as built (the trained state's first entries, the same for every
+    float32 run), for 'they moved'."""
+    data = SyntheticCTR(seed=0, train_rows=10, test_rows=10, vocabulary_scale=0.002)
+    keras.utils.set_random_seed(0)
+    model = models.build_model("deepfm", data.schema, hidden_units=[32, 32])
+    return [v.numpy() for v in model.variables]
+
+
+def test_every_sharded_run_is_compared_at_some_number_of_ranks():
+    assert set().union(*sharded_steps.RUNS_AT.values()) == set(sharded_steps.RUNS)
 
 
 @pytest.mark.parametrize("num_ranks", [2, 3, 4])
-def test_sharded_ranks_match_one_replicated_process(reference, tmp_path, num_ranks):
-    result = horovodrun(num_ranks, ["tests/multiworker/sharded_steps.py", str(tmp_path)],
-                        timeout=900)
-    assert result.returncode == 0, result.stdout
-    assert result.stdout.count("edge cases ok") == num_ranks, result.stdout
-    assert result.stdout.count("built before Horovod refused") == num_ranks, result.stdout
+def test_sharded_ranks_match_one_replicated_process(reference, initial_state, launched_jobs,
+                                                    num_ranks):
+    result = launched_jobs[SHARDED_STEPS[num_ranks]]
+    assert result.returncode == 0, result.output
+    assert result.output.count("edge cases ok") == num_ranks, result.output
+    assert result.output.count("built before Horovod refused") == num_ranks, result.output
+    steps_dir = launched_jobs.path(STEPS_DIR)
     stale, synchronous = reference["cowclip_scalable_stale1"], reference["cowclip_scalable"]
     assert any(not np.allclose(a, b) for a, b in zip(stale, synchronous))  # the lag is real
-    for run in FLOAT32_RUNS:
-        states = [load_state(tmp_path / f"{run}-row-P{num_ranks}-rank{r}.npz")
+    for run in [run for run in FLOAT32_RUNS if run in sharded_steps.RUNS_AT[num_ranks]]:
+        states = [load_state(steps_dir / f"{run}-row-P{num_ranks}-rank{r}.npz")
                   for r in range(num_ranks)]
         assert len(states[0]) == len(reference[run])
         for i, want in enumerate(reference[run]):
@@ -65,22 +94,14 @@ def test_sharded_ranks_match_one_replicated_process(reference, tmp_path, num_ran
                     continue
                 np.testing.assert_allclose(state[i], want, rtol=RTOL.get(run, 1e-5),
                                            atol=1e-6, err_msg=f"{run}, variable {i}, rank {rank}")
-        moved = [np.abs(a - b).max() for a, b in zip(states[0], _initial_state(run))
+        moved = [np.abs(a - b).max() for a, b in zip(states[0], initial_state)
                  if a.size and a.shape == b.shape]
         assert max(moved) > 0, run
-    for r in range(num_ranks):
-        row = load_state(tmp_path / f"float16_adam-row-P{num_ranks}-rank{r}.npz")
-        replicated = load_state(tmp_path / f"float16_adam-replicated-P{num_ranks}-rank{r}.npz")
+    for r in range(num_ranks if "float16_adam" in sharded_steps.RUNS_AT[num_ranks] else 0):
+        row = load_state(steps_dir / f"float16_adam-row-P{num_ranks}-rank{r}.npz")
+        replicated = load_state(steps_dir / f"float16_adam-replicated-P{num_ranks}-rank{r}.npz")
         for i, (got, want) in enumerate(zip(row, replicated)):
             np.testing.assert_array_equal(got, want, err_msg=f"float16, variable {i}, rank {r}")
-
-
-def _initial_state(run):
-    """The model variables as built (the trained state's first entries), for 'they moved'."""
-    data = SyntheticCTR(seed=0, train_rows=10, test_rows=10, vocabulary_scale=0.002)
-    keras.utils.set_random_seed(0)
-    model = models.build_model("deepfm", data.schema, hidden_units=[32, 32])
-    return [v.numpy() for v in model.variables]
 
 
 def _trained(sharding, optimizer, steps=3, dtype="float32"):
@@ -226,35 +247,40 @@ def test_an_optimizer_with_undeclared_state_of_a_shard_is_refused():
                      "_embeddings_instability_row"], local
 
 
-def _reshard(num_ranks, mode, sharding, directory):
-    args = ["tests/multiworker/reshard_checkpoint.py", mode, sharding, str(directory)]
-    result = python(args) if num_ranks == 1 else horovodrun(num_ranks, args)
-    assert result.returncode == 0, result.stdout
-    if mode == "read":
-        for optimizer in ("adam", "came"):
-            assert result.stdout.count(
-                f"restored {sharding} tables and {optimizer} state exactly") == num_ranks
+# (mode, the tables' sharding, ranks, checkpoint directory, launch stage), in the order checked:
+# a checkpoint written by 2 ranks with row-sharded tables is read at P = 3 and by one process
+# with replicated tables; one written by one process with replicated tables is read at P = 2.
+RESHARDS = [("write", "row", 2, "sharded", 0), ("read", "row", 3, "sharded", 0),
+            ("read", "replicated", 1, "sharded", 1), ("write", "replicated", 1, "replicated", 0),
+            ("read", "row", 2, "replicated", 1)]
+RESHARD_JOBS = [grouped_launches.job(
+    f"reshard-{mode}-{sharding}-P{ranks}", ranks, "tests.multiworker.reshard_checkpoint", mode,
+    sharding, f"{{dir}}/sharding/{checkpoint}", stage=stage)
+    for mode, sharding, ranks, checkpoint, stage in RESHARDS]
 
 
-def test_checkpoints_resume_at_another_number_of_ranks_and_sharding(tmp_path):
+def test_checkpoints_resume_at_another_number_of_ranks_and_sharding(launched_jobs):
     """Each rank writes its own rows; a restore at P = 1, 3 or with replicated tables holds
     exactly the checkpoint's tables and Adam moments or CAME statistics (and every other
     variable) and trains on; a replicated checkpoint resumes row-sharded."""
-    sharded, replicated = tmp_path / "sharded", tmp_path / "replicated"
-    _reshard(2, "write", "row", sharded)
-    assert sorted(p.name for p in next(sharded.glob("adam/step-*")).glob("tables-*")) == [
-        "tables-0-of-2.npz", "tables-1-of-2.npz"]
-    _reshard(3, "read", "row", sharded)
-    _reshard(1, "read", "replicated", sharded)
-    _reshard(1, "write", "replicated", replicated)
-    _reshard(2, "read", "row", replicated)
+    for (mode, sharding, num_ranks, checkpoint, _), name in zip(RESHARDS, RESHARD_JOBS):
+        job = launched_jobs[name]
+        assert job.returncode == 0, job.output
+        if mode == "read":
+            for optimizer in ("adam", "came"):
+                assert job.output.count(f"restored {sharding} tables and {optimizer} state "
+                                        "exactly") == num_ranks, job.output
+        elif sharding == "row":
+            written = launched_jobs.path(f"{{dir}}/sharding/{checkpoint}")
+            assert sorted(p.name for p in next(written.glob("adam/step-*")).glob("tables-*")) \
+                == [f"tables-{i}-of-{num_ranks}.npz" for i in range(num_ranks)]
 
 
 # 7,680 rows / 384 = 20 steps per epoch at any P of 2, 3, 4; CowClip, whose state per row is the
 # largest.
 SHARDED_DATA = dict(seed=0, train_rows=7680, test_rows=1000, vocabulary_scale=0.002)
 SHARDED_BATCH = 384
-SHARDED_RUN = ["-m", "launch.train", "--embedding_sharding=row",
+SHARDED_RUN = ["--embedding_sharding=row",
                f"--train_rows={SHARDED_DATA['train_rows']}",
                f"--test_rows={SHARDED_DATA['test_rows']}",
                f"--synthetic_vocabulary_scale={SHARDED_DATA['vocabulary_scale']}",
@@ -311,22 +337,48 @@ def _whole_tables(step_dir):
     return whole
 
 
-def test_sharded_launcher_run_resumes_bitwise_and_continues_on_fewer_ranks(tmp_path):
-    """1 step stale at P = 2 (each rank's queues of its shards' gradients are checkpointed with
-    them), synchronous from 3 ranks to 2 (queues belong to their rank's rows): the 2 ranks
-    resume with exactly the 3 ranks' tables and per-row CowClip state. Rank 0's alltoall byte
-    counters equal those computed from the last step's ids, its table bytes its share of rows."""
-    stale = [*SHARDED_RUN, "--embedding_staleness=1"]
-    whole = horovodrun(2, [*stale, f"--checkpoint_dir={tmp_path}/whole",
-                           f"--logdir={tmp_path}/logs"])
-    assert whole.returncode == 0, whole.stdout
+STALE_RUN = [*SHARDED_RUN, "--embedding_staleness=1"]
+LAUNCHER_DIR = "{dir}/sharding/launcher"
+# 1 step stale at P = 2: a whole run with logs, and one stopped after step 15 (its last
+# checkpoint: step 10), resumed in a later launch.
+WHOLE = grouped_launches.launcher_job("sharded-launcher-whole", 2, *STALE_RUN,
+                                      f"--checkpoint_dir={LAUNCHER_DIR}/whole",
+                                      f"--logdir={LAUNCHER_DIR}/logs")
+STOPPED = grouped_launches.launcher_job("sharded-launcher-stopped", 2, *STALE_RUN,
+                                        f"--checkpoint_dir={LAUNCHER_DIR}/split",
+                                        "--stop_after_steps=15")
+RESUMED = grouped_launches.launcher_job("sharded-launcher-resumed", 2, *STALE_RUN,
+                                        f"--checkpoint_dir={LAUNCHER_DIR}/split", "--resume",
+                                        stage=1)
+# Synchronous: a job of 3 ranks stopped after step 15 goes on with 2, which write the tables and
+# their per-row state they restored to restored.npz.
+STOPPED_3 = grouped_launches.launcher_job("sharded-launcher-stopped-P3", 3, *SHARDED_RUN,
+                                          f"--checkpoint_dir={LAUNCHER_DIR}/shrunk",
+                                          "--stop_after_steps=15")
+RESUMED_ON_2 = grouped_launches.job(
+    "sharded-launcher-resumed-on-2", 2, "tests.multiworker.launcher_resume",
+    f"{LAUNCHER_DIR}/restored.npz", *SHARDED_RUN, f"--checkpoint_dir={LAUNCHER_DIR}/shrunk",
+    "--resume", stage=1)
+
+
+def _succeeded(launched_jobs, name):
+    """The stdout of job `name`'s ranks, horovodrun's way; the job must have succeeded."""
+    job = launched_jobs[name]
+    assert job.returncode == 0, job.output
+    return job.output
+
+
+def test_sharded_launcher_run_reports_its_tables_and_alltoall_bytes(launched_jobs):
+    """Rank 0's alltoall byte counters equal those computed from the last step's ids, its table
+    bytes its share of rows."""
+    out = _succeeded(launched_jobs, WHOLE)
     # Rank 0 holds rows 0, 2, 4, ... of the deep and the wide table (float32).
     rank0_rows = len(range(0, SyntheticCTR(**SHARDED_DATA).schema.total_vocabulary, 2))
     assert re.search(rf"tables row-sharded over 2 ranks: {2 * rank0_rows:,} rows, [0-9,]+ MB "
-                     r"with optimizer state per rank", whole.stdout), whole.stdout
-    expected = checkpoint_values(f"{tmp_path}/whole")
+                     r"with optimizer state per rank", out), out
+    expected = checkpoint_values(launched_jobs.path(f"{LAUNCHER_DIR}/whole"))
     widths = [expected[f"tables-0-of-2/{t}"].shape[1] for t in (DEEP_TABLE, WIDE_TABLE)]
-    scalars = train_scalars(f"{tmp_path}/logs")
+    scalars = train_scalars(launched_jobs.path(f"{LAUNCHER_DIR}/logs"))
     assert scalars["sharding/table_bytes"] == rank0_rows * 4 * sum(widths), scalars
     # The last values written are the epoch's last step's.
     last_step = SHARDED_DATA["train_rows"] // SHARDED_BATCH
@@ -335,37 +387,42 @@ def test_sharded_launcher_run_resumes_bitwise_and_continues_on_fewer_ranks(tmp_p
     assert scalars["sharding/alltoall_bytes_received"] == received, (scalars, received)
     assert scalars["sharding/lookup_seconds"] > 0, scalars
     assert scalars["embedding/staleness"] == 1, scalars
-    first = horovodrun(2, [*stale, f"--checkpoint_dir={tmp_path}/split", "--stop_after_steps=15"])
-    assert first.returncode == 0, first.stdout
-    second = horovodrun(2, [*stale, f"--checkpoint_dir={tmp_path}/split", "--resume"])
-    assert second.returncode == 0, second.stdout
-    assert "resumed from global step 10: epoch 1, batch 10" in second.stdout, second.stdout
-    actual = checkpoint_values(f"{tmp_path}/split")
+
+
+def test_stale_sharded_launcher_run_resumes_bitwise(launched_jobs):
+    """1 step stale at P = 2: each rank's queues of its shards' gradients are checkpointed with
+    them."""
+    _succeeded(launched_jobs, WHOLE)
+    _succeeded(launched_jobs, STOPPED)
+    out = _succeeded(launched_jobs, RESUMED)
+    assert "resumed from global step 10: epoch 1, batch 10" in out, out
+    expected = checkpoint_values(launched_jobs.path(f"{LAUNCHER_DIR}/whole"))
+    actual = checkpoint_values(launched_jobs.path(f"{LAUNCHER_DIR}/split"))
     assert expected.keys() == actual.keys()
     assert any(name.startswith("tables-1-of-2/") for name in expected), list(expected)
     assert any("staleness" in name for name in expected), list(expected)
     for name in expected:
         np.testing.assert_array_equal(expected[name], actual[name], err_msg=name)
 
-    # A job of 3 ranks stopped after step 15 (its last checkpoint: step 10) goes on with 2.
-    stopped = horovodrun(3, [*SHARDED_RUN, f"--checkpoint_dir={tmp_path}/shrunk",
-                             "--stop_after_steps=15"])
-    assert stopped.returncode == 0, stopped.stdout
-    resumed = horovodrun(2, ["tests/multiworker/launcher_resume.py", str(tmp_path / "restored.npz"),
-                             *SHARDED_RUN[2:], f"--checkpoint_dir={tmp_path}/shrunk", "--resume"])
-    assert resumed.returncode == 0, resumed.stdout
-    assert "resumed from global step 10: epoch 1, batch 10" in resumed.stdout, resumed.stdout
-    assert re.search(r"final test AUC 0\.\d{4}", resumed.stdout), resumed.stdout
-    assert sorted(p.name for p in (tmp_path / "shrunk").glob("step-*/tables-*")) == [
+
+def test_sharded_launcher_run_continues_on_fewer_ranks(launched_jobs):
+    """Synchronous, from 3 ranks to 2 (queues belong to their rank's rows): the 2 ranks resume
+    with exactly the 3 ranks' tables and per-row CowClip state."""
+    _succeeded(launched_jobs, STOPPED_3)
+    out = _succeeded(launched_jobs, RESUMED_ON_2)
+    assert "resumed from global step 10: epoch 1, batch 10" in out, out
+    assert re.search(r"final test AUC 0\.\d{4}", out), out
+    shrunk = launched_jobs.path(f"{LAUNCHER_DIR}/shrunk")
+    assert sorted(p.name for p in shrunk.glob("step-*/tables-*")) == [
         "tables-0-of-2.npz", "tables-0-of-3.npz", "tables-1-of-2.npz", "tables-1-of-3.npz",
         "tables-2-of-3.npz"]
-    reference = _whole_tables(tmp_path / "shrunk" / "step-0000000010")
-    with np.load(tmp_path / "restored.npz") as restored:
+    reference = _whole_tables(shrunk / "step-0000000010")
+    with np.load(launched_jobs.path(f"{LAUNCHER_DIR}/restored.npz")) as restored:
         assert sorted(restored.files) == sorted(reference), (restored.files, list(reference))
         for name, want in reference.items():
             np.testing.assert_array_equal(restored[name], want, err_msg=name)
     for table in (DEEP_TABLE, WIDE_TABLE):  # each table with its Adam moments (CowClip's)
         assert {f"embedding/{table.replace('/', '_')}_{slot}" for slot in
                 ("momentum", "velocity")} | {table} <= set(reference), list(reference)
-    final = _whole_tables(tmp_path / "shrunk" / "step-0000000020")
+    final = _whole_tables(shrunk / "step-0000000020")
     assert all(np.abs(final[name] - want).max() > 0 for name, want in reference.items())

@@ -1,18 +1,16 @@
-"""Run under horovodrun: every rank allreduces (sums) a tensor holding its rank and checks the
-result, proving the Horovod build and its Gloo transport work."""
+"""Under horovodrun (a job of tests/multiworker/jobs.py): every rank allreduces (sums) a tensor
+holding its rank and checks the result, proving the Horovod build and its Gloo transport work."""
 
-import os
-import sys
+import horovod.tensorflow as hvd
+import tensorflow as tf
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-import horovod.tensorflow as hvd  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
-hvd.init()
-values = tf.fill([4], float(hvd.rank() + 1))
-summed = hvd.allreduce(values, op=hvd.Sum, name="smoke_sum")
-expected = sum(range(1, hvd.size() + 1))
-ok = bool(tf.reduce_all(tf.equal(summed, expected)))
-print(f"rank {hvd.rank()} of {hvd.size()}: allreduce sum {summed.numpy().tolist()} "
-      f"(expected {expected}) {'OK' if ok else 'WRONG'}", flush=True)
-sys.exit(0 if ok else 1)
+def main():
+    hvd.init()
+    values = tf.fill([4], float(hvd.rank() + 1))
+    summed = hvd.allreduce(values, op=hvd.Sum, name="smoke_sum")
+    expected = sum(range(1, hvd.size() + 1))
+    ok = bool(tf.reduce_all(tf.equal(summed, expected)))
+    print(f"rank {hvd.rank()} of {hvd.size()}: allreduce sum {summed.numpy().tolist()} "
+          f"(expected {expected}) {'OK' if ok else 'WRONG'}", flush=True)
+    return 0 if ok else 1

@@ -1,12 +1,12 @@
-"""Run under horovodrun (by two_rank_runs.py) with an output directory: each rank trains a small
-DeepFM for STEPS steps on its slice of every global batch, for each of RUNS (Adam and CowClip
-with the allgather embedding exchange, synchronous and with embedding updates one step stale;
-Adam with the dense and the gTop-k ones), and writes its final model and optimizer variables (in
-`model_state` order) to OUT_DIR/<optimizer>-<exchange>-stale<T>-rank<r>.npz, the initial ones to
-...-initial.npz and `evaluations` of the trained model to ...-evaluations.npy. Run without
-horovodrun, it trains the one-process reference of each allgather run on the whole global
-batches instead and writes OUT_DIR/<optimizer>-allgather-stale<T>-reference*. Used by
-tests/test_distributed.py; imported by the other multi-process scripts."""
+"""A job of tests/multiworker/jobs.py under horovodrun, with an output directory: each rank
+trains a small DeepFM for STEPS steps on its slice of every global batch, for each of RUNS (Adam
+and CowClip with the allgather embedding exchange, synchronous and with embedding updates one
+step stale; Adam with the dense and the gTop-k ones), and writes its final model and optimizer
+variables (in `model_state` order) to OUT_DIR/<optimizer>-<exchange>-stale<T>-rank<r>.npz, the
+initial ones to ...-initial.npz and `evaluations` of the trained model to ...-evaluations.npy.
+In one process without Horovod, it trains the one-process reference of each allgather run on
+the whole global batches instead and writes OUT_DIR/<optimizer>-allgather-stale<T>-reference*.
+Used by tests/test_distributed.py; imported by the other multi-process scripts."""
 
 import os
 import sys
@@ -75,6 +75,12 @@ def model_state(model):
     """The values of every model and optimizer variable, in a fixed order (paths are not
     compared: they depend on how many models the process built before)."""
     return [v.numpy() for v in list(model.variables) + list(model.optimizer.variables)]
+
+
+def load_state(path):
+    """The values a script saved with np.savez(*values) (a model_state), in order."""
+    with np.load(path) as saved:
+        return [saved[f"arr_{i}"] for i in range(len(saved.files))]
 
 
 def train(optimizer_name, rank, num_ranks, embedding_exchange="allgather", embedding_staleness=0):

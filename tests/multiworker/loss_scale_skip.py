@@ -1,7 +1,7 @@
-"""Under horovodrun (2 ranks; run by two_rank_runs.py) with an output directory: trains a float32
-DeepFM with a dynamic loss scaler for STEPS steps, feeding inf into rank 1's dense features at
-step BAD_STEP only, and writes each rank's final variables, skipped-step count and loss scale to
-OUT_DIR/rank<r>.npz."""
+"""A job of tests/multiworker/jobs.py under horovodrun (2 ranks), with an output directory:
+trains a float32 DeepFM with a dynamic loss scaler for STEPS steps, feeding inf into rank 1's
+dense features at step BAD_STEP only, and writes each rank's final variables, skipped-step
+count and loss scale to OUT_DIR/rank<r>.npz."""
 
 import os
 

@@ -1,9 +1,9 @@
-"""Run under horovodrun (2 ranks; by two_rank_runs.py) with an output directory: online training
-(tfscale.training.train_progressively) of a small DeepFM on DAYS drifting days, each rank on its
-shard of every day. First the first day alone, checkpointed; then, in a fresh model resumed from
-that checkpoint, every day. Each rank writes to OUT_DIR/progressive-rank<r>.npz its final
-variables (`model_state` order), the per-day metrics of both runs, and its own evaluation, alone
-and over every row, of day 2 by the model the first run left (which the resumed run's
+"""A job of tests/multiworker/jobs.py under horovodrun (2 ranks) with an output directory: online
+training (tfscale.training.train_progressively) of a small DeepFM on DAYS drifting days, each
+rank on its shard of every day. First the first day alone, checkpointed; then, in a fresh model
+resumed from that checkpoint, every day. Each rank writes to OUT_DIR/progressive-rank<r>.npz its
+final variables (`model_state` order), the per-day metrics of both runs, and its own evaluation,
+alone and over every row, of day 2 by the model the first run left (which the resumed run's
 progressive validation of day 2 must equal). Used by tests/test_distributed.py."""
 
 import os

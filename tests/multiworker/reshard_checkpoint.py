@@ -1,12 +1,12 @@
 """Checkpoints of embedding tables by global row, at any number of ranks
-(tfscale.training.checkpoints, tfscale.training.table_checkpoints). Run as one process or under
-horovodrun:
+(tfscale.training.checkpoints, tfscale.training.table_checkpoints). A job of
+tests/multiworker/jobs.py, in one process or under horovodrun:
 
-    reshard_checkpoint.py write SHARDING DIR   for each optimizer of OPTIMIZERS, trains a small
+    main("write", SHARDING, DIR)   for each optimizer of OPTIMIZERS, trains a small
         DeepFM with SHARDING tables for 3 steps, saves a checkpoint in DIR/<optimizer>, and
         rank 0 writes DIR/<optimizer>/expected.npz: every variable, the tables and their
         optimizer state whole (gathered for the test only);
-    reshard_checkpoint.py read SHARDING DIR    builds the same models with SHARDING tables at
+    main("read", SHARDING, DIR)    builds the same models with SHARDING tables at
         this job's number of ranks, restores DIR/<optimizer> as the training run does (rank 0
         reads, the others finish the restore, rank 0's replicated state is broadcast) and checks
         that every variable equals expected.npz exactly, then trains 2 more steps with a finite
@@ -16,7 +16,6 @@ which span every row, are whole on every rank.
 """
 
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
@@ -34,7 +33,7 @@ from tfscale.training.run import build_model_and_optimizer  # noqa: E402
 OPTIMIZERS = {"adam": lambda: FusedAdam(learning_rate=1e-2), "came": lambda: CAME(1e-3)}
 
 
-def build(sharding, optimizer):
+def build(sharding, optimizer, directory):
     data = SyntheticCTR(seed=0, train_rows=384 * 20, test_rows=256, vocabulary_scale=0.002)
     keras.utils.set_random_seed(0)
     model = models.build_model("deepfm", data.schema, hidden_units=[32, 32],
@@ -42,12 +41,12 @@ def build(sharding, optimizer):
     model.compile(optimizer=OPTIMIZERS[optimizer](), loss="binary_crossentropy")
     build_model_and_optimizer(model, data.schema)
     distributed.broadcast_model_and_optimizer(model, local=local_variables(model))
-    directory = os.path.join(DIRECTORY, optimizer)
-    return model, data, CheckpointStore(directory, model=model, optimizer=model.optimizer)
+    return model, data, CheckpointStore(os.path.join(directory, optimizer), model=model,
+                                        optimizer=model.optimizer)
 
 
-def write(sharding, optimizer):
-    model, data, store = build(sharding, optimizer)
+def write(sharding, optimizer, directory):
+    model, data, store = build(sharding, optimizer, directory)
     batches = iter(rank_batches(data, distributed.rank(), distributed.size()))
     for _ in range(3):
         model.train_on_batch(*next(batches))
@@ -57,8 +56,8 @@ def write(sharding, optimizer):
         np.savez(os.path.join(store.directory, "expected.npz"), *state)
 
 
-def read(sharding, optimizer):
-    model, data, store = build(sharding, optimizer)
+def read(sharding, optimizer, directory):
+    model, data, store = build(sharding, optimizer, directory)
     distributed.broadcast_from_chief(lambda: store.restore_latest() and None,
                                      name="restore")
     distributed.broadcast_model_and_optimizer(model, local=local_variables(model))
@@ -77,9 +76,8 @@ def read(sharding, optimizer):
           f"and {optimizer} state exactly and trained on", flush=True)
 
 
-if __name__ == "__main__":
-    MODE, SHARDING, DIRECTORY = sys.argv[1:4]
+def main(mode, sharding, directory):
     if distributed.launched_by_horovodrun():
         distributed.init()
     for name in OPTIMIZERS:
-        {"write": write, "read": read}[MODE](SHARDING, name)
+        {"write": write, "read": read}[mode](sharding, name, directory)

@@ -1,0 +1,32 @@
+"""What a launcher run wrote, read back for the tests: the values of its newest checkpoint and
+its TensorBoard scalars."""
+
+import glob
+import os
+
+import numpy as np
+import tensorflow as tf
+
+
+def checkpoint_values(checkpoint_dir):
+    """{name: array} of every value in the newest checkpoint of a CheckpointStore directory:
+    the tables' files' under "<file>/<variable path>", the per-rank state (per_rank.npz) under
+    "per_rank/<name>"."""
+    with open(os.path.join(checkpoint_dir, "latest")) as f:
+        step_dir = os.path.join(checkpoint_dir, f.read().strip())
+    reader = tf.train.load_checkpoint(os.path.join(step_dir, "state"))
+    values = {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+              if not name.startswith("_CHECKPOINTABLE_OBJECT_GRAPH")}
+    for path in glob.glob(os.path.join(step_dir, "*.npz")):
+        prefix = os.path.basename(path).removesuffix(".npz")
+        with np.load(path) as stored:
+            values.update({f"{prefix}/{name}": stored[name] for name in stored.files})
+    return values
+
+
+def train_scalars(logdir):
+    """{tag: last value} of the TensorBoard scalars in `logdir`/train (one event file)."""
+    events, = glob.glob(f"{logdir}/train/events.out.tfevents.*")
+    return {value.tag: float(tf.make_ndarray(value.tensor))
+            for event in tf.compat.v1.train.summary_iterator(events)
+            for value in event.summary.value}
