@@ -29,8 +29,14 @@ class RowSeededNormal(keras.initializers.Initializer):
         self.seed = int(np.random.randint(2**31 - 1)) if seed is None else int(seed)
 
     def __call__(self, shape, dtype=None):
+        """The whole table: its blocks as drawn, no row gathered (what `rows` gives for
+        every row)."""
         rows, dim = shape
-        return self.rows(np.arange(rows), dim, dtype)
+        dtype = dtype or "float32"
+        parts = [tf.zeros([0, dim], dtype)]
+        for block in range(-(-rows // CHUNK_ROWS)):
+            parts.append(self._block(block, dim, dtype)[:rows - block * CHUNK_ROWS])
+        return tf.concat(parts, axis=0)
 
     def rows(self, global_ids, dim, dtype=None):
         """The initial values [len(global_ids), dim] of rows `global_ids` (ascending ints)."""
@@ -40,10 +46,13 @@ class RowSeededNormal(keras.initializers.Initializer):
         ends = np.append(starts[1:], len(ids))
         parts = [tf.zeros([0, dim], dtype)]
         for block, start, end in zip(blocks, starts, ends):
-            values = tf.random.stateless_normal([CHUNK_ROWS, dim], seed=[self.seed, int(block)],
-                                                mean=self.mean, stddev=self.stddev, dtype=dtype)
-            parts.append(tf.gather(values, ids[start:end] - block * CHUNK_ROWS))
+            parts.append(tf.gather(self._block(block, dim, dtype), ids[start:end] - block * CHUNK_ROWS))
         return tf.concat(parts, axis=0)
+
+    def _block(self, block, dim, dtype):
+        """Rows [block * CHUNK_ROWS, (block + 1) * CHUNK_ROWS), drawn from (seed, block)."""
+        return tf.random.stateless_normal([CHUNK_ROWS, dim], seed=[self.seed, int(block)],
+                                          mean=self.mean, stddev=self.stddev, dtype=dtype)
 
     def get_config(self):
         return {"mean": self.mean, "stddev": self.stddev, "seed": self.seed}
