@@ -292,7 +292,7 @@ class SyntheticCTR(CTRSource):
 
     def _stateless_uniform(self, shape, stream):
         seed = tf.constant([self.seed, stream], tf.int64)
-        return tf.random.stateless_uniform(shape, seed, dtype=tf.float64).numpy()
+        return _stateless_draw(tf.raw_ops.StatelessRandomUniformV2, shape, seed, tf.float64).numpy()
 
     def _id_order(self):
         """A random order of each field's ids 1..n, so that frequency does not follow the id:
@@ -321,8 +321,9 @@ class SyntheticCTR(CTRSource):
         seeds = tf.random.experimental.stateless_split(tf.constant([self.seed, _STREAM_TEACHER], tf.int64), 3)
         importance = np.repeat(self.field_importances.astype(np.float32), self.schema.vocabulary_sizes)
         total = self.schema.total_vocabulary
-        first_order = tf.random.stateless_normal([total], seeds[0]) * importance
-        hidden = tf.random.stateless_normal([total, TEACHER_RANK], seeds[1]) * importance[:, None]
+        first_order = _stateless_draw(tf.raw_ops.StatelessRandomNormalV2, [total], seeds[0]) * importance
+        hidden = _stateless_draw(tf.raw_ops.StatelessRandomNormalV2, [total, TEACHER_RANK],
+                                 seeds[1]) * importance[:, None]
         dense_weights = tf.random.stateless_normal([_NUM_DENSE], seeds[2])
 
         blocks = [self._unlabelled_block(block, id_of_rank) for block in range(CALIBRATION_BLOCKS)]
@@ -395,6 +396,15 @@ class _PerIdTables(typing.NamedTuple):
     hidden: tf.Tensor
     dense_weights: tf.Tensor
     bias: float
+
+
+def _stateless_draw(op, shape, seed, dtype=tf.float32):
+    """What tf.random.stateless_uniform or stateless_normal (`op`: their raw V2 op) draw from
+    `seed` in [0, 1) or N(0, 1), without their `* 1 + 0`: the same values in one tensor, not
+    three."""
+    key, counter = tf.raw_ops.StatelessRandomGetKeyCounter(seed=seed)
+    return op(shape=shape, key=key, counter=counter, alg=tf.random.Algorithm.AUTO_SELECT.value,
+              dtype=dtype)
 
 
 def _in_background(function):
