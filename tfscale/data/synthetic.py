@@ -300,7 +300,8 @@ class SyntheticCTR(CTRSource):
         keys = self._stateless_uniform([self.schema.total_vocabulary], _STREAM_ID_ORDER)
         id_of_rank = np.zeros(keys.size, np.int32)
         for offset, n in zip(self._offsets, self.cardinalities):
-            id_of_rank[offset + 1:offset + n + 1] = _stable_argsort_unit(keys[offset + 1:offset + n + 1]) + 1
+            field = slice(offset + 1, offset + n + 1)
+            id_of_rank[field] = _stable_argsort_unit(keys[field]) + 1
         return tf.constant(id_of_rank)
 
     def _rank_of_id(self, field_index):
@@ -321,7 +322,8 @@ class SyntheticCTR(CTRSource):
         seeds = tf.random.experimental.stateless_split(tf.constant([self.seed, _STREAM_TEACHER], tf.int64), 3)
         importance = np.repeat(self.field_importances.astype(np.float32), self.schema.vocabulary_sizes)
         total = self.schema.total_vocabulary
-        first_order = _stateless_draw(tf.raw_ops.StatelessRandomNormalV2, [total], seeds[0]) * importance
+        first_order = (_stateless_draw(tf.raw_ops.StatelessRandomNormalV2, [total], seeds[0])
+                       * importance)
         hidden = _stateless_draw(tf.raw_ops.StatelessRandomNormalV2, [total, TEACHER_RANK],
                                  seeds[1]) * importance[:, None]
         dense_weights = tf.random.stateless_normal([_NUM_DENSE], seeds[2])

@@ -29,13 +29,14 @@ class RowSeededNormal(keras.initializers.Initializer):
         self.seed = int(np.random.randint(2**31 - 1)) if seed is None else int(seed)
 
     def __call__(self, shape, dtype=None):
-        """The whole table: its blocks as drawn, no row gathered (what `rows` gives for
-        every row)."""
+        """The whole table, block after block as drawn (the rows `rows` would gather)."""
         rows, dim = shape
         dtype = dtype or "float32"
+        full_blocks, rest = divmod(rows, CHUNK_ROWS)
         parts = [tf.zeros([0, dim], dtype)]
-        for block in range(-(-rows // CHUNK_ROWS)):
-            parts.append(self._block(block, dim, dtype)[:rows - block * CHUNK_ROWS])
+        parts += [self._block(block, dim, dtype) for block in range(full_blocks)]
+        if rest:
+            parts.append(self._block(full_blocks, dim, dtype)[:rest])
         return tf.concat(parts, axis=0)
 
     def rows(self, global_ids, dim, dtype=None):
