@@ -3,7 +3,8 @@ row) against its dense update (every row every step), on the built-in data at tw
 one process each:
 
     python -m benchmarks.table_scaling [--scales=0.05,1] [--optimizers=adam,cowclip,came,adagrad,sgd]
-        [--updates=row,dense] [--batch_size=8192] [--steps=30] [--rounds=1] [--out=FILE.jsonl]
+        [--updates=row,dense] [--batch_size=8192] [--steps=30] [--test_rows=4096] [--rounds=1]
+        [--trees=.] [--out=FILE.jsonl]
 
 Each run is `python -m launch.train` in a child process (no logs, no checkpoints, progress every
 step). Measured per run: seconds from launch to the end of the first step (the launcher's
@@ -12,10 +13,16 @@ the steps after the first five; the child's peak resident memory (its rusage); a
 the tables and their optimizer state the launcher reports. Runs alternate (every configuration of
 a round before the next round), and the CPU time other processes took during each run is
 recorded, so a run that shared the machine can be told. Results go to --out as JSON lines and a
-table is printed."""
+table is printed.
+
+--trees runs the launcher of each of several source trees (git worktrees: the code before and
+after a change), alternating within every configuration, so that both meet the same load; each
+result records its tree and commit. Start-up alone, before and after, at both table sizes:
+`--optimizers=adam --updates=row --test_rows=8192 --rounds=3 --trees=OLD,NEW`."""
 
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -33,7 +40,9 @@ flags.DEFINE_list("optimizers", ["adam", "cowclip", "came", "adagrad", "sgd"], "
 flags.DEFINE_list("updates", ["row", "dense"], "--embedding_update values.")
 flags.DEFINE_integer("batch_size", 8192, "Examples per step.")
 flags.DEFINE_integer("steps", 30, "Training steps per run.")
+flags.DEFINE_integer("test_rows", 4096, "Test rows (evaluated once, after the steps).")
 flags.DEFINE_integer("rounds", 1, "Rounds over every configuration.")
+flags.DEFINE_list("trees", ["."], "Source trees whose launcher runs, alternating.")
 flags.DEFINE_string("out", "benchmarks/results/table_scaling.jsonl", "JSON lines output.")
 
 STEP_LINE = re.compile(r"step (\d+): .*, ([\d.]+) ms/step")
@@ -41,19 +50,21 @@ TABLES_LINE = re.compile(r"tables (?:replicated|row-sharded[^:]*): ([\d,]+) rows
 SKIPPED_STEPS = 5
 
 
-def run_once(scale, optimizer, update):
-    """One launcher run's measurements (a dict)."""
+def run_once(scale, optimizer, update, tree):
+    """One launcher run's measurements (a dict), the launcher being `tree`'s."""
     command = [sys.executable, "-m", "launch.train", f"--synthetic_vocabulary_scale={scale}",
                f"--optimizer={optimizer}", f"--embedding_update={update}",
                f"--batch_size={FLAGS.batch_size}",
-               f"--train_rows={FLAGS.batch_size * FLAGS.steps}", "--test_rows=4096",
+               f"--train_rows={FLAGS.batch_size * FLAGS.steps}", f"--test_rows={FLAGS.test_rows}",
                "--log_every_steps=1", "--logdir=none", "--checkpoint_dir=none"]
     if optimizer == "cowclip" or update == "dense":
         command.append("--l2=0")  # dense L2 regularizers stay out of the way of the comparison
     busy_before = machine_busy_seconds()
     started = time.perf_counter()
+    tree = str(pathlib.Path(tree).resolve())
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+                               text=True, cwd=tree,
+                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=tree))
     first_step_end, step_ms, tables, output = None, [], None, []
     for line in process.stdout:
         output.append(line)
@@ -74,11 +85,21 @@ def run_once(scale, optimizer, update):
         raise RuntimeError(f"{' '.join(command)} failed:\n{''.join(output[-30:])}")
     own_cpu = usage.ru_utime + usage.ru_stime
     return {"scale": float(scale), "optimizer": optimizer, "embedding_update": update,
+            "tree": tree, "commit": _commit(tree),
             "batch_size": FLAGS.batch_size, "seconds_to_first_step": round(first_step_end, 2),
             "median_step_ms": float(np.median(step_ms)), "peak_rss_mb": usage.ru_maxrss / 1024,
             "wall_seconds": round(wall, 1), **(tables or {}),
             "other_processes_cpu_seconds": round(
                 machine_busy_seconds() - busy_before - own_cpu, 1)}
+
+
+def _commit(tree):
+    """The tree's checked-out commit (short hash), with "+" if its tracked files have changes."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True,
+                          text=True).stdout.strip()
+    changes = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=tree,
+                             capture_output=True, text=True).stdout
+    return head + ("+" if changes else "")
 
 
 def main(argv):
@@ -89,24 +110,29 @@ def main(argv):
         for scale in FLAGS.scales:
             for optimizer in FLAGS.optimizers:
                 for update in FLAGS.updates:
-                    result = dict(run_once(scale, optimizer, update), round=round_index)
-                    print(json.dumps(result), flush=True)
-                    results.append(result)
-                    with open(FLAGS.out, "a") as out:
-                        out.write(json.dumps(result) + "\n")
-    print("\n| table rows | optimizer | update | start to first step (s) | step (ms) | "
-          "step / smallest table's | peak RSS (MB) | tables + state (MB) |")
-    print("|---|---|---|---:|---:|---:|---:|---:|")
+                    for tree in FLAGS.trees:
+                        result = dict(run_once(scale, optimizer, update, tree), round=round_index)
+                        print(json.dumps(result), flush=True)
+                        results.append(result)
+                        with open(FLAGS.out, "a") as out:
+                            out.write(json.dumps(result) + "\n")
+    print("\n| table rows | optimizer | update | commit | start to first step (s) | step (ms) | "
+          "step / smallest table's | peak RSS (MB) | tables + state (MB) | other processes' "
+          "CPU (s) |")
+    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|")
     for result in results:
         smallest = min((r for r in results if r["optimizer"] == result["optimizer"]
-                        and r["embedding_update"] == result["embedding_update"]),
+                        and r["embedding_update"] == result["embedding_update"]
+                        and r["tree"] == result["tree"]),
                        key=lambda r: r["scale"])
         print(f"| {result.get('rows', 0):,} | {result['optimizer']} | "
-              f"{result['embedding_update']} | {result['seconds_to_first_step']:.1f} | "
+              f"{result['embedding_update']} | {result['commit']} | "
+              f"{result['seconds_to_first_step']:.1f} | "
               f"{result['median_step_ms']:.0f} | "
               f"{result['median_step_ms'] / smallest['median_step_ms']:.2f} | "
               f"{result['peak_rss_mb']:,.0f} | "
-              f"{result.get('megabytes_with_optimizer_state', 0):,} |")
+              f"{result.get('megabytes_with_optimizer_state', 0):,} | "
+              f"{result['other_processes_cpu_seconds']:.1f} |")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 ceiling, id frequencies, missing values and the Criteo TSV writer."""
 
 import gzip
+import hashlib
 
 import numpy as np
 import pytest
@@ -35,6 +36,78 @@ def assert_same(a, b):
     assert a.keys() == b.keys()
     for key in a:
         np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+# Digests of rows and teacher outputs as the generator made them before its start-up was made
+# faster (recorded at commit 0ad87d4): the data every result in docs/results was measured on.
+# Per (seed, vocabulary_scale): the teacher's bias and AUC on 5,000 test rows (float.hex), and
+# digests (see `fingerprint`) of 3,000 rows (every ROW_KEYS column) from inside blocks 0, 15 and 16
+# (calibration), 60 (the first test block) and 12345, of id probabilities, and of the test rows'
+# labels and teacher probabilities.
+RECORDED = {
+    (0, 0.05): {
+        "teacher_bias": "-0x1.f7f874917d7aap+1", "block0": "798cef39dc7a8ca0",
+        "block15": "34af581f0c191c68", "block16": "66e70e21cdebf835", "block60": "c5801fe3ab1a025c",
+        "block12345": "501ee5b026f148dc", "id_probability": "0736aceddd85f09e",
+        "test_teacher": "94d7dba80b300911", "teacher_auc": "0x1.a21f91b967006p-1"},
+    (3, 0.05): {
+        "teacher_bias": "0x1.d4cc9f99b2466p-6", "block0": "1e40433ec4aca08e",
+        "block15": "8040c46ea28df6f9", "block16": "88c4707096102e3e", "block60": "9c468d3e868aa9dd",
+        "block12345": "2184a9a8ee51ec59", "id_probability": "04be0b5fd2124fec",
+        "test_teacher": "10b95be4059207c7", "teacher_auc": "0x1.a289701dd28cep-1"},
+    (0, 0.001): {
+        "teacher_bias": "-0x1.e01e4b02b8176p+1", "block0": "825de94a366bb145",
+        "block15": "45c32504794a2fb7", "block16": "a004b6b6124d8bdf", "block60": "5693e1800df220f3",
+        "block12345": "8ff9fb22c28f8fc2", "id_probability": "5bd24079e352e57f",
+        "test_teacher": "0feeeb3012004dfb", "teacher_auc": "0x1.9cc02f45cedc2p-1"},
+    (0, 1.0): {
+        "teacher_bias": "-0x1.be44b73701c96p+1", "block0": "af923fe8025dc744",
+        "block15": "2a0e7206e37dee70", "block16": "6b51180ca5aa0fd1", "block60": "d20c42ebfa6ba356",
+        "block12345": "480980f069336497", "id_probability": "88f373e696ca104a",
+        "test_teacher": "bdc542d0d9c9c335", "teacher_auc": "0x1.9fc87b9266bccp-1"},
+}
+
+
+def digest(*arrays):
+    """First 16 hex digits of the sha256 of the arrays' dtypes, shapes and bytes."""
+    sha = hashlib.sha256()
+    for array in arrays:
+        array = np.ascontiguousarray(array)
+        sha.update(str(array.dtype).encode())
+        sha.update(str(array.shape).encode())
+        sha.update(array.tobytes())
+    return sha.hexdigest()[:16]
+
+
+def fingerprint(data):
+    """What RECORDED holds, computed from `data` (60 blocks of train rows, 5,000 test rows)."""
+    result = {"teacher_bias": data.teacher_bias.hex(), "teacher_auc": data.teacher_auc().hex(),
+              "test_teacher": digest(*data.test_teacher_probabilities())}
+    for block in (0, 15, 16, 60, 12345):
+        rows = next(iter(data.rows(block * synthetic.BLOCK_ROWS + 100, 3000, 3000)))
+        result[f"block{block}"] = digest(*(rows[key].numpy() for key in synthetic.ROW_KEYS))
+    first_ids = [np.arange(min(n + 1, 2000)) for n in data.cardinalities]
+    spread_ids = [np.unique(np.linspace(0, n, 2000).astype(np.int64)) for n in data.cardinalities]
+    result["id_probability"] = digest(*(data.id_probability(f, ids) for f, ids in enumerate(first_ids)),
+                                      *(data.id_probability(f, ids) for f, ids in enumerate(spread_ids)))
+    return result
+
+
+@pytest.mark.parametrize("seed, scale", sorted(RECORDED))
+def test_rows_and_teacher_are_the_recorded_ones(seed, scale):
+    data = SyntheticCTR(seed=seed, train_rows=60 * synthetic.BLOCK_ROWS, test_rows=5000,
+                        vocabulary_scale=scale)
+    assert fingerprint(data) == RECORDED[(seed, scale)]
+
+
+def test_the_id_order_sort_is_numpys_stable_argsort():
+    """Ties and keys equal in all but their last bits (which the fast sort resolves apart)."""
+    rng = np.random.default_rng(0)
+    close = rng.choice(rng.integers(0, 2**52, 50), 5000) + rng.integers(0, 2, 5000)
+    for keys in (rng.random(5000), close / 2**52, np.floor(rng.random(5000) * 7) / 7,
+                 np.zeros(3), rng.random(1)):
+        np.testing.assert_array_equal(synthetic._stable_argsort_unit(keys),
+                                      np.argsort(keys, kind="stable"))
 
 
 def test_schema_follows_criteo_shape(data):

@@ -10,8 +10,10 @@ on r, never on batch size, sharding or where a read starts. Train rows are [0, t
 rows are [train_rows, train_rows + test_rows).
 """
 
+import concurrent.futures
 import gzip
 import math
+import typing
 
 import numpy as np
 import tensorflow as tf
@@ -99,6 +101,28 @@ def criteo_hash(field_index, ids):
     return _HEX_DIGITS[nibbles].view("S8").ravel().astype(str)
 
 
+def _stable_argsort_unit(keys):
+    """np.argsort(keys, kind="stable") for float64 keys in [0, 1), several times faster: one
+    in-place sort of 64-bit words holding a key's leading bits above its index, then the few
+    runs of equal leading bits put in (key, index) order."""
+    index_bits = max(int(keys.size - 1).bit_length(), 1)
+    words = (keys * 2.0**52).astype(np.uint64)
+    words >>= np.uint64(max(index_bits - 12, 0))
+    words <<= np.uint64(index_bits)
+    words |= np.arange(keys.size, dtype=np.uint64)
+    words.sort()
+    leading = words >> np.uint64(index_bits)
+    words &= np.uint64((1 << index_bits) - 1)
+    order = words.view(np.int64)
+    tied = np.flatnonzero(leading[1:] == leading[:-1])
+    if tied.size:
+        members = np.union1d(tied, tied + 1)
+        runs = np.cumsum(np.concatenate([[0], leading[members[1:]] != leading[members[:-1]]]))
+        indices = order[members]
+        order[members] = indices[np.lexsort((indices, keys[indices], runs))]
+    return order
+
+
 class SyntheticCTR(CTRSource):
     """A Criteo-like generated CTR stream with a planted teacher model.
 
@@ -137,9 +161,16 @@ class SyntheticCTR(CTRSource):
         field_parameters = self._stateless_uniform([2, _NUM_FIELDS], _STREAM_FIELD_PARAMETERS)
         self.zipf_exponents = ZIPF_MIN + (ZIPF_MAX - ZIPF_MIN) * field_parameters[0]
         self.field_importances = 0.5 + field_parameters[1]
-        self._id_of_rank, self._rank_of_id = self._id_order()
-        self._first_order, self._hidden, self._dense_weights, self.teacher_bias = self._teacher()
+        # Seconds of work at Criteo's cardinalities: built in a background thread meanwhile the
+        # caller goes on (building a model); what needs the tables waits for them.
+        self._per_id_tables = _in_background(self._build_per_id_tables)
+        self._ranks = {}
         self._test_teacher = None
+
+    @property
+    def teacher_bias(self):
+        """The teacher's bias, calibrated so that the mean click probability is click_rate."""
+        return self._tables().bias
 
     # ----- the CTRSource interface -----
 
@@ -189,19 +220,21 @@ class SyntheticCTR(CTRSource):
         unknown = set(keys) - set(ROW_KEYS)
         if unknown:
             raise ValueError(f"unknown row keys {sorted(unknown)}; choose from {ROW_KEYS}")
-        return rows_of_blocks(self._block, first_row, num_rows, batch_size, keys, drop_remainder)
+        tables = self._tables()
+        return rows_of_blocks(lambda block: self._block(block, tables), first_row, num_rows,
+                              batch_size, keys, drop_remainder)
 
-    def _block(self, block):
+    def _block(self, block, tables):
         """All values of rows [block * BLOCK_ROWS, (block + 1) * BLOCK_ROWS), as ROW_KEYS."""
-        values = self._unlabelled_block(block)
-        terms = _teacher_terms(self._first_order, self._hidden, self._dense_weights,
+        values = self._unlabelled_block(block, tables.id_of_rank)
+        terms = _teacher_terms(tables.first_order, tables.hidden, tables.dense_weights,
                                values["categorical"] + self._offsets, values["dense"])
-        probability = tf.sigmoid(tf.add_n(terms) + self.teacher_bias)
+        probability = tf.sigmoid(tf.add_n(terms) + tables.bias)
         values["label"] = tf.cast(values.pop("label_uniform") < probability, tf.float32)
         values["teacher_probability"] = probability
         return values
 
-    def _unlabelled_block(self, block):
+    def _unlabelled_block(self, block, id_of_rank):
         """A block's features and the uniforms that draw its labels."""
         block = tf.cast(block, tf.int64)
         seed = lambda stream: tf.stack([tf.constant(self.seed, tf.int64), block * _BLOCK_STREAMS + stream])
@@ -211,11 +244,11 @@ class SyntheticCTR(CTRSource):
         normals = tf.random.stateless_normal([BLOCK_ROWS, _NUM_DENSE], seed(2))
         return {
             **dense_features(uniforms[:, _NUM_FIELDS:-1], normals),
-            "categorical": self._sample_ids(id_uniforms, uniforms[:, :_NUM_FIELDS]),
+            "categorical": self._sample_ids(id_uniforms, uniforms[:, :_NUM_FIELDS], id_of_rank),
             "label_uniform": uniforms[:, -1],
         }
 
-    def _sample_ids(self, id_uniforms, missing_uniforms):
+    def _sample_ids(self, id_uniforms, missing_uniforms, id_of_rank):
         """Ids by inverting each field's discretised power law CDF; missing ones become 0.
 
         Rank k in [1, n] has probability proportional to k^(1-s) - (k+1)^(1-s) (a bounded Pareto
@@ -225,40 +258,59 @@ class SyntheticCTR(CTRSource):
         tail_mass = 1.0 - tf.pow(n + 1.0, power)
         rank = tf.clip_by_value(tf.floor(tf.pow(1.0 - id_uniforms * tail_mass, 1.0 / power)), 1.0, n)
         offsets = tf.constant(self._offsets, tf.int64)
-        ids = tf.cast(tf.gather(self._id_of_rank, offsets + tf.cast(rank, tf.int64)), tf.int64)
+        ids = tf.cast(tf.gather(id_of_rank, offsets + tf.cast(rank, tf.int64)), tf.int64)
         missing = missing_uniforms < tf.constant(CATEGORICAL_MISSING_RATES, tf.float32)
         return tf.where(missing, tf.constant(MISSING_ID, tf.int64), ids)
 
     # ----- one-off tables -----
 
+    def _tables(self):
+        """The _PerIdTables, once the background thread has built them."""
+        return self._per_id_tables.result()
+
+    def _build_per_id_tables(self):
+        id_of_rank = self._id_order()
+        return _PerIdTables(id_of_rank, *self._teacher(id_of_rank))
+
     def _stateless_uniform(self, shape, stream):
         seed = tf.constant([self.seed, stream], tf.int64)
-        return tf.random.stateless_uniform(shape, seed, dtype=tf.float64).numpy()
+        return _stateless_draw(tf.raw_ops.StatelessRandomUniformV2, shape, seed, tf.float64).numpy()
 
     def _id_order(self):
         """A random order of each field's ids 1..n, so that frequency does not follow the id:
-        (rank -> id table as a tensor, id -> rank as numpy), both indexed by offset + rank/id."""
+        the rank -> id table as an int32 tensor indexed by offset + rank (id 0 at rank 0)."""
         keys = self._stateless_uniform([self.schema.total_vocabulary], _STREAM_ID_ORDER)
         id_of_rank = np.zeros(keys.size, np.int32)
-        rank_of_id = np.zeros(keys.size, np.int32)
         for offset, n in zip(self._offsets, self.cardinalities):
-            order = np.argsort(keys[offset + 1:offset + n + 1], kind="stable") + 1
-            id_of_rank[offset + 1:offset + n + 1] = order
-            rank_of_id[offset + order] = np.arange(1, n + 1)
-        return tf.constant(id_of_rank), rank_of_id
+            field = slice(offset + 1, offset + n + 1)
+            id_of_rank[field] = _stable_argsort_unit(keys[field]) + 1
+        return tf.constant(id_of_rank)
 
-    def _teacher(self):
+    def _rank_of_id(self, field_index):
+        """Field `field_index`'s id -> rank table (numpy int32, rank 0 for id 0), the inverse of
+        the id order; built on first use."""
+        if field_index not in self._ranks:
+            offset, n = self._offsets[field_index], self.cardinalities[field_index]
+            ids = self._tables().id_of_rank[offset:offset + n + 1].numpy()
+            ranks = np.zeros(n + 1, np.int32)
+            ranks[ids] = np.arange(n + 1, dtype=np.int32)
+            self._ranks[field_index] = ranks
+        return self._ranks[field_index]
+
+    def _teacher(self, id_of_rank):
         """The teacher's per-id first-order weights and hidden vectors (row 0 of a field is its
         missing value) and dense weights as constant tensors, and its bias; see
-        FIRST_ORDER_SPREAD."""
+        FIRST_ORDER_SPREAD. `id_of_rank`: the id order, which the calibration rows need."""
         seeds = tf.random.experimental.stateless_split(tf.constant([self.seed, _STREAM_TEACHER], tf.int64), 3)
-        importance = np.repeat(self.field_importances, self.schema.vocabulary_sizes).astype(np.float32)
+        importance = np.repeat(self.field_importances.astype(np.float32), self.schema.vocabulary_sizes)
         total = self.schema.total_vocabulary
-        first_order = tf.random.stateless_normal([total], seeds[0]) * importance
-        hidden = tf.random.stateless_normal([total, TEACHER_RANK], seeds[1]) * importance[:, None]
+        first_order = (_stateless_draw(tf.raw_ops.StatelessRandomNormalV2, [total], seeds[0])
+                       * importance)
+        hidden = _stateless_draw(tf.raw_ops.StatelessRandomNormalV2, [total, TEACHER_RANK],
+                                 seeds[1]) * importance[:, None]
         dense_weights = tf.random.stateless_normal([_NUM_DENSE], seeds[2])
 
-        blocks = [self._unlabelled_block(block) for block in range(CALIBRATION_BLOCKS)]
+        blocks = [self._unlabelled_block(block, id_of_rank) for block in range(CALIBRATION_BLOCKS)]
         rows = tf.concat([block["categorical"] for block in blocks], 0) + self._offsets
         dense = tf.concat([block["dense"] for block in blocks], 0)
         terms = [term.numpy().astype(np.float64)
@@ -301,7 +353,7 @@ class SyntheticCTR(CTRSource):
             raise ValueError(f"ids of field C{field_index + 1} must be in [0, {n}]")
         power = 1.0 - self.zipf_exponents[field_index]
         # Missing ids (rank 0) get rank 1 here; np.where below replaces them.
-        rank = np.maximum(self._rank_of_id[self._offsets[field_index] + ids], 1).astype(np.float64)
+        rank = np.maximum(self._rank_of_id(field_index)[ids], 1).astype(np.float64)
         mass = (rank ** power - (rank + 1) ** power) / (1.0 - (n + 1.0) ** power)
         missing_rate = CATEGORICAL_MISSING_RATES[field_index]
         return np.where(ids == MISSING_ID, missing_rate, (1.0 - missing_rate) * mass)
@@ -338,6 +390,34 @@ def rows_of_blocks(block_values, first_row, num_rows, batch_size, keys, drop_rem
         block_slice, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return without_autotuning(
         blocks.rebatch(batch_size, drop_remainder=drop_remainder).prefetch(tf.data.AUTOTUNE))
+
+
+class _PerIdTables(typing.NamedTuple):
+    """Constant tensors indexed by field offset + rank or id: the id order (int32, rank -> id)
+    and the teacher's first-order weights and hidden vectors; its dense weights and bias."""
+
+    id_of_rank: tf.Tensor
+    first_order: tf.Tensor
+    hidden: tf.Tensor
+    dense_weights: tf.Tensor
+    bias: float
+
+
+def _stateless_draw(op, shape, seed, dtype=tf.float32):
+    """What tf.random.stateless_uniform or stateless_normal (`op`: their raw V2 op) draw from
+    `seed` in [0, 1) or N(0, 1), without their `* 1 + 0`: the same values in one tensor, not
+    three."""
+    key, counter = tf.raw_ops.StatelessRandomGetKeyCounter(seed=seed)
+    return op(shape=shape, key=key, counter=counter, alg=tf.random.Algorithm.AUTO_SELECT.value,
+              dtype=dtype)
+
+
+def _in_background(function):
+    """A future of function() run in a new thread; its result() waits and re-raises."""
+    executor = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    future = executor.submit(function)
+    executor.shutdown(wait=False)
+    return future
 
 
 def _criteo_lines(rows, with_label):

@@ -30,8 +30,15 @@ class RowSeededNormal(keras.initializers.Initializer):
         self.seed = int(np.random.randint(2**31 - 1)) if seed is None else int(seed)
 
     def __call__(self, shape, dtype=None):
+        """The whole table, block after block as drawn (the rows `rows` would gather)."""
         rows, dim = shape
-        return self.rows(np.arange(rows), dim, dtype)
+        dtype = dtype or "float32"
+        full_blocks, rest = divmod(rows, CHUNK_ROWS)
+        parts = [tf.zeros([0, dim], dtype)]
+        parts += [self._block(block, dim, dtype) for block in range(full_blocks)]
+        if rest:
+            parts.append(self._block(full_blocks, dim, dtype)[:rest])
+        return tf.concat(parts, axis=0)
 
     def rows(self, global_ids, dim, dtype=None):
         """The initial values [len(global_ids), dim] of rows `global_ids` (ascending ints)."""
@@ -41,9 +48,7 @@ class RowSeededNormal(keras.initializers.Initializer):
         ends = np.append(starts[1:], len(ids))
         parts = [tf.zeros([0, dim], dtype)]
         for block, start, end in zip(blocks, starts, ends):
-            values = tf.random.stateless_normal([CHUNK_ROWS, dim], seed=[self.seed, int(block)],
-                                                mean=self.mean, stddev=self.stddev, dtype=dtype)
-            parts.append(tf.gather(values, ids[start:end] - block * CHUNK_ROWS))
+            parts.append(tf.gather(self._block(block, dim, dtype), ids[start:end] - block * CHUNK_ROWS))
         return tf.concat(parts, axis=0)
 
     def keyed_rows(self, keys, dim):
@@ -61,6 +66,11 @@ class RowSeededNormal(keras.initializers.Initializer):
         angle = 2.0 * np.pi * uniform[:, pairs:]
         normal = tf.concat([radius * tf.cos(angle), radius * tf.sin(angle)], axis=1)[:, :dim]
         return tf.cast(self.mean + self.stddev * normal, tf.float32)
+
+    def _block(self, block, dim, dtype):
+        """Rows [block * CHUNK_ROWS, (block + 1) * CHUNK_ROWS), drawn from (seed, block)."""
+        return tf.random.stateless_normal([CHUNK_ROWS, dim], seed=[self.seed, int(block)],
+                                          mean=self.mean, stddev=self.stddev, dtype=dtype)
 
     def get_config(self):
         return {"mean": self.mean, "stddev": self.stddev, "seed": self.seed}
