@@ -80,7 +80,7 @@ class JobResult:
 
     def __init__(self, job, log_dir, launch_output):
         self.name, self.ranks, self.log_dir = job.name, job.ranks, log_dir
-        self._launch_output = launch_output
+        self.launch_output = launch_output
 
     def _read(self, rank, kind):
         path = os.path.join(self.log_dir, f"rank{rank}.{kind}")
@@ -93,7 +93,7 @@ class JobResult:
         statuses = [self._read(rank, "status") for rank in range(self.ranks)]
         assert None not in statuses, (
             f"job {self.name} did not end on every rank (statuses {statuses}); its launch's "
-            f"output:\n{self._launch_output[-5000:]}")
+            f"output:\n{self.launch_output[-5000:]}")
         return [int(status) for status in statuses]
 
     @property
@@ -234,7 +234,7 @@ def _write_outcome(jobs, error):
     """What InAnotherWorker reads: every job's log directory and its launch's output, and the
     error that ended the launches, if any (written whole, then renamed into place)."""
     written = {"error": None if error is None else repr(error),
-               "jobs": {name: (job.log_dir, job._launch_output) for name, job in jobs.items()}}
+               "jobs": {name: (job.log_dir, job.launch_output) for name, job in jobs.items()}}
     partial = jobs.directory / (OUTCOME_FILE + ".partial")
     partial.write_text(json.dumps(written))
     os.replace(partial, jobs.directory / OUTCOME_FILE)
