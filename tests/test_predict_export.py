@@ -11,7 +11,8 @@ run trains once (a job of the grouped launches, tests/grouped_launches.py: the o
 in one process, the 2-rank ones in one launch) and is shared by the tests that use it. Hashed,
 vocabulary and min-max encodings; DeepFM, Wide & Deep, DCN and DCN-v2; float32, mixed_float16 and
 mixed_bfloat16; one process and two Horovod ranks (replicated, row-sharded and dynamic tables);
-Criteo (plain, and a .gz file longer than two read chunks) and Avazu."""
+Criteo (plain, and a .gz file longer than two read chunks) and Avazu. Every test's predictions,
+exports and loads run together, TensorFlow starting once for each kind (the fixture `scored`)."""
 
 import csv
 import gzip
@@ -26,7 +27,7 @@ import numpy as np
 import pytest
 
 from tests import grouped_launches
-from tests.horovod_launch import REPO_ROOT, python_side_by_side
+from tests.horovod_launch import python_side_by_side
 
 # A tiny model, one epoch of about 9 steps; learning rates high enough that the trained weights
 # are far from their initial values (so a restore that loses them cannot pass as trained).
@@ -60,12 +61,6 @@ RUNS = {
                                 "--categorical_encoding=fingerprint", "--dynamic_capacity=6000"],
                                2),
 }
-
-
-def run_module(module, *flags, timeout=300):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    return subprocess.run([sys.executable, "-m", module, *flags], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def criteo_files(directory, rows=700):
@@ -127,81 +122,6 @@ def trained_predictions(checkpoint_dir):
     return record["lines"], np.array(record["probabilities"], np.float32), record["global_step"]
 
 
-def predict_flags(checkpoint_dir, path, output):
-    return [f"--checkpoint_dir={checkpoint_dir}", f"--input={path}", f"--output={output}",
-            "--batch_size=100"]
-
-
-def predict(checkpoint_dir, path, output):
-    """launch.predict on `path`: (CSV header, rows, its report on stdout)."""
-    done = run_module("launch.predict", *predict_flags(checkpoint_dir, path, output))
-    assert done.returncode == 0, done.stdout + done.stderr
-    header, rows = read_predictions(output)
-    return header, rows, done.stdout
-
-
-def predict_and_export(checkpoint_dir, path, output, served):
-    """launch.predict on `path` (as `predict`) and launch.export to `served`, side by side:
-    (CSV header, rows, predict's report on stdout)."""
-    predicted, exported = python_side_by_side(
-        [["-m", "launch.predict", *predict_flags(checkpoint_dir, path, output)],
-         ["-m", "launch.export", f"--checkpoint_dir={checkpoint_dir}", f"--output={served}"]],
-        timeout=300, separate_stderr=True)
-    assert predicted.returncode == 0, predicted.stdout + predicted.stderr
-    assert exported.returncode == 0, exported.stdout + exported.stderr
-    header, rows = read_predictions(output)
-    return header, rows, predicted.stdout
-
-
-LOAD_SCRIPT = textwrap.dedent("""
-    import json
-    import sys
-    # tfscale (installed in this environment) and the repository's packages cannot be imported
-    # here: loading needs TensorFlow alone.
-    for blocked in ("tfscale", "models", "launch"):
-        sys.modules[blocked] = None
-    import numpy as np
-    import tensorflow as tf
-    saved_model, out, fields, *files = sys.argv[1:]
-    loaded = tf.saved_model.load(saved_model)
-    score_lines = loaded.signatures["score_lines"]
-    results = {}
-    for name, path, header_lines in zip(files[::3], files[1::3], files[2::3]):
-        lines = open(path).read().splitlines()[int(header_lines):]
-        results[name] = score_lines(lines=tf.constant(lines))["probability"].numpy()
-        results[name + "_one_by_one"] = np.concatenate([
-            score_lines(lines=tf.constant(lines[i:i + 1]))["probability"].numpy()
-            for i in range(0, len(lines), 97)])
-    if fields != "-":
-        columns = json.load(open(fields))
-        results["serving_default"] = loaded.signatures["serving_default"](
-            **{name: tf.constant(values) for name, values in columns.items()})[
-            "probability"].numpy()
-    np.savez(out, **results)
-""")
-
-
-def load_in_fresh_process(tmp_path, saved_model, files, fields=None):
-    """score_lines of the SavedModel on each {name: (path, header lines)}, whole and every 97th
-    line alone (`<name>_one_by_one`), and serving_default on `fields` ({name: column of
-    values}, if given; "serving_default"), run by TensorFlow only: outside the checkout, no
-    PYTHONPATH, isolated, tfscale's packages blocked."""
-    script = tmp_path / "load_saved_model.py"
-    script.write_text(LOAD_SCRIPT)
-    out = tmp_path / "loaded"
-    fields_file = "-"
-    if fields is not None:
-        fields_file = tmp_path / "fields.json"
-        fields_file.write_text(json.dumps(fields))
-    args = [str(value) for name, (path, header) in files.items() for value in (name, path, header)]
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([sys.executable, "-I", str(script), str(saved_model), str(out),
-                           str(fields_file), *args],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return dict(np.load(f"{out}.npz"))
-
-
 PREDICT_DIR = "{dir}/predict"
 CRITEO_FILE = f"{PREDICT_DIR}/train.txt"
 AVAZU_FILE = f"{PREDICT_DIR}/avazu_train.csv"
@@ -245,6 +165,127 @@ def assert_scores(actual, expected, tolerance, what):
     np.testing.assert_allclose(actual, expected, rtol=0, atol=tolerance, err_msg=what)
 
 
+def precision_of(run):
+    flags, _ = RUNS[run]
+    return next((flag.split("=")[1] for flag in flags if flag.startswith("--precision=")),
+                "float32")
+
+
+LOAD_SCRIPT = textwrap.dedent("""
+    import json
+    import sys
+    # tfscale (installed in this environment) and the repository's packages cannot be imported
+    # here: loading needs TensorFlow alone.
+    for blocked in ("tfscale", "models", "launch"):
+        sys.modules[blocked] = None
+    import numpy as np
+    import tensorflow as tf
+    plan_path, out_dir = sys.argv[1:]
+    for case, plan in json.load(open(plan_path)).items():
+        loaded = tf.saved_model.load(plan["saved_model"])
+        score_lines = loaded.signatures["score_lines"]
+        results = {}
+        for name, path, header_lines in plan["files"]:
+            lines = open(path).read().splitlines()[header_lines:]
+            results[name] = score_lines(lines=tf.constant(lines))["probability"].numpy()
+            results[name + "_one_by_one"] = np.concatenate([
+                score_lines(lines=tf.constant(lines[i:i + 1]))["probability"].numpy()
+                for i in range(0, len(lines), 97)])
+        if plan["fields"] is not None:
+            results["serving_default"] = loaded.signatures["serving_default"](
+                **{name: tf.constant(values) for name, values in plan["fields"].items()})[
+                "probability"].numpy()
+        np.savez(f"{out_dir}/{case}.npz", **results)
+""")
+
+
+def gz_lines(reference_lines, unlabelled_lines, chunk_lines):
+    """(lines, first, last) of an unlabelled file longer than two read chunks: the trained
+    model's test lines without labels at `first`, straddling the end of the first chunk, and
+    again at `last`, the end; filler lines elsewhere."""
+    n = len(reference_lines)
+    filler = unlabelled_lines * (2 * chunk_lines // len(unlabelled_lines) + 2)
+    first = chunk_lines - n // 2
+    lines = (filler[:first] + criteo_without_label(reference_lines)
+             + filler[first:2 * chunk_lines + 50] + criteo_without_label(reference_lines))
+    return lines, first, len(lines) - n
+
+
+class Scored:
+    """What the module's launch.predict and launch.export jobs and the SavedModels' loading gave:
+    `directory/<case>` holds each case's inputs and outputs."""
+
+    def __init__(self, directory):
+        self.directory = directory
+        self.predicts, self.exports, self.loads = {}, {}, {}
+
+    def path(self, case, name):
+        (self.directory / case).mkdir(exist_ok=True)
+        return self.directory / case / name
+
+    def predict(self, case, checkpoint_dir, input_path):
+        """Adds launch.predict of `input_path` (to <case>/p.csv) as a job."""
+        self.predicts[case] = [f"--checkpoint_dir={checkpoint_dir}", f"--input={input_path}",
+                               f"--output={self.path(case, 'p.csv')}", "--batch_size=100"]
+
+    def export(self, case, checkpoint_dir):
+        """Adds launch.export (to <case>/served) as a job."""
+        self.exports[case] = [f"--checkpoint_dir={checkpoint_dir}",
+                              f"--output={self.path(case, 'served')}"]
+
+    def load(self, case, served_case, files, fields=None):
+        """Adds loading <served_case>/served: score_lines of each {name: (path, header lines)},
+        whole and every 97th line alone (`<name>_one_by_one`), and serving_default on `fields`
+        ({name: column of values}), if given ("serving_default")."""
+        self.loads[case] = {"saved_model": str(self.path(served_case, "served")),
+                            "files": [[name, str(path), header]
+                                      for name, (path, header) in files.items()],
+                            "fields": fields}
+
+    def run(self):
+        """The predict jobs in one process and the export jobs in another, side by side (the
+        launchers define flags of the same names), then the loads in one fresh process run by
+        TensorFlow only: outside the checkout, no PYTHONPATH, isolated, tfscale's packages
+        blocked."""
+        commands = []
+        for kind, jobs in (("predict", self.predicts), ("export", self.exports)):
+            plan = [{"name": f"{kind}-{case}", "log_dir": str(self.path(case, kind)),
+                     "module": "tests.multiworker.command_run",
+                     "args": [f"launch.{kind}", *flags]} for case, flags in jobs.items()]
+            plan_path = self.directory / f"{kind}.json"
+            plan_path.write_text(json.dumps(plan, indent=1))
+            commands.append(["tests/multiworker/jobs.py", str(plan_path)])
+        for done in python_side_by_side(commands, timeout=600):
+            assert done.returncode == 0, done.stdout[-5000:]
+        script = self.directory / "load_saved_models.py"
+        script.write_text(LOAD_SCRIPT)
+        plan_path = self.directory / "loads.json"
+        plan_path.write_text(json.dumps(self.loads))
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        done = subprocess.run([sys.executable, "-I", str(script), str(plan_path),
+                               str(self.directory)], cwd=self.directory, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    def outcome(self, case, kind):
+        """(exit status, stdout, stderr) of the case's "predict" or "export" job."""
+        log = self.path(case, kind)
+        status = (log / "rank0.status").read_text()
+        return int(status), (log / "rank0.stdout").read_text(), (log / "rank0.stderr").read_text()
+
+    def predictions(self, case):
+        """(CSV header, rows, the report on stdout) of the case's launch.predict, which (as its
+        launch.export, if any) must have succeeded."""
+        for kind in ("predict", "export") if case in self.exports else ("predict",):
+            status, stdout, stderr = self.outcome(case, kind)
+            assert status == 0, f"{kind}: {stdout}{stderr}"
+        header, rows = read_predictions(self.path(case, "p.csv"))
+        return header, rows, self.outcome(case, "predict")[1]
+
+    def loaded(self, case):
+        return dict(np.load(self.directory / f"{case}.npz"))
+
+
 @pytest.fixture(scope="module")
 def criteo(launched_jobs):
     """The labelled Criteo file the runs trained on and its lines without labels."""
@@ -252,44 +293,81 @@ def criteo(launched_jobs):
     return labelled, labelled.parent / "test.txt"
 
 
-def precision_of(run):
-    flags, _ = RUNS[run]
-    return next((flag.split("=")[1] for flag in flags if flag.startswith("--precision=")),
-                "float32")
+@pytest.fixture(scope="module")
+def scored(launched_jobs, criteo, tmp_path_factory):
+    """Every test's launch.predict and launch.export runs and SavedModel loads, run together
+    (Scored.run) so that TensorFlow starts three times instead of about thirty."""
+    from tfscale.data.criteo import CATEGORICAL_NAMES, DENSE_NAMES
+    from tfscale.data.text_lines import CHUNK_LINES
+
+    labelled, unlabelled = criteo
+    scored = Scored(tmp_path_factory.mktemp("scored"))
+    names = DENSE_NAMES + CATEGORICAL_NAMES
+    for run in RUNS:
+        checkpoint_dir = trained(launched_jobs, run)
+        lines = trained_predictions(checkpoint_dir)[0] + labelled.read_text().splitlines()
+        lines_path = scored.path(run, "lines.txt")
+        lines_path.write_text("\n".join(lines) + "\n")
+        unlabelled_path = scored.path(run, "unlabelled.txt")
+        unlabelled_path.write_text("\n".join(criteo_without_label(lines)) + "\n")
+        scored.predict(run, checkpoint_dir, lines_path)
+        scored.export(run, checkpoint_dir)
+        columns = [line.split("\t") + [""] * (len(names) - len(line.split("\t")))
+                   for line in criteo_without_label(lines)]
+        scored.load(run, run, {"labelled": (lines_path, 0), "unlabelled": (unlabelled_path, 0)},
+                    fields={name: [column[i] for column in columns]
+                            for i, name in enumerate(names)})
+
+    checkpoint_dir = trained(launched_jobs, "deepfm-hash")
+    lines, _, _ = gz_lines(trained_predictions(checkpoint_dir)[0],
+                           unlabelled.read_text().splitlines(), CHUNK_LINES)
+    with gzip.open(scored.path("gz", "many.txt.gz"), "wt") as stream:
+        stream.write("\n".join(lines) + "\n")
+    scored.path("gz", "many.txt").write_text("\n".join(lines) + "\n")
+    scored.predict("gz", checkpoint_dir, scored.path("gz", "many.txt.gz"))
+    scored.load("gz", "deepfm-hash", {"lines": (scored.path("gz", "many.txt"), 0)})
+
+    negatives = [line for line in labelled.read_text().splitlines() if line.startswith("0\t")]
+    scored.path("negatives", "lines.txt").write_text("\n".join(negatives[:20]) + "\n")
+    scored.predict("negatives", checkpoint_dir, scored.path("negatives", "lines.txt"))
+
+    checkpoint_dir = trained(launched_jobs, "avazu")
+    lines = (trained_predictions(checkpoint_dir)[0]
+             + launched_jobs.path(AVAZU_FILE).read_text().splitlines()[1:])
+    unlabelled_path = scored.path("avazu", "unlabelled.csv")
+    unlabelled_path.write_text("\n".join(avazu_without_label([AVAZU_HEADER] + lines)) + "\n")
+    lines_path = scored.path("avazu", "lines.csv")
+    lines_path.write_text("\n".join([AVAZU_HEADER] + lines) + "\n")
+    scored.predict("avazu", checkpoint_dir, unlabelled_path)
+    scored.export("avazu", checkpoint_dir)
+    columns = avazu_without_label([AVAZU_HEADER])[0].split(",")
+    values = [line.split(",") for line in avazu_without_label(lines)]
+    scored.load("avazu", "avazu", {"lines": (lines_path, 1)}, fields={
+        name: [v[columns.index(name)] for v in values] for name in columns if name != "id"})
+
+    scored.predict("no-run-record", scored.path("no-run-record", "nothing"), labelled)
+    scored.export("synthetic", trained(launched_jobs, "synthetic"))
+    scored.run()
+    return scored
 
 
 @pytest.mark.parametrize("run", list(RUNS))
-def test_predict_and_saved_model_score_as_the_trained_model(tmp_path, criteo, launched_jobs, run):
+def test_predict_and_saved_model_score_as_the_trained_model(scored, launched_jobs, run):
     """launch.predict on a labelled file and the SavedModel's score_lines (lines with and without
     labels, whole and one by one) and serving_default (fields by name) give the trained model's
     own scores of its test lines, and agree with each other on every line of the file."""
-    labelled, _ = criteo
-    checkpoint_dir = trained(launched_jobs, run)
-    reference_lines, reference, global_step = trained_predictions(checkpoint_dir)
+    _, reference, global_step = trained_predictions(trained(launched_jobs, run))
     tolerance = TOLERANCE[precision_of(run)]
     n = len(reference)
-    lines = reference_lines + labelled.read_text().splitlines()
-    scored = tmp_path / "lines.txt"
-    scored.write_text("\n".join(lines) + "\n")
-    unlabelled = tmp_path / "unlabelled.txt"
-    unlabelled.write_text("\n".join(criteo_without_label(lines)) + "\n")
-
-    served = tmp_path / "served"
-    header, rows, report = predict_and_export(checkpoint_dir, scored, tmp_path / "p.csv", served)
+    header, rows, report = scored.predictions(run)
     assert f"at global step {global_step};" in report, report
     assert "AUC " in report and "logloss" in report, report
+    lines = scored.path(run, "lines.txt").read_text().splitlines()
     assert header == ["probability"] and len(rows) == len(lines)
     probabilities = np.array([row[0] for row in rows], np.float32)
     assert_scores(probabilities[:n], reference, tolerance, "launch.predict")
 
-    from tfscale.data.criteo import CATEGORICAL_NAMES, DENSE_NAMES
-
-    names = DENSE_NAMES + CATEGORICAL_NAMES
-    columns = [line.split("\t") + [""] * (len(names) - len(line.split("\t")))
-               for line in criteo_without_label(lines)]
-    loaded = load_in_fresh_process(
-        tmp_path, served, {"labelled": (scored, 0), "unlabelled": (unlabelled, 0)},
-        fields={name: [column[i] for column in columns] for i, name in enumerate(names)})
+    loaded = scored.loaded(run)
     for name in ("labelled", "unlabelled"):
         assert_scores(loaded[name][:n], reference, tolerance, f"score_lines, {name}")
         assert_scores(loaded[name], probabilities, 1e-6, f"score_lines, {name}, vs predict")
@@ -301,94 +379,60 @@ def test_predict_and_saved_model_score_as_the_trained_model(tmp_path, criteo, la
     assert_scores(by_fields, probabilities, 1e-6, "serving_default vs predict")
 
 
-def test_predict_reads_a_gz_file_of_several_chunks_in_order(tmp_path, criteo, launched_jobs):
+def test_predict_reads_a_gz_file_of_several_chunks_in_order(scored, criteo, launched_jobs):
     """An unlabelled .gz file longer than two read chunks (CHUNK_LINES lines each) is scored line
     for line: the trained model's test lines, placed across the first chunk boundary and at the
     end, get the trained model's scores, and every line gets score_lines' score."""
     from tfscale.data.text_lines import CHUNK_LINES
 
-    _, unlabelled = criteo
-    checkpoint_dir = trained(launched_jobs, "deepfm-hash")
-    reference_lines, reference, _ = trained_predictions(checkpoint_dir)
+    reference_lines, reference, _ = trained_predictions(trained(launched_jobs, "deepfm-hash"))
     n = len(reference)
-    filler = unlabelled.read_text().splitlines()
-    filler = filler * (2 * CHUNK_LINES // len(filler) + 2)
-    first = CHUNK_LINES - n // 2  # the reference lines straddle the end of the first chunk
-    lines = (filler[:first] + criteo_without_label(reference_lines)
-             + filler[first:2 * CHUNK_LINES + 50] + criteo_without_label(reference_lines))
-    last = len(lines) - n
+    lines, first, last = gz_lines(reference_lines, criteo[1].read_text().splitlines(),
+                                  CHUNK_LINES)
     assert len(lines) > 2 * CHUNK_LINES
-    path = tmp_path / "many.txt.gz"
-    with gzip.open(path, "wt") as stream:
-        stream.write("\n".join(lines) + "\n")
-
-    served = tmp_path / "served"
-    header, rows, _ = predict_and_export(checkpoint_dir, path, tmp_path / "p.csv", served)
+    header, rows, _ = scored.predictions("gz")
     assert header == ["probability"] and len(rows) == len(lines)
     probabilities = np.array([row[0] for row in rows], np.float32)
     assert_scores(probabilities[first:first + n], reference, TOLERANCE["float32"],
                   "across the chunk boundary")
     assert_scores(probabilities[last:], reference, TOLERANCE["float32"], "at the end")
-
-    plain = tmp_path / "many.txt"
-    plain.write_text("\n".join(lines) + "\n")
-    loaded = load_in_fresh_process(tmp_path, served, {"lines": (plain, 0)})
-    assert_scores(loaded["lines"], probabilities, 1e-6, "every line, score_lines vs predict")
+    assert_scores(scored.loaded("gz")["lines"], probabilities, 1e-6,
+                  "every line, score_lines vs predict")
 
 
-def test_predict_scores_a_labelled_file_of_one_class(tmp_path, criteo, launched_jobs):
+def test_predict_scores_a_labelled_file_of_one_class(scored):
     """A labelled file whose labels are all 0 is scored, with its log loss and an undefined AUC
     in the report (it used to end in a traceback from the AUC)."""
-    labelled, _ = criteo
-    negatives = [line for line in labelled.read_text().splitlines() if line.startswith("0\t")]
-    path = tmp_path / "negatives.txt"
-    path.write_text("\n".join(negatives[:20]) + "\n")
-    header, rows, report = predict(trained(launched_jobs, "deepfm-hash"), path,
-                                   tmp_path / "p.csv")
+    header, rows, report = scored.predictions("negatives")
     assert header == ["probability"] and len(rows) == 20
     assert "AUC undefined" in report and "logloss" in report, report
 
 
-def test_avazu_predictions_keep_order_and_ids(tmp_path, launched_jobs):
+def test_avazu_predictions_keep_order_and_ids(scored, launched_jobs):
     """Avazu: launch.predict hands the id column through in order and gives the trained model's
     scores of its test lines; score_lines (labelled, with the header skipped) and
     serving_default agree."""
-    train_lines = launched_jobs.path(AVAZU_FILE).read_text().splitlines()[1:]
-    checkpoint_dir = trained(launched_jobs, "avazu")
-    reference_lines, reference, _ = trained_predictions(checkpoint_dir)
+    _, reference, _ = trained_predictions(trained(launched_jobs, "avazu"))
     n = len(reference)
-    lines = reference_lines + train_lines
-    unlabelled = tmp_path / "unlabelled.csv"
-    unlabelled.write_text("\n".join(avazu_without_label([AVAZU_HEADER] + lines)) + "\n")
-    served = tmp_path / "served"
-    header, rows, _ = predict_and_export(checkpoint_dir, unlabelled, tmp_path / "p.csv", served)
+    lines = scored.path("avazu", "lines.csv").read_text().splitlines()[1:]
+    header, rows, _ = scored.predictions("avazu")
     assert header == ["id", "probability"]
     assert [row[0] for row in rows] == [line.split(",")[0] for line in lines]
     probabilities = np.array([row[1] for row in rows], np.float32)
     assert_scores(probabilities[:n], reference, TOLERANCE["float32"], "launch.predict")
-
-    scored = tmp_path / "lines.csv"
-    scored.write_text("\n".join([AVAZU_HEADER] + lines) + "\n")
-    columns = avazu_without_label([AVAZU_HEADER])[0].split(",")
-    values = [line.split(",") for line in avazu_without_label(lines)]
-    loaded = load_in_fresh_process(tmp_path, served, {"lines": (scored, 1)}, fields={
-        name: [v[columns.index(name)] for v in values] for name in columns if name != "id"})
+    loaded = scored.loaded("avazu")
     assert_scores(loaded["lines"], probabilities, 1e-6, "score_lines vs predict")
     assert_scores(loaded["serving_default"], probabilities, 1e-6, "serving_default vs predict")
 
 
-def test_predict_and_export_errors_are_one_paragraph(tmp_path, criteo, launched_jobs):
+def test_predict_and_export_errors_are_one_paragraph(scored, launched_jobs):
     """Predict without a run record and export of a synthetic-data run (no file format, so no
     trained predictions either) end with one paragraph and exit status 2."""
-    labelled, _ = criteo
-    missing = run_module("launch.predict", f"--checkpoint_dir={tmp_path}/nothing",
-                         f"--input={labelled}")
-    assert missing.returncode == 2 and "has no run.json" in missing.stderr, missing.stderr
-    assert "Traceback" not in missing.stderr
-    synthetic = trained(launched_jobs, "synthetic")
-    assert not os.path.exists(synthetic / "trained_predictions.json")
-    refused = run_module("launch.export", f"--checkpoint_dir={synthetic}",
-                         f"--output={tmp_path}/served")
-    assert refused.returncode == 2, refused.stderr
-    assert "trained on --data=synthetic, which has no file format to export" in refused.stderr
-    assert not os.path.exists(tmp_path / "served")
+    status, _, stderr = scored.outcome("no-run-record", "predict")
+    assert status == 2 and "has no run.json" in stderr, stderr
+    assert "Traceback" not in stderr
+    assert not os.path.exists(trained(launched_jobs, "synthetic") / "trained_predictions.json")
+    status, _, stderr = scored.outcome("synthetic", "export")
+    assert status == 2, stderr
+    assert "trained on --data=synthetic, which has no file format to export" in stderr
+    assert not os.path.exists(scored.path("synthetic", "served"))

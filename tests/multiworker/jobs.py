@@ -19,7 +19,9 @@ import contextlib
 import importlib
 import json
 import os
+import resource
 import sys
+import time
 import traceback
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -70,6 +72,13 @@ def run_job(module, args):
     return 1
 
 
+def _cpu_seconds():
+    """CPU time this process has used (user and system), so that a launch's output tells what
+    each job cost."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def main(plan_path):
     with open(plan_path) as f:
         plan = json.load(f)
@@ -78,11 +87,14 @@ def main(plan_path):
     for job in plan:
         log = os.path.join(job["log_dir"], f"rank{rank}")
         os.makedirs(job["log_dir"], exist_ok=True)
+        started, cpu_before = time.monotonic(), _cpu_seconds()
         with output_to(f"{log}.stdout", f"{log}.stderr"):
             status = run_job(job["module"], job["args"])
         with open(f"{log}.status", "w") as f:
             f.write(str(status))
-        print(f"rank {rank}: job {job['name']} ended with status {status}", flush=True)
+        print(f"rank {rank}: job {job['name']} ended with status {status} "
+              f"({time.monotonic() - started:.1f} s, {_cpu_seconds() - cpu_before:.1f} CPU s)",
+              flush=True)
         if status != 0 and under_horovodrun:
             os._exit(status)
     return 0
