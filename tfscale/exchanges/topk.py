@@ -23,8 +23,9 @@ shapes, which checkpoints keep per rank. They are the known exception to "a step
 the batch": each step passes over every row of them (the add, the finite check, the row norms,
 top_k, the scatter and the assignment), and error feedback leaves a nonzero residual in every row
 a batch touched and top-k did not send, so a row-sparse residual would soon hold the whole table
-(docs/gtopk.md, measured in docs/results/table_scaling.md). `describe_residuals` states their size. Summed rows carry no per-id counts (not for CowClip),
-and delayed rows do not fit the error feedback (no staleness)."""
+(docs/gtopk.md, measured in docs/results/table_scaling.md). `describe_residuals` states their
+size. Summed rows carry no per-id counts (not for CowClip), and delayed rows do not fit the error
+feedback (no staleness)."""
 
 import abc
 
