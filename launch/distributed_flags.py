@@ -62,6 +62,14 @@ def embedding_exchange(steps_per_epoch):
         dense_gradients=FLAGS.topk_dense_gradients)
 
 
+def describe_residuals(exchange, model):
+    """The line on a top-k exchange's error-feedback residuals (their rows and megabytes per
+    rank), None for the other exchanges."""
+    if not isinstance(exchange, exchanges.TopKExchange):
+        return None
+    return exchange.describe_residuals(model.trainable_variables)
+
+
 def describe(exchange):
     """A few words on the process layout and the gradient exchange."""
     from tfscale import distributed

@@ -82,6 +82,9 @@ def run():
               f"{precision_flags.describe()}; {distributed_flags.describe(exchange)}; TensorFlow "
               f"{tf.__version__}", flush=True)
         print(hybrid_flags.describe(model), flush=True)
+        residuals = distributed_flags.describe_residuals(exchange, model)
+        if residuals:
+            print(residuals, flush=True)
         warning = precision_flags.cpu_float16_warning()
         if warning:
             print(warning, flush=True)

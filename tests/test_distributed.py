@@ -243,6 +243,14 @@ def test_launcher_under_horovodrun(launched_run):
     # Bytes of the gradient exchange per step in TensorBoard (dense allreduce and gTop-k rounds).
     scalars = train_scalars(f"{run_dir}/logs")
     assert scalars["exchange/bytes_sent"] > 0 and scalars["exchange/bytes_received"] > 0, scalars
+    # The start-up line on the residuals: rank 0's, as they are in its checkpoint.
+    residuals = [value for name, value in checkpoint_values(f"{run_dir}/ckpt").items()
+                 if name.startswith("per_rank/residual/") and name.endswith("@rank0")]
+    assert len(residuals) == 2, residuals  # the deep and the wide table
+    rows = sum(value.shape[0] for value in residuals)
+    megabytes = sum(value.astype(np.float32).nbytes for value in residuals) / 1e6
+    assert (f"[0]<stdout>:gtopk error-feedback residuals: {rows:,} table rows, {megabytes:,.1f} "
+            "MB float32 per rank, every row passed over each step") in out, out
 
 
 def test_resumed_two_rank_run_equals_uninterrupted_one(launched_run, launched_jobs):

@@ -128,6 +128,25 @@ def test_density_one_trains_as_the_plain_exchange():
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("dense_gradients, megabytes", [(False, "4.4"), (True, "4.8")])
+def test_the_residuals_line_states_the_rows_and_bytes_each_rank_keeps(dense_gradients,
+                                                                       megabytes):
+    """The start-up line's rows are the tables' (deep and wide), its megabytes those of the
+    residuals the exchange then builds (the dense variables' too with dense_gradients)."""
+    with keras.name_scope("deep_embedding"):
+        deep = keras.Variable(np.zeros((100_000, 10), np.float32), name="embeddings")
+    with keras.name_scope("wide_embedding"):
+        wide = keras.Variable(np.zeros((100_000, 1), np.float32), name="embeddings")
+    kernel = keras.Variable(np.zeros((1000, 100), np.float32), name="kernel")
+    exchange = exchanges.GTopKExchange(dense_gradients=dense_gradients)
+    line = exchange.describe_residuals([deep, wide, kernel])
+    assert line == (f"gtopk error-feedback residuals: 200,000 table rows, {megabytes} MB float32 "
+                    "per rank, every row passed over each step")
+    exchange.sparsify([tf.zeros(v.shape) for v in (deep, wide, kernel)], [deep, wide, kernel], 0)
+    built = sum(r.numpy().nbytes for r in exchange.residuals.values())
+    assert f"{built / 1e6:,.1f}" == megabytes
+
+
 def test_density_warmup_keeps_more_rows_first():
     table, gradient = _table_and_gradient(1)
     exchange = exchanges.GTopKExchange(density=0.04, warmup_density=0.2, warmup_steps=1)

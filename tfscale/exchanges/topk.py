@@ -19,11 +19,17 @@ residual unchanged and hands the optimizer NaN gradients, which a loss scaler sk
 (without a scaler the run's NonFiniteGuard stops it).
 
 Residuals belong to each rank: `TopKResiduals`, float32 variables of the selected variables'
-shapes, which checkpoints keep per rank. Summed rows carry no per-id counts (not for CowClip),
-and delayed rows do not fit the error feedback (no staleness)."""
+shapes, which checkpoints keep per rank. They are the known exception to "a step's cost follows
+the batch": each step passes over every row of them (the add, the finite check, the row norms,
+top_k, the scatter and the assignment), and error feedback leaves a nonzero residual in every row
+a batch touched and top-k did not send, so a row-sparse residual would soon hold the whole table
+(docs/gtopk.md, measured in docs/results/table_scaling.md). `describe_residuals` states their
+size. Summed rows carry no per-id counts (not for CowClip), and delayed rows do not fit the error
+feedback (no staleness)."""
 
 import abc
 
+import numpy as np
 import tensorflow as tf
 
 from tfscale import distributed
@@ -95,6 +101,15 @@ class TopKExchange(SynchronousExchange):
 
     def per_rank_states(self):
         return [self.state]
+
+    def describe_residuals(self, variables):
+        """One line on the residuals this rank keeps for `variables` (a model's trainable
+        variables), built or not: the selected tables' rows and every residual's megabytes."""
+        selected = [v for v in variables if self.is_selected(v)]
+        rows = sum(int(v.shape[0]) for v in selected if tables.is_row_table(v))
+        megabytes = sum(int(np.prod(v.shape)) for v in selected) * 4 / 1e6
+        return (f"{self.name} error-feedback residuals: {rows:,} table rows, {megabytes:,.1f} MB "
+                "float32 per rank, every row passed over each step")
 
     def is_selected(self, variable):
         """Whether `variable`'s gradient is top-k sparsified (rows for embedding tables)."""
