@@ -2,18 +2,17 @@
 rows, least-recently-used eviction and expiry, fresh rows and optimizer state, lookups outside
 training, checkpoints, bad settings; and under horovodrun at P = 2 and 4 the same ids, rows,
 optimizer state and decisions as one process on the same global batches
-(tests/multiworker/dynamic_steps.py)."""
+(tests/multiworker/dynamic_steps.py, jobs of the grouped launches: tests/grouped_launches.py)."""
 
 import glob
 import os
-import sys
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.horovod_launch import python_side_by_side
+from tests import grouped_launches
 from tfscale.embedding.dynamic import FIELD_BITS, DynamicTables
 from tfscale.embedding.field_embedding import FieldEmbedding
 from tfscale.embedding.initializers import RowSeededNormal
@@ -22,9 +21,6 @@ from tfscale.optimizers import RowSparseAdam
 from tfscale.optimizers.table_state import table_state
 from tfscale.training.checkpoints import CheckpointStore
 from tfscale.training.train_step import FunctionalTrainStepModel
-
-STEPS_SCRIPT = "tests/multiworker/dynamic_steps.py"
-
 
 def embedding(**settings):
     layer = FieldEmbedding([10], embedding_dim=3, sharding=DynamicTables(**settings),
@@ -176,32 +172,33 @@ def test_a_checkpoint_restores_rows_state_and_the_id_map(tmp_path):
 
 
 # (ranks that wrote the checkpoint, ranks that resume it) of the resumed runs: each launch of
-# the first round resumes its own checkpoint; one 2-rank launch then resumes the others.
+# stage 0 resumes its own checkpoint; one 2-rank launch of stage 1 then resumes the others.
 RESUMES = [(1, 1), (2, 2), (4, 4), (1, 2), (4, 2)]
+STEPS_DIR = "{dir}/dynamic_steps"
+STEPS_JOBS = [grouped_launches.job(f"dynamic-steps-P{ranks}", ranks,
+                                   "tests.multiworker.dynamic_steps", STEPS_DIR)
+              for ranks in (1, 2, 4)]
+STEPS_JOBS.append(grouped_launches.job(
+    "dynamic-steps-resumed-on-2", 2, "tests.multiworker.dynamic_steps", STEPS_DIR,
+    "--resume_from=" + ",".join(f"{STEPS_DIR}/checkpoint-P{written}"
+                                for written, resumed in RESUMES
+                                if resumed == 2 and written != 2),
+    stage=1))
 
 
-def steps_script(num_ranks, out, *args):
-    """python arguments running dynamic_steps.py on `num_ranks` ranks (horovodrun for > 1)."""
-    script = [STEPS_SCRIPT, str(out), *args]
-    if num_ranks == 1:
-        return script
-    return ["-m", "horovod.runner.launch", "--gloo", "-np", str(num_ranks), "-H",
-            f"localhost:{num_ranks}", sys.executable] + script
+@grouped_launches.prepare
+def _steps_directory(directory):
+    os.makedirs(STEPS_DIR.format(dir=directory))
 
 
 @pytest.fixture(scope="module")
-def multi_rank_runs(tmp_path_factory):
-    """The npz files of dynamic_steps.py in one process and at P = 2 and 4, run side by side,
-    each resuming its own checkpoint; then P = 2 resuming the others (RESUMES)."""
-    out = tmp_path_factory.mktemp("dynamic_steps")
-    others = ",".join(f"{out}/checkpoint-P{written}" for written, resumed in RESUMES
-                      if resumed == 2 and written != 2)
-    for launches in ([steps_script(p, out) for p in (1, 2, 4)],
-                     [steps_script(2, out, f"--resume_from={others}")]):
-        for result in python_side_by_side(launches, timeout=420):
-            assert result.returncode == 0 and "dynamic steps done" in result.stdout, \
-                result.stdout[-3000:]
-    return out
+def multi_rank_runs(launched_jobs):
+    """The directory of the npz files of dynamic_steps.py in one process and at P = 2 and 4,
+    each resuming its own checkpoint, and of P = 2 resuming the others (RESUMES)."""
+    for name in STEPS_JOBS:
+        job = launched_jobs[name]
+        assert job.returncode == 0 and "dynamic steps done" in job.stdout(), job.output[-3000:]
+    return str(launched_jobs.path(STEPS_DIR))
 
 
 def ranks_of(out, run, num_ranks):

@@ -11,7 +11,8 @@ checkpoint after SAVED_STEPS steps to OUT_DIR/checkpoint-P<P>.
 
 Then it restores the "evicting" run from its own checkpoint and trains the remaining steps,
 writing OUT_DIR/evicting-resumed-checkpoint-P<P>-P<P>-rank<r>.npz. With `--resume_from=DIR,...`
-(checkpoints written at any number of ranks) it does only that, from each DIR. Used by
+(checkpoints written at any number of ranks) it does only that, from each DIR. A job of
+tests/multiworker/jobs.py (`main(OUT_DIR, [--resume_from=DIR,...])`), used by
 tests/test_dynamic_tables.py."""
 
 import os
@@ -109,7 +110,9 @@ def run(name, out_dir, resume_from=None):
     np.savez(os.path.join(out_dir, f"{name}-P{size}-rank{rank}.npz"), **arrays)
 
 
-def main(out_dir, resume_from=()):
+def main(out_dir, *flags):
+    resume_from = [directory for flag in flags if flag.startswith("--resume_from=")
+                   for directory in flag.split("=", 1)[1].split(",")]
     distributed.init()
     if not resume_from:
         for name in RUNS:
@@ -121,5 +124,4 @@ def main(out_dir, resume_from=()):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], *[arg.split("=", 1)[1].split(",") for arg in sys.argv[2:]
-                        if arg.startswith("--resume_from=")])
+    main(*sys.argv[1:])
