@@ -38,7 +38,8 @@ CASES = {
     "default": SYNTHETIC,
     "seed_0_again": SYNTHETIC,
     "seed_1": [*SYNTHETIC, "--seed=1"],
-    "nondeterministic": [*SYNTHETIC, "--nodeterministic"],
+    # flags whose checks are independent share a case (a case costs a model build and a trace)
+    "nondeterministic_no_dedup": [*SYNTHETIC, "--nodeterministic", "--nodedup_ids"],
     "cowclip_dense": [*COWCLIP, "--embedding_update=dense"],
     "cowclip_rule_batch_256": [*SYNTHETIC, "--batch_size=256", "--scaling_rule=cowclip",
                                # CowClip and the defaults, given
@@ -50,11 +51,8 @@ CASES = {
     "cowclip_criteo_preset": [*SYNTHETIC, "--scaling_preset=criteo"],
     "cowclip_overrides": [*COWCLIP, "--learning_rate=0.003", "--embedding_learning_rate=0.0005",
                           "--l2=0.0002", "--clip_r=0.5", "--zeta=0.002", "--warmup_steps=3"],
-    "warmup_half_epoch": [*SYNTHETIC, "--warmup_epochs=0.5"],
-    "no_warmup": [*SYNTHETIC, "--warmup_epochs=0"],
-    "init_stddev": [*SYNTHETIC, "--embedding_init_stddev=0.05"],
-    "embedding_dim_4": [*SYNTHETIC, "--embedding_dim=4"],
-    "no_dedup": [*SYNTHETIC, "--nodedup_ids"],
+    "init_stddev_embedding_dim_4": [*SYNTHETIC, "--embedding_init_stddev=0.05",
+                                    "--embedding_dim=4"],
     "adam": ADAM,
     "came": [*SYNTHETIC, "--optimizer=came"],
     "came_dense": [*SYNTHETIC, "--optimizer=came", "--embedding_update=dense"],
@@ -66,11 +64,12 @@ CASES = {
     "adam_rule_linear": [*ADAM, "--scaling_rule=linear"],
     "adam_rate_and_l2": [*ADAM, "--learning_rate=0.01", "--l2=0.001"],
     "sgd_embedding_rate": [*SYNTHETIC, "--optimizer=sgd", "--embedding_learning_rate=0.05"],
-    "wide_deep": [*SYNTHETIC, "--model=wide_deep"],
-    "dcn": [*SYNTHETIC, "--model=dcn", "--cross_layers=2"],
+    "wide_deep_no_warmup": [*SYNTHETIC, "--model=wide_deep", "--warmup_epochs=0"],
+    "dcn_warmup_half_epoch": [*SYNTHETIC, "--model=dcn", "--cross_layers=2",
+                              "--warmup_epochs=0.5"],
     "dcn_v2": [*SYNTHETIC, "--model=dcn_v2", "--cross_layers=1"],
-    "dcn_v2_experts": [*SYNTHETIC, "--model=dcn_v2", "--cross_layers=2", "--cross_experts=3"],
-    "comm_dense": [*ADAM, "--embedding_comm=dense"],
+    "dcn_v2_experts_comm_dense": [*SYNTHETIC, "--model=dcn_v2", "--cross_layers=2",
+                                  "--cross_experts=3", "--embedding_comm=dense"],
     "comm_topk": [*ADAM, "--embedding_comm=topk", "--notopk_dense_gradients"],
     "comm_topk_full_warmup": [*ADAM, "--embedding_comm=topk", "--density_warmup=1.0"],
     "comm_gtopk": [*ADAM, "--embedding_comm=gtopk", "--density=0.01", "--density_warmup=0.05",
@@ -321,7 +320,7 @@ def test_optimizer_flags_override_the_rule(facts):
     assert case["model"]["l2"]["linear"] == 2e-4
 
 
-@pytest.mark.parametrize("name, steps", [("warmup_half_epoch", SYNTHETIC_STEPS // 2),
+@pytest.mark.parametrize("name, steps", [("dcn_warmup_half_epoch", SYNTHETIC_STEPS // 2),
                                          ("default", SYNTHETIC_STEPS)])
 def test_warmup_epochs_set_the_schedule_length(facts, name, steps):
     dense = inner(run(facts, name), "dense")["learning_rate"]
@@ -330,7 +329,7 @@ def test_warmup_epochs_set_the_schedule_length(facts, name, steps):
 
 
 def test_no_warmup_gives_a_constant_dense_rate(facts):
-    dense = inner(run(facts, "no_warmup"), "dense")["learning_rate"]
+    dense = inner(run(facts, "wide_deep_no_warmup"), "dense")["learning_rate"]
     assert dense == pytest.approx(
         PRESETS["synthetic"].dense_learning_rate * math.sqrt(BATCH / 1024), rel=1e-6)
 
@@ -415,8 +414,8 @@ def test_embedding_learning_rate_alone_splits_the_optimizer(facts):
 # ----------------------------------------------------------------------------- the model
 
 @pytest.mark.parametrize("name, model_class", [
-    ("default", "DeepFM"), ("cowclip_rule_batch_256", "DeepFM"), ("wide_deep", "WideDeep"),
-    ("dcn", "DCN"), ("dcn_v2", "DCNv2")])
+    ("default", "DeepFM"), ("cowclip_rule_batch_256", "DeepFM"), ("wide_deep_no_warmup", "WideDeep"),
+    ("dcn_warmup_half_epoch", "DCN"), ("dcn_v2", "DCNv2")])
 def test_model_flag_picks_the_model(facts, name, model_class):
     assert run(facts, name)["model"]["class"] == model_class
 
@@ -424,16 +423,17 @@ def test_model_flag_picks_the_model(facts, name, model_class):
 
 
 def test_cross_layers_and_experts(facts):
-    dcn = run(facts, "dcn")["model"]["cross"]
+    dcn = run(facts, "dcn_warmup_half_epoch")["model"]["cross"]
     width = 26 * 10 + 13  # flattened embeddings and dense features
     assert dcn == [{"class": "CrossNetwork", "kernel": [width, 1]}] * 2
     assert run(facts, "dcn_v2")["model"]["cross"] == [{"class": "FeatureCross", "experts": 1}]
-    assert run(facts, "dcn_v2_experts")["model"]["cross"] == [
+    assert run(facts, "dcn_v2_experts_comm_dense")["model"]["cross"] == [
         {"class": "MixtureCross", "experts": 3}] * 2
 
 
 def test_embedding_dim_sets_the_table_width(facts):
-    default, narrow = run(facts, "default")["model"], run(facts, "embedding_dim_4")["model"]
+    default = run(facts, "default")["model"]
+    narrow = run(facts, "init_stddev_embedding_dim_4")["model"]
     assert default["deep_table"][1] == 10 and narrow["deep_table"][1] == 4
     assert narrow["deep_table"][0] == default["deep_table"][0] == sum(default["vocabulary_sizes"])
     assert narrow["wide_table_rows"] == default["wide_table_rows"] == default["deep_table"][0]
@@ -442,7 +442,8 @@ def test_embedding_dim_sets_the_table_width(facts):
 def test_embedding_init_stddev_sets_the_initial_table_spread(facts):
     assert run(facts, "default")["initial_table_std"] == pytest.approx(
         PRESETS["synthetic"].embedding_init_stddev, rel=0.02)
-    assert run(facts, "init_stddev")["initial_table_std"] == pytest.approx(5e-2, rel=0.02)
+    assert run(facts, "init_stddev_embedding_dim_4")["initial_table_std"] == pytest.approx(
+        5e-2, rel=0.02)
 
 
 def test_dedup_ids(facts):
@@ -450,7 +451,7 @@ def test_dedup_ids(facts):
     for name in ("default", "cowclip_rule_batch_256"):
         dedup = run(facts, name)
         assert dedup["model"]["deduplicate"] and 0.0 < dedup["unique_id_rate"] < 1.0
-    plain = run(facts, "no_dedup")
+    plain = run(facts, "nondeterministic_no_dedup")
     assert not plain["model"]["deduplicate"] and plain["unique_id_rate"] is None
 
 
@@ -466,7 +467,7 @@ def test_seed_sets_the_initial_weights_and_deterministic_repeats_the_run(facts):
 def test_deterministic_flag_turns_op_determinism_on(facts):
     assert run(facts, "default")["op_determinism"] is True
     assert run(facts, "cowclip_rule_batch_256")["op_determinism"] is True
-    assert run(facts, "nondeterministic")["op_determinism"] is False
+    assert run(facts, "nondeterministic_no_dedup")["op_determinism"] is False
 
 
 # ----------------------------------------------------------------------------- precision
@@ -509,7 +510,7 @@ def test_loss_scale(facts, name, scale):
 @pytest.mark.parametrize("name, exchange_class", [
     ("default", "AllgatherExchange"),
     ("cowclip_rule_batch_256", "AllgatherExchange"),
-    ("comm_dense", "DenseExchange"),
+    ("dcn_v2_experts_comm_dense", "DenseExchange"),
     ("comm_topk", "TopKAllgatherExchange"),
     ("comm_gtopk", "GTopKExchange"),
 ])
