@@ -12,6 +12,7 @@ import tensorflow as tf
 from tfscale.embedding import tables
 from tfscale.embedding.field_embedding import FieldEmbedding
 from tfscale.optimizers import CowClip, FusedAdam, RowSparseAdam
+from tfscale.optimizers.table_state import per_row_state
 from tfscale.row_gradients import CountedSlices, sum_duplicate_rows
 from tfscale.training.callbacks import CatchUpRows
 from tfscale.training.train_step import FunctionalTrainStepModel
@@ -54,8 +55,8 @@ def _run(make_gradient, steps=4):
     for ids, grads in _batches(steps):
         step(tf.constant(ids, tf.int64), tf.constant(grads, tf.float32))
         history.append((ids, grads))
-    moments = [optimizer._momentums[0].numpy(), optimizer._velocities[0].numpy()]
-    return initial, history, table.numpy(), moments
+    moments = optimizer.table_state(table).per_row[0].numpy()
+    return initial, history, table.numpy(), (moments[:, 0], moments[:, 1])
 
 
 def _occurrence_slices(ids, grads):
@@ -205,8 +206,8 @@ def test_compiled_it_moves_only_the_rows_looked_up(deduplicate):
         np.testing.assert_array_equal(after[~seen], before[~seen])
         assert (after[seen] != before[seen]).any(axis=1).all()
     for table in _tables(model):
-        m = model.optimizer._momentums[model.optimizer._get_variable_index(table)]
-        assert not np.asarray(m)[~seen].any()
+        moments = per_row_state(model.optimizer, table)[0]
+        assert not np.asarray(moments)[~seen].any()
 
 
 def test_the_callback_catches_every_row_up_after_each_epoch():
