@@ -35,6 +35,20 @@ from tfscale.optimizers.fused_adam import FusedAdam
 from tfscale.optimizers.row_updates import RowUpdates
 
 
+_MOMENTS = "_moments"
+
+
+def two_slot_names(name):
+    """For the path of a moments slot (`..._moments`), the paths RowSparseAdam gave the same
+    moments when it kept them in two slots (Keras's `..._momentum`, `..._velocity`), whose
+    values stacked on axis 1 are the slot's: how checkpoints written that way are read. None for
+    any other name."""
+    if not name.endswith(_MOMENTS):
+        return None
+    prefix = name[:-len(_MOMENTS)]
+    return f"{prefix}_momentum", f"{prefix}_velocity"
+
+
 @keras.saving.register_keras_serializable(package="tfscale")
 class RowSparseAdam(DeclaresTableState, RowUpdates, FusedAdam):
     """FusedAdam whose tables' row gradients update only their rows; `table_l2`: L2 on the
@@ -68,7 +82,7 @@ class RowSparseAdam(DeclaresTableState, RowUpdates, FusedAdam):
             self._velocities += velocity
             self._moments.append(self.add_variable(
                 shape=(variable.shape[0], 2, *variable.shape[1:]), dtype=variable.dtype,
-                name=f"{variable.path.replace('/', '_')}_moments") if by_row else None)
+                name=f"{variable.path.replace('/', '_')}{_MOMENTS}") if by_row else None)
         self._last_steps = [self._last_step_slot(variable) for variable in var_list]
 
     def _last_step_slot(self, variable):
