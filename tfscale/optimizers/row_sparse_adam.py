@@ -70,7 +70,7 @@ class RowSparseAdam(DeclaresTableState, RowUpdates, FusedAdam):
             return
         if self.amsgrad:  # every variable updated whole
             super().build(var_list)
-            self._moments = self._last_steps = [None] * len(var_list)
+            self._moments, self._last_steps = [None] * len(var_list), [None] * len(var_list)
             return
         super(keras.optimizers.Adam, self).build(var_list)  # Keras's bookkeeping, not its slots
         self._momentums, self._velocities, self._moments = [], [], []
