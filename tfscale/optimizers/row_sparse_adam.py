@@ -204,7 +204,7 @@ class RowSparseAdam(DeclaresTableState, RowUpdates, FusedAdam):
         # bias-corrected rate of the first skipped step (the tail is spent within tens of steps).
         alpha_1 = self._corrected_rate(learning_rate, last + 1)
         ratio = beta_1 / tf.sqrt(beta_2)
-        tail = ratio * (1 - tf.pow(ratio, skipped)) / (1 - ratio)
+        tail = -ratio * _power_minus_1(ratio, skipped) / (1 - ratio)
         weight_rows -= alpha_1 * m_rows / (root_v + epsilon) * tail
         if self.table_l2:
             # The L2's pull, alpha * 2 * l2 * w / (sqrt(beta_2**j v) + eps) a step, with v the
@@ -215,18 +215,27 @@ class RowSparseAdam(DeclaresTableState, RowUpdates, FusedAdam):
             q = 1 / tf.sqrt(beta_2)
             below = tf.math.log(tf.maximum(root_v_row, epsilon) / epsilon) / tf.math.log(q)
             n = tf.minimum(tf.floor(below), skipped)
-            pull = (q * (tf.pow(q, n) - 1) / (q - 1) / tf.maximum(root_v_row, epsilon)
+            pull = (q * _power_minus_1(q, n) / (q - 1) / tf.maximum(root_v_row, epsilon)
                     + (skipped - n) / epsilon)
             weight_rows *= tf.exp(-alpha * 2 * self.table_l2 * pull)
-        return weight_rows, tf.pow(beta_1, skipped) * m_rows, tf.pow(beta_2, skipped) * v_rows
+        return (weight_rows, tf.exp(skipped * tf.math.log(beta_1)) * m_rows,
+                tf.exp(skipped * tf.math.log(beta_2)) * v_rows)
 
     def _corrected_rate(self, learning_rate, local_step):
         """Adam's bias-corrected learning rate at step `local_step` (1-based; a tensor of the
         rate's dtype, any shape)."""
         dtype = learning_rate.dtype
         beta_1, beta_2 = tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype)
-        return learning_rate * tf.sqrt(1 - tf.pow(beta_2, local_step)) / (
-            1 - tf.pow(beta_1, local_step))
+        return learning_rate * tf.sqrt(-_power_minus_1(beta_2, local_step)) / (
+            -_power_minus_1(beta_1, local_step))
 
     def get_config(self):
         return {**super().get_config(), "catch_up": self.catch_up}
+
+
+def _power_minus_1(base, exponent):
+    """base ** exponent - 1 for a scalar `base` > 0 and a tensor `exponent`, as
+    expm1(exponent * log(base)): TensorFlow's CPU Pow is an element-wise std::pow, many times
+    the cost of Expm1, and the catch-up takes several a row; expm1 also keeps 1 - beta ** t exact
+    to float rounding where it is small (Adam's first steps)."""
+    return tf.math.expm1(exponent * tf.math.log(base))
