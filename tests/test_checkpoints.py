@@ -74,3 +74,34 @@ def test_mismatched_model_is_a_user_error(tmp_path):
     other.optimizer.build(other.trainable_variables)
     with pytest.raises(UserError, match="does not match"):
         CheckpointStore(str(tmp_path), model=other, optimizer=other.optimizer).restore_latest()
+
+
+def test_a_checkpoint_with_row_sparse_adams_two_moment_slots_resumes(tmp_path):
+    """Tables' files written when RowSparseAdam kept a table's moments in two slots
+    (`..._momentum`, `..._velocity`) restore into its one slot (`..._moments`, [rows, 2, dim])."""
+    from tests.test_row_sparse_adam import _data, _model
+    from tfscale.optimizers import RowSparseAdam
+
+    model = _model()
+    model.compile(optimizer=RowSparseAdam(1e-2, table_l2=1e-3, name="tables"),
+                  loss="binary_crossentropy")
+    model.fit(*_data(), batch_size=16, epochs=1, verbose=0)
+    directory = CheckpointStore(str(tmp_path), model, model.optimizer).save(4, {"epoch": 0})
+    path = os.path.join(directory, "tables-0-of-1.npz")
+    with np.load(path) as stored:
+        arrays = {name: stored[name] for name in stored.files}
+    for name in [name for name in arrays if name.endswith("_moments")]:
+        moments = arrays.pop(name)
+        prefix = name.removesuffix("_moments")
+        arrays[f"{prefix}_momentum"], arrays[f"{prefix}_velocity"] = moments[:, 0], moments[:, 1]
+    assert sum(name.endswith("_velocity") for name in arrays) == 2, list(arrays)
+    np.savez(path, **arrays)
+
+    again = _model()
+    again.compile(optimizer=RowSparseAdam(1e-2, table_l2=1e-3, name="tables"),
+                  loss="binary_crossentropy")
+    again.optimizer.build(again.trainable_variables)
+    CheckpointStore(str(tmp_path), again, again.optimizer).restore_latest()
+    for a, b in zip(model.variables + model.optimizer.variables,
+                    again.variables + again.optimizer.variables):
+        np.testing.assert_array_equal(np.asarray(b), np.asarray(a), err_msg=a.path)

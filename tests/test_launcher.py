@@ -79,7 +79,7 @@ def test_training_run_reports_auc_and_writes_logs_and_checkpoints(launched_jobs)
 
 def _has_cowclip_state(values):
     """The embedding optimizer's moments of the tables, in the tables' file."""
-    return any(name.startswith("tables-0-of-1/embedding/") and name.endswith("_momentum")
+    return any(name.startswith("tables-0-of-1/embedding/") and name.endswith("_moments")
                for name in values)
 
 

@@ -12,6 +12,7 @@ import tensorflow as tf
 from tfscale.embedding import tables
 from tfscale.embedding.field_embedding import FieldEmbedding
 from tfscale.optimizers import CowClip, FusedAdam, RowSparseAdam
+from tfscale.optimizers.table_state import per_row_state
 from tfscale.row_gradients import CountedSlices, sum_duplicate_rows
 from tfscale.training.callbacks import CatchUpRows
 from tfscale.training.train_step import FunctionalTrainStepModel
@@ -34,6 +35,34 @@ def numpy_lazy_adam(weights, m, v, step, ids, grads):
     return weights, m, v
 
 
+def numpy_two_slot_adam(weights, m, v, last, step, ids, grads, l2):
+    """One step of RowSparseAdam as it was with its moments in two slots (float64): each row of
+    the batch caught up from its last step, then the table's L2 and Adam on its rows."""
+    def corrected(t):
+        return LR * np.sqrt(1 - BETA_2 ** t) / (1 - BETA_1 ** t)
+
+    unique, position = np.unique(ids, return_inverse=True)
+    gradient = np.zeros((len(unique), weights.shape[1]))
+    np.add.at(gradient, position, grads)
+    weights, m, v, last = weights.copy(), m.copy(), v.copy(), last.copy()
+    w, mu, nu = weights[unique], m[unique], v[unique]
+    skipped = (step - 1 - last[unique])[:, None]
+    ratio = BETA_1 / np.sqrt(BETA_2)
+    tail = ratio * (1 - ratio ** skipped) / (1 - ratio)
+    w = w - corrected(last[unique] + 1)[:, None] * mu / (np.sqrt(nu) + EPSILON) * tail
+    root_v_row = np.maximum(np.sqrt(nu.mean(axis=1, keepdims=True)), EPSILON)
+    q = 1 / np.sqrt(BETA_2)
+    n = np.minimum(np.floor(np.log(root_v_row / EPSILON) / np.log(q)), skipped)
+    pull = q * (q ** n - 1) / (q - 1) / root_v_row + (skipped - n) / EPSILON
+    w = w * np.exp(-corrected(step) * 2 * l2 * pull)
+    gradient += 2 * l2 * w
+    mu = BETA_1 * BETA_1 ** skipped * mu + (1 - BETA_1) * gradient
+    nu = BETA_2 * BETA_2 ** skipped * nu + (1 - BETA_2) * gradient ** 2
+    weights[unique] = w - corrected(step) * mu / (np.sqrt(nu) + EPSILON)
+    m[unique], v[unique], last[unique] = mu, nu, step
+    return weights, m, v, last
+
+
 def _batches(steps):
     rng = np.random.default_rng(3)
     for _ in range(steps):
@@ -54,8 +83,8 @@ def _run(make_gradient, steps=4):
     for ids, grads in _batches(steps):
         step(tf.constant(ids, tf.int64), tf.constant(grads, tf.float32))
         history.append((ids, grads))
-    moments = [optimizer._momentums[0].numpy(), optimizer._velocities[0].numpy()]
-    return initial, history, table.numpy(), moments
+    moments = optimizer.table_state(table).per_row[0].numpy()
+    return initial, history, table.numpy(), (moments[:, 0], moments[:, 1])
 
 
 def _occurrence_slices(ids, grads):
@@ -73,6 +102,50 @@ def test_matches_numpy_lazy_adam_and_leaves_absent_rows_alone():
     never = [3, 4, 6, 8, 9]
     np.testing.assert_array_equal(table[never], initial[never].astype("float32"))
     assert not m[never].any() and not v[never].any()
+
+
+def test_one_moments_slot_takes_the_two_slot_update():
+    """Rows 1, 5 and 7 miss batches, so they are caught up: the table, both moments (the slot's
+    [:, 0] and [:, 1]) and the last steps match the update as it was with two slots."""
+    l2 = 0.05
+    optimizer = RowSparseAdam(LR, beta_1=BETA_1, beta_2=BETA_2, epsilon=EPSILON, table_l2=l2)
+    initial = np.random.default_rng(0).normal(0, 0.1, (VOCAB, DIM))
+    table = keras.Variable(initial.astype("float32"), name="embeddings")
+    weights, m, v = initial, np.zeros_like(initial), np.zeros_like(initial)
+    last = np.zeros(VOCAB)
+    for step, (ids, grads) in enumerate(_batches(30), start=1):
+        optimizer.apply([_occurrence_slices(tf.constant(ids, tf.int64),
+                                            tf.constant(grads, tf.float32))], [table])
+        weights, m, v, last = numpy_two_slot_adam(weights, m, v, last, step, ids, grads, l2)
+    moments, last_steps = optimizer.table_state(table).per_row
+    assert tuple(moments.shape) == (VOCAB, 2, DIM)
+    np.testing.assert_allclose(table.numpy(), weights, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(moments.numpy()[:, 0], m, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(moments.numpy()[:, 1], v, rtol=1e-5, atol=1e-9)
+    np.testing.assert_array_equal(last_steps.numpy(), last)
+
+
+def test_a_dense_table_gradient_takes_adam_on_the_whole_table():
+    """The `dense` exchange hands a table's gradient whole: the table and its moments slot take
+    Adam's update (Keras's, with the table's L2 in the gradient), and no row is behind after."""
+    l2 = 0.05
+    initial = np.random.default_rng(0).normal(0, 0.1, (VOCAB, DIM)).astype("float32")
+    table = keras.Variable(initial, name="embeddings")
+    reference = keras.Variable(initial, name="reference")
+    optimizer = RowSparseAdam(LR, beta_1=BETA_1, beta_2=BETA_2, epsilon=EPSILON, table_l2=l2)
+    keras_adam = keras.optimizers.Adam(LR, beta_1=BETA_1, beta_2=BETA_2, epsilon=EPSILON)
+    for ids, grads in _batches(3):
+        dense = tf.convert_to_tensor(_occurrence_slices(tf.constant(ids, tf.int64),
+                                                        tf.constant(grads, tf.float32)))
+        optimizer.apply([dense], [table])
+        keras_adam.apply([dense + 2 * l2 * reference], [reference])
+    np.testing.assert_allclose(table.numpy(), reference.numpy(), rtol=1e-5, atol=1e-7)
+    moments, last_steps = optimizer.table_state(table).per_row
+    np.testing.assert_allclose(moments.numpy()[:, 0], keras_adam._momentums[0].numpy(),
+                               rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(moments.numpy()[:, 1], keras_adam._velocities[0].numpy(),
+                               rtol=1e-5, atol=1e-9)
+    assert (last_steps.numpy() == 3).all()
 
 
 def _train_with_gaps(optimizer, densify, l2, steps=281):
@@ -205,8 +278,8 @@ def test_compiled_it_moves_only_the_rows_looked_up(deduplicate):
         np.testing.assert_array_equal(after[~seen], before[~seen])
         assert (after[seen] != before[seen]).any(axis=1).all()
     for table in _tables(model):
-        m = model.optimizer._momentums[model.optimizer._get_variable_index(table)]
-        assert not np.asarray(m)[~seen].any()
+        moments = per_row_state(model.optimizer, table)[0]
+        assert not np.asarray(moments)[~seen].any()
 
 
 def test_the_callback_catches_every_row_up_after_each_epoch():

@@ -5,6 +5,7 @@ weight-decayed whole; and through `compile` a MultiOptimizer's tables take row s
 dense weights take dense gradients (also inside the float16 loss scaler's conditional update),
 and a table updated whole is said once."""
 
+import collections
 import warnings
 
 import keras
@@ -14,8 +15,8 @@ import tensorflow as tf
 
 from tests.test_row_sparse_adam import _data, _model, _ops_on, _tables
 from tfscale.embedding import tables
-from tfscale.optimizers import (RowSparseAdagrad, RowSparseAdam, RowSparseSGD, factory,
-                                large_batch_settings)
+from tfscale.optimizers import (CowClip, FusedAdam, RowSparseAdagrad, RowSparseAdam,
+                                RowSparseSGD, factory, large_batch_settings)
 from tfscale.optimizers.loss_scaling import LossScaleOptimizer
 from tfscale.optimizers.table_state import per_row_state
 
@@ -108,10 +109,24 @@ def _launcher_default():
                                    warmup_steps=2)
 
 
-@pytest.mark.parametrize("optimizer", [
-    _launcher_default, lambda: RowSparseAdagrad(1e-2, table_l2=1e-3),
-    lambda: RowSparseSGD(1e-2, momentum=0.9)], ids=["launcher_default", "adagrad", "sgd"])
-def test_tables_and_their_per_row_state_are_only_read_and_written_by_row(optimizer):
+def _op_counts(graph, variable):
+    """How many ops of each type in `graph` take `variable`'s handle."""
+    handle = variable.value.handle
+    inner = [internal for external, internal in graph.captures if external is handle]
+    return collections.Counter(
+        op.type for op in graph.get_operations()
+        if any(tensor is placeholder for tensor in op.inputs for placeholder in inner))
+
+
+@pytest.mark.parametrize("optimizer, row_passes", [
+    (_launcher_default, 2), (lambda: RowSparseAdagrad(1e-2, table_l2=1e-3), 1),
+    (lambda: RowSparseSGD(1e-2, momentum=0.9), 1),
+    (lambda: CowClip(None, FusedAdam(1e-3), l2=1e-5), 1),
+], ids=["launcher_default", "adagrad", "sgd", "cowclip_scalable"])
+def test_tables_and_their_per_row_state_are_only_read_and_written_by_row(optimizer, row_passes):
+    """Each per-row slot of a table is gathered once and scattered once a step, and there are
+    `row_passes` of them: Adam's moments in one slot (plus the last step with the catch-up),
+    not two, so its step reads and writes the moments' rows once."""
     model = _model()
     model.compile(optimizer=optimizer(), loss="binary_crossentropy")
     ids, labels = _data()
@@ -120,12 +135,15 @@ def test_tables_and_their_per_row_state_are_only_read_and_written_by_row(optimiz
         (tf.constant(ids[:16]), tf.constant(labels[:16])))
     for table in _tables(model):
         slots = per_row_state(model.optimizer, table)
-        assert slots, table.path
+        assert len(slots) == row_passes, (table.path, [slot.path for slot in slots])
         for variable in [table, *slots]:
-            ops = _ops_on(step.graph, variable)
-            assert "ResourceScatterUpdate" in ops, (variable.path, ops)
-            assert not ops & {"ReadVariableOp", "AssignVariableOp", "ResourceApplyAdam"}, (
+            ops = _op_counts(step.graph, variable)
+            assert ops["ResourceScatterUpdate"] == 1, (variable.path, ops)
+            assert not ops.keys() & {"ReadVariableOp", "AssignVariableOp", "ResourceApplyAdam"}, (
                 variable.path, ops)
+        for slot in slots:
+            ops = _op_counts(step.graph, slot)
+            assert ops["ResourceGather"] == 1, (slot.path, ops)
 
 
 def _ops_on_handle(graph, handle_placeholders):

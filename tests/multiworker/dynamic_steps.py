@@ -100,8 +100,8 @@ def run(name, out_dir, resume_from=None):
     for table in embedding.tables:
         arrays[table.name] = table.variable.numpy()[held]
         state = table_state(model.optimizer, table.variable).per_row
-        for i, slot in enumerate(state[:2]):  # both moments
-            arrays[f"{table.name}_moment{i}"] = slot.numpy()[held]
+        for i in range(2):  # both moments, in one slot
+            arrays[f"{table.name}_moment{i}"] = state[0].numpy()[held][:, i]
         arrays[f"{table.name}_unknown"] = table.layer.unknown.numpy()
     arrays["dense"] = np.concatenate([v.numpy().ravel() for v in model.trainable_variables
                                       if "dense" in v.path])

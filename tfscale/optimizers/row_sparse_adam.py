@@ -1,7 +1,14 @@
 """`RowSparseAdam`: Adam that, given a table's row gradient, updates only the rows it holds, in
-the table and in its two moments (tfscale.optimizers.row_updates), so a step costs O(rows in the
-batch) instead of O(table rows). Other variables and dense gradients take FusedAdam's dense
-update. Keras has no row-sparse optimizer update.
+the table and in its moments (tfscale.optimizers.row_updates), so a step costs O(rows in the
+batch) instead of O(table rows). Other variables take FusedAdam's dense update. Keras has no
+row-sparse optimizer update.
+
+A table updated by row keeps both moments in one slot, `<table>_moments` of shape [rows, 2, dim]
+(`[:, 0]` the first moment, `[:, 1]` the second), instead of Keras's two: a step gathers and
+scatters the table's rows, then its moments' rows, once each (four row passes, not six; measured
+in docs/results/small_batch.md). A dense gradient of such a table (the `dense` exchange) updates
+the table and the slot whole, with the same arithmetic as TF's ApplyAdam. Every other variable
+keeps Keras's `momentum` and `velocity` slots.
 
 What happens to a row between the batches that hold it:
 - `catch_up=True` (default): what Adam on the densified gradient would have done to it is
@@ -28,6 +35,20 @@ from tfscale.optimizers.fused_adam import FusedAdam
 from tfscale.optimizers.row_updates import RowUpdates
 
 
+_MOMENTS = "_moments"
+
+
+def two_slot_names(name):
+    """For the path of a moments slot (`..._moments`), the paths RowSparseAdam gave the same
+    moments when it kept them in two slots (Keras's `..._momentum`, `..._velocity`), whose
+    values stacked on axis 1 are the slot's: how checkpoints written that way are read. None for
+    any other name."""
+    if not name.endswith(_MOMENTS):
+        return None
+    prefix = name[:-len(_MOMENTS)]
+    return f"{prefix}_momentum", f"{prefix}_velocity"
+
+
 @keras.saving.register_keras_serializable(package="tfscale")
 class RowSparseAdam(DeclaresTableState, RowUpdates, FusedAdam):
     """FusedAdam whose tables' row gradients update only their rows; `table_l2`: L2 on the
@@ -43,9 +64,25 @@ class RowSparseAdam(DeclaresTableState, RowUpdates, FusedAdam):
         return not self.amsgrad and super().updates_rows_in_place(variable)
 
     def build(self, var_list):
+        """Keras's Adam slots for the variables updated whole; one moments slot (and, with
+        `catch_up`, a last-step slot) for each table updated by row."""
         if self.built:
             return
-        super().build(var_list)
+        if self.amsgrad:  # every variable updated whole
+            super().build(var_list)
+            self._moments, self._last_steps = [None] * len(var_list), [None] * len(var_list)
+            return
+        super(keras.optimizers.Adam, self).build(var_list)  # Keras's bookkeeping, not its slots
+        self._momentums, self._velocities, self._moments = [], [], []
+        for variable in var_list:
+            by_row = self.updates_rows_in_place(variable)
+            momentum, velocity = ([None], [None]) if by_row else self.add_optimizer_variables(
+                [variable], ["momentum", "velocity"])
+            self._momentums += momentum
+            self._velocities += velocity
+            self._moments.append(self.add_variable(
+                shape=(variable.shape[0], 2, *variable.shape[1:]), dtype=variable.dtype,
+                name=f"{variable.path.replace('/', '_')}{_MOMENTS}") if by_row else None)
         self._last_steps = [self._last_step_slot(variable) for variable in var_list]
 
     def _last_step_slot(self, variable):
@@ -56,14 +93,17 @@ class RowSparseAdam(DeclaresTableState, RowUpdates, FusedAdam):
                                  name=f"{variable.path.replace('/', '_')}_last_step")
 
     def table_state(self, table):
-        """Per row: both moments and, with `catch_up`, the last step (a fresh row's: the last
-        applied step, so it has nothing to catch up)."""
+        """Per row: the moments (one slot when updated by row, Keras's slots otherwise) and,
+        with `catch_up`, the last step (a fresh row's: the last applied step, so it has nothing
+        to catch up)."""
         index = self._get_variable_index(table)
-        last_step = self._last_steps[index]
+        moments, last_step = self._moments[index], self._last_steps[index]
+        if moments is None:
+            hats = (self._velocity_hats[index],) if self.amsgrad else ()
+            return TableState(per_row=(self._momentums[index], self._velocities[index], *hats))
         if last_step is None:
-            return TableState(per_row=(self._momentums[index], self._velocities[index]))
-        return TableState(per_row=(self._momentums[index], self._velocities[index], last_step),
-                          fresh=(0, 0, self.iterations))
+            return TableState(per_row=(moments,))
+        return TableState(per_row=(moments, last_step), fresh=(0, self.iterations))
 
     def update_step(self, gradient, variable, learning_rate):
         last_steps = self._last_steps[self._get_variable_index(variable)] if self.catch_up \
@@ -73,6 +113,22 @@ class RowSparseAdam(DeclaresTableState, RowUpdates, FusedAdam):
             self.assign(last_steps, tf.fill(last_steps.shape, tf.cast(self.iterations + 1,
                                                                       tf.int32)))
         return super().update_step(gradient, variable, learning_rate)
+
+    def update_whole(self, gradient, variable, learning_rate):
+        moments = self._moments[self._get_variable_index(variable)]
+        if moments is None:
+            return super().update_whole(gradient, variable, learning_rate)
+        # TF's ApplyAdam, on the moments slot read and written whole.
+        dtype = variable.dtype
+        gradient = tf.cast(gradient, dtype)
+        beta_1, beta_2 = tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype)
+        m, v = tf.unstack(tf.convert_to_tensor(moments), axis=1)
+        m += (gradient - m) * (1 - beta_1)
+        v += (tf.square(gradient) - v) * (1 - beta_2)
+        self.assign(moments, tf.stack([m, v], axis=1))
+        alpha = self._corrected_rate(tf.cast(learning_rate, dtype),
+                                     tf.cast(self.iterations + 1, dtype))
+        self.assign_sub(variable, alpha * m / (tf.sqrt(v) + tf.cast(self.epsilon, dtype)))
 
     def catch_up_every_row(self, block_rows=1 << 18):
         """Applies the pending catch-up to every row of every table this optimizer updates by
@@ -95,28 +151,28 @@ class RowSparseAdam(DeclaresTableState, RowUpdates, FusedAdam):
                         learning_rate):
         """Catches rows `ids` of `variable` up to the end of step `step_number` (the last
         applied)."""
-        m, v = self._momentums[index], self._velocities[index]
+        moments = self._moments[index]
         last = tables.gather_rows(last_steps, ids, in_place=True)
-        caught_up = self._caught_up(
-            *(tables.gather_rows(x, ids, in_place=True) for x in (variable, m, v)),
+        weight_rows, m_rows, v_rows = self._caught_up(
+            tables.gather_rows(variable, ids, in_place=True),
+            *tf.unstack(tables.gather_rows(moments, ids, in_place=True), axis=1),
             tf.cast(last, variable.dtype)[:, None], local_step, learning_rate,
             tf.cast(self.epsilon, variable.dtype))
-        for target, rows in zip((variable, m, v), caught_up):
-            self.assign(target, tf.IndexedSlices(rows, ids))
+        self.assign(variable, tf.IndexedSlices(weight_rows, ids))
+        self.assign(moments, tf.IndexedSlices(tf.stack([m_rows, v_rows], axis=1), ids))
         self.assign(last_steps, tf.IndexedSlices(tf.fill(tf.shape(ids), step_number), ids))
 
     def update_rows(self, variable, ids, gradient_rows, weight_rows, learning_rate):
         dtype = variable.dtype
         index = self._get_variable_index(variable)
-        m, v = self._momentums[index], self._velocities[index]
+        moments = self._moments[index]
         beta_1, beta_2 = tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype)
         epsilon = tf.cast(self.epsilon, dtype)
         step_number = tf.cast(self.iterations + 1, tf.int32)
         local_step = tf.cast(step_number, dtype)
         alpha = self._corrected_rate(learning_rate, local_step)
 
-        m_rows = tables.gather_rows(m, ids, in_place=True)
-        v_rows = tables.gather_rows(v, ids, in_place=True)
+        m_rows, v_rows = tf.unstack(tables.gather_rows(moments, ids, in_place=True), axis=1)
         if self.catch_up:
             last_steps = self._last_steps[index]
             last = tf.cast(tables.gather_rows(last_steps, ids, in_place=True), dtype)[:, None]
@@ -128,8 +184,7 @@ class RowSparseAdam(DeclaresTableState, RowUpdates, FusedAdam):
 
         m_rows = beta_1 * m_rows + (1 - beta_1) * gradient_rows
         v_rows = beta_2 * v_rows + (1 - beta_2) * tf.square(gradient_rows)
-        self.assign(m, tf.IndexedSlices(m_rows, ids))
-        self.assign(v, tf.IndexedSlices(v_rows, ids))
+        self.assign(moments, tf.IndexedSlices(tf.stack([m_rows, v_rows], axis=1), ids))
         step = alpha * m_rows / (tf.sqrt(v_rows) + epsilon)
         # Read, subtract, write back: TensorFlow's CPU scatter-subtract costs several times a
         # gather plus a scatter-assign of the same rows (the same subtraction, bitwise).
@@ -149,7 +204,7 @@ class RowSparseAdam(DeclaresTableState, RowUpdates, FusedAdam):
         # bias-corrected rate of the first skipped step (the tail is spent within tens of steps).
         alpha_1 = self._corrected_rate(learning_rate, last + 1)
         ratio = beta_1 / tf.sqrt(beta_2)
-        tail = ratio * (1 - tf.pow(ratio, skipped)) / (1 - ratio)
+        tail = -ratio * _power_minus_1(ratio, skipped) / (1 - ratio)
         weight_rows -= alpha_1 * m_rows / (root_v + epsilon) * tail
         if self.table_l2:
             # The L2's pull, alpha * 2 * l2 * w / (sqrt(beta_2**j v) + eps) a step, with v the
@@ -160,18 +215,27 @@ class RowSparseAdam(DeclaresTableState, RowUpdates, FusedAdam):
             q = 1 / tf.sqrt(beta_2)
             below = tf.math.log(tf.maximum(root_v_row, epsilon) / epsilon) / tf.math.log(q)
             n = tf.minimum(tf.floor(below), skipped)
-            pull = (q * (tf.pow(q, n) - 1) / (q - 1) / tf.maximum(root_v_row, epsilon)
+            pull = (q * _power_minus_1(q, n) / (q - 1) / tf.maximum(root_v_row, epsilon)
                     + (skipped - n) / epsilon)
             weight_rows *= tf.exp(-alpha * 2 * self.table_l2 * pull)
-        return weight_rows, tf.pow(beta_1, skipped) * m_rows, tf.pow(beta_2, skipped) * v_rows
+        return (weight_rows, tf.exp(skipped * tf.math.log(beta_1)) * m_rows,
+                tf.exp(skipped * tf.math.log(beta_2)) * v_rows)
 
     def _corrected_rate(self, learning_rate, local_step):
         """Adam's bias-corrected learning rate at step `local_step` (1-based; a tensor of the
         rate's dtype, any shape)."""
         dtype = learning_rate.dtype
         beta_1, beta_2 = tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype)
-        return learning_rate * tf.sqrt(1 - tf.pow(beta_2, local_step)) / (
-            1 - tf.pow(beta_1, local_step))
+        return learning_rate * tf.sqrt(-_power_minus_1(beta_2, local_step)) / (
+            -_power_minus_1(beta_1, local_step))
 
     def get_config(self):
         return {**super().get_config(), "catch_up": self.catch_up}
+
+
+def _power_minus_1(base, exponent):
+    """base ** exponent - 1 for a scalar `base` > 0 and a tensor `exponent`, as
+    expm1(exponent * log(base)): TensorFlow's CPU Pow is an element-wise std::pow, many times
+    the cost of Expm1, and the catch-up takes several a row; expm1 also keeps 1 - beta ** t exact
+    to float rounding where it is small (Adam's first steps)."""
+    return tf.math.expm1(exponent * tf.math.log(base))

@@ -63,6 +63,12 @@ class RowUpdates(TakesRowSlices):
         if self.table_l2 and tables.is_row_table(keras_variable):  # dense: every row
             gradient = (tf.cast(gradient, variable.dtype)
                         + 2 * self.table_l2 * tf.convert_to_tensor(variable))
+        return self.update_whole(gradient, variable, learning_rate)
+
+    def update_whole(self, gradient, variable, learning_rate):
+        """Updates every row of `variable` and of its state, given its dense gradient (the
+        tables' L2 in it): the Keras optimizer's own update unless the subclass keeps the state
+        of a table updated by row in other slots."""
         return super().update_step(gradient, variable, learning_rate)
 
     def _use_weight_decay(self, variable):

@@ -1,6 +1,7 @@
 """What each rank holds of a model's embedding tables: the optimizer's state of each table
 (`table_state`, from the optimizers' declarations), the variables that differ between ranks
-(`local_variables`, never broadcast), and the one-line description the launcher prints."""
+(`local_variables`, never broadcast), the one-line description the launcher prints, and how a
+checkpoint's per-row arrays are read (`stored_rows`)."""
 
 import keras
 import numpy as np
@@ -10,6 +11,7 @@ from tfscale.embedding.table import row_indexes_of, shard_of
 from tfscale.embedding.tables import is_embedding_table
 from tfscale.errors import UserError
 from tfscale.optimizers.capabilities import DeclaresTableState, TableState, wrapped_optimizers
+from tfscale.optimizers.row_sparse_adam import two_slot_names
 
 
 def describe(model):
@@ -68,6 +70,18 @@ def reset_rows(optimizer, table, rows):
             shape = tf.concat([tf.shape(rows), tf.constant(list(slot.shape[1:]), tf.int32)], axis=0)
             values = tf.fill(shape, tf.cast(value, slot.dtype))
             slot.value.scatter_update(tf.IndexedSlices(values, rows))
+
+
+def stored_rows(arrays, name):
+    """The array `name` of a checkpoint's `arrays` (an npz file's), or None when it is not
+    there. A RowSparseAdam moments slot is also read from its two slots of before
+    (row_sparse_adam.two_slot_names), so checkpoints written with two slots resume."""
+    if name in arrays.files:
+        return arrays[name]
+    two_slots = two_slot_names(name)
+    if two_slots and all(slot in arrays.files for slot in two_slots):
+        return np.stack([arrays[slot] for slot in two_slots], axis=1)
+    return None
 
 
 def per_row_state(optimizer, table):

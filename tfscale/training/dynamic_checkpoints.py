@@ -20,7 +20,7 @@ from tfscale import distributed
 from tfscale.embedding.id_rows import NO_ROW
 from tfscale.embedding.table import tables_of
 from tfscale.errors import UserError
-from tfscale.optimizers.table_state import per_row_state
+from tfscale.optimizers.table_state import per_row_state, stored_rows
 
 _FILE = "dynamic-{}-of-{}.npz"
 _FILE_PATTERN = re.compile(r"dynamic-(\d+)-of-(\d+)\.npz$")
@@ -158,10 +158,11 @@ def _named(arrays, index):
     """name -> the checkpoint's array of `index`'s `name`; a UserError when it is missing."""
     def named(name):
         key = f"{index.path}:{name}"
-        if key not in arrays.files:
+        values = stored_rows(arrays, key)
+        if values is None:
             raise UserError(f"the checkpoint's dynamic tables have no {key}: resume with the "
                             "model and optimizer it was written with")
-        return arrays[key]
+        return values
 
     return named
 

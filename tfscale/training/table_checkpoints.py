@@ -21,7 +21,7 @@ from tfscale import distributed
 from tfscale.embedding import tables
 from tfscale.embedding.table import RowShard, shard_of, table_of
 from tfscale.errors import UserError
-from tfscale.optimizers.table_state import per_row_state
+from tfscale.optimizers.table_state import per_row_state, stored_rows
 
 _FILE = "tables-{}-of-{}.npz"
 _FILE_PATTERN = re.compile(r"tables-(\d+)-of-(\d+)\.npz$")
@@ -81,10 +81,10 @@ def restore(entries, directory):
         index, num_shards = map(int, _FILE_PATTERN.search(path).groups())
         with np.load(path) as stored:
             for entry in entries:
-                if entry.name not in stored.files:
+                rows = stored_rows(stored, entry.name)
+                if rows is None:
                     raise UserError(f"checkpoint {path} has no {entry.name}: resume with the "
                                     "model and optimizer it was written with")
-                rows = stored[entry.name]
                 global_ids = index + num_shards * np.arange(len(rows), dtype=np.int64)
                 mine = global_ids % entry.shard.num_shards == entry.shard.index
                 values[entry.name][global_ids[mine] // entry.shard.num_shards] = rows[mine]
