@@ -22,6 +22,7 @@ from tfscale.optimizers.table_state import table_state
 from tfscale.training.checkpoints import CheckpointStore
 from tfscale.training.train_step import FunctionalTrainStepModel
 
+
 def embedding(**settings):
     layer = FieldEmbedding([10], embedding_dim=3, sharding=DynamicTables(**settings),
                            embeddings_initializer=RowSeededNormal(stddev=0.1, seed=3))
