@@ -1,8 +1,8 @@
-"""`python -m MODULE FLAGS` for a launcher module (launch.predict, launch.export) as a job of
-tests/multiworker/jobs.py: `main(module, *flags)` does what the module's `__main__` does (absl's
-app.run of its `run` through absl_main, the flags parsed afresh), so exit statuses and error
-paragraphs are the command line's. The launchers define flags of the same names, so one process
-runs jobs of one module only."""
+"""`python -m MODULE FLAGS` for a launcher module (launch.train, launch.predict, launch.export)
+as a job of tests/multiworker/jobs.py: `main(module, *flags)` does what the module's `__main__`
+does (absl's app.run of its `run` through absl_main, the flags parsed afresh), so exit statuses
+and error paragraphs are the command line's. The launchers define flags of the same names, so
+one process runs jobs of one module only."""
 
 import importlib
 

@@ -9,9 +9,9 @@ determinism off (until --deterministic turns it on)."""
 
 import launch.train  # noqa: F401  (first: it defines every flag and imports TF quietly)
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 
-from launch.user_errors import absl_main  # noqa: E402
+from tests.multiworker import command_run  # noqa: E402
 from tests.multiworker.jobs import fresh_session  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -25,6 +25,4 @@ def start(flags_given):
 
 
 def main(*flags_given):
-    FLAGS.unparse_flags()
-    fresh_session()
-    app.run(absl_main(launch.train.run), argv=["launch.train", *flags_given])
+    command_run.main("launch.train", *flags_given)
