@@ -171,6 +171,12 @@ def test_batches_come_without_tf_data_autotuning(data):
     assert data.test_batches(7000).options().autotune.enabled is False
 
 
+def test_batches_come_without_tf_data_static_rewrites(data):
+    """A rewrite copies the captured per-id tables at every iterator (tfscale.data.pipeline)."""
+    for batches in (data.train_batches(7000), data.test_batches(7000)):
+        assert batches.options().experimental_optimization.apply_default_optimizations is False
+
+
 def test_test_shards_cover_the_split_and_keep_the_remainder(data):
     split = collect(data.rows(data.train_rows, data.test_rows, 4096, keys=("categorical", "label")))
     shards = [collect(data.test_batches(2048, shard_index=s, num_shards=3)) for s in range(3)]

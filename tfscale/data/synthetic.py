@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from tfscale import metrics
 from tfscale.data.schema import MISSING_ID, FeatureSchema
-from tfscale.data.pipeline import without_autotuning
+from tfscale.data.pipeline import without_autotuning, without_static_rewrites
 from tfscale.data.source import CTRSource
 from tfscale.data.preprocessing import log_transform
 
@@ -221,14 +221,14 @@ class SyntheticCTR(CTRSource):
         if unknown:
             raise ValueError(f"unknown row keys {sorted(unknown)}; choose from {ROW_KEYS}")
         tables = self._tables()
-        return rows_of_blocks(lambda block: self._block(block, tables), first_row, num_rows,
-                              batch_size, keys, drop_remainder)
+        return without_static_rewrites(rows_of_blocks(
+            lambda block: self._block(block, tables), first_row, num_rows, batch_size, keys,
+            drop_remainder))
 
     def _block(self, block, tables):
         """All values of rows [block * BLOCK_ROWS, (block + 1) * BLOCK_ROWS), as ROW_KEYS."""
         values = self._unlabelled_block(block, tables.id_of_rank)
-        terms = _teacher_terms(tables.first_order, tables.hidden, tables.dense_weights,
-                               values["categorical"] + self._offsets, values["dense"])
+        terms = _teacher_terms(tables, values["categorical"] + self._offsets, values["dense"])
         probability = tf.sigmoid(tf.add_n(terms) + tables.bias)
         values["label"] = tf.cast(values.pop("label_uniform") < probability, tf.float32)
         values["teacher_probability"] = probability
@@ -269,8 +269,7 @@ class SyntheticCTR(CTRSource):
         return self._per_id_tables.result()
 
     def _build_per_id_tables(self):
-        id_of_rank = self._id_order()
-        return _PerIdTables(id_of_rank, *self._teacher(id_of_rank))
+        return self._teacher(self._id_order())
 
     def _stateless_uniform(self, shape, stream):
         seed = tf.constant([self.seed, stream], tf.int64)
@@ -298,31 +297,29 @@ class SyntheticCTR(CTRSource):
         return self._ranks[field_index]
 
     def _teacher(self, id_of_rank):
-        """The teacher's per-id first-order weights and hidden vectors (row 0 of a field is its
-        missing value) and dense weights as constant tensors, and its bias; see
+        """The teacher's per-id draws and calibrated scales (see _PerIdTables) and its bias; see
         FIRST_ORDER_SPREAD. `id_of_rank`: the id order, which the calibration rows need."""
         seeds = tf.random.experimental.stateless_split(tf.constant([self.seed, _STREAM_TEACHER], tf.int64), 3)
-        importance = np.repeat(self.field_importances.astype(np.float32), self.schema.vocabulary_sizes)
         total = self.schema.total_vocabulary
-        first_order = (_stateless_draw(tf.raw_ops.StatelessRandomNormalV2, [total], seeds[0])
-                       * importance)
-        hidden = _stateless_draw(tf.raw_ops.StatelessRandomNormalV2, [total, TEACHER_RANK],
-                                 seeds[1]) * importance[:, None]
-        dense_weights = tf.random.stateless_normal([_NUM_DENSE], seeds[2])
+        unscaled = _PerIdTables(
+            id_of_rank=id_of_rank,
+            first_order_normals=_stateless_draw(tf.raw_ops.StatelessRandomNormalV2, [total], seeds[0]),
+            hidden_normals=_stateless_draw(tf.raw_ops.StatelessRandomNormalV2, [total, TEACHER_RANK],
+                                           seeds[1]),
+            importances=tf.constant(self.field_importances, tf.float32),
+            first_order_scale=1.0, hidden_scale=1.0,
+            dense_weights=tf.random.stateless_normal([_NUM_DENSE], seeds[2]), bias=0.0)
 
         blocks = [self._unlabelled_block(block, id_of_rank) for block in range(CALIBRATION_BLOCKS)]
         rows = tf.concat([block["categorical"] for block in blocks], 0) + self._offsets
         dense = tf.concat([block["dense"] for block in blocks], 0)
-        terms = [term.numpy().astype(np.float64)
-                 for term in _teacher_terms(first_order, hidden, dense_weights, rows, dense)]
+        terms = [term.numpy().astype(np.float64) for term in _teacher_terms(unscaled, rows, dense)]
         scales = [spread / term.std() for spread, term in
                   zip((FIRST_ORDER_SPREAD, PAIRWISE_SPREAD, DENSE_SPREAD), terms)]
         bias = bias_for_click_rate(sum(scale * term for scale, term in zip(scales, terms)), self.click_rate)
-
-        # Constants, not variables: a stateful op in the dataset's map would make tf.data run it
-        # serially under op determinism. The pairwise term is quadratic in the hidden vectors.
-        return (first_order * scales[0], hidden * math.sqrt(scales[1]), dense_weights * scales[2],
-                bias)
+        # The pairwise term is quadratic in the hidden vectors.
+        return unscaled._replace(first_order_scale=scales[0], hidden_scale=math.sqrt(scales[1]),
+                                 dense_weights=unscaled.dense_weights * scales[2], bias=bias)
 
     # ----- the ceiling and id statistics -----
 
@@ -393,13 +390,19 @@ def rows_of_blocks(block_values, first_row, num_rows, batch_size, keys, drop_rem
 
 
 class _PerIdTables(typing.NamedTuple):
-    """Constant tensors indexed by field offset + rank or id: the id order (int32, rank -> id)
-    and the teacher's first-order weights and hidden vectors; its dense weights and bias."""
+    """The id order (int32, indexed by field offset + rank: the id) and the teacher. Its weights
+    of a row (field offset + id) are its standard normal draws times the field's importance,
+    times the calibrated scale: applied to the rows a block gathers, so the build makes no copy
+    of the per-id draws (at Criteo's cardinalities 1.2 GB). Constants, not variables: a stateful
+    op in the dataset's map would make tf.data run it serially under op determinism."""
 
     id_of_rank: tf.Tensor
-    first_order: tf.Tensor
-    hidden: tf.Tensor
-    dense_weights: tf.Tensor
+    first_order_normals: tf.Tensor  # float32 [ids]
+    hidden_normals: tf.Tensor  # float32 [ids, TEACHER_RANK]
+    importances: tf.Tensor  # float32 [fields]
+    first_order_scale: float
+    hidden_scale: float
+    dense_weights: tf.Tensor  # scaled
     bias: float
 
 
@@ -433,11 +436,22 @@ def _criteo_lines(rows, with_label):
     return "".join("\t".join(line) + "\n" for line in zip(*columns))
 
 
-def _teacher_terms(first_order, hidden, dense_weights, rows, dense):
+def _teacher_terms(tables, rows, dense):
     """The teacher's first-order, pairwise (FM) and dense logit terms, each [batch]; `rows` are
     categorical ids plus field offsets."""
-    return teacher_terms(tf.gather(first_order, rows), tf.gather(hidden, rows), dense_weights,
-                         dense)
+    first_weights = _scaled(tf.gather(tables.first_order_normals, rows), tables.importances,
+                            tables.first_order_scale)
+    vectors = _scaled(tf.gather(tables.hidden_normals, rows), tables.importances[:, None],
+                      tables.hidden_scale)
+    return teacher_terms(first_weights, vectors, tables.dense_weights, dense)
+
+
+def _scaled(normals, importances, scale):
+    """(normals * importances) * scale, rounded in that order, as when the whole per-id tables
+    were scaled (the data's recorded digests). multiply_no_nan (the product, for these nonzero
+    factors) keeps Grappler from folding the two constant factors into one in a graph, which
+    rounds differently."""
+    return tf.math.multiply_no_nan(normals, importances) * scale
 
 
 def teacher_terms(first_weights, vectors, dense_weights, dense):
