@@ -93,7 +93,7 @@ class Run:
         return (f"{self.model}|base {base}|{self.rule}|{self.batch_size}|seed {self.seed}|"
                 f"{FLAGS.train_rows}-{FLAGS.validation_rows}-{FLAGS.test_rows}|"
                 f"{FLAGS.max_epochs}-{FLAGS.patience}"
-                + ("|row updates" if self.embedding_update == "row" else ""))
+                + ("|row updates, caught up" if self.embedding_update == "row" else ""))
 
     @classmethod
     def of(cls, record):

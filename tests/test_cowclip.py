@@ -137,10 +137,54 @@ def test_sum_duplicate_rows_sums_and_counts():
     (dict(l2=-1e-5), "`l2=-1e-05`: give a finite number of 0 or more"),
     (dict(r=0.5, l2=0.3), "`l2=0.3` with `r=0.5`: CowClip needs 2\\*l2 <= r"),
     (dict(mode="fast"), "`mode='fast'`: give one of faithful, scalable"),
+    (dict(embedding_optimizer=RowSparseAdam(table_l2=1e-5)),
+     "`embedding_optimizer` has table_l2=1e-05, but CowClip adds the tables' L2 itself"),
+    (dict(embedding_optimizer=RowSparseAdam(), l2=1e-5),
+     "catch_up_l2=0.0 but CowClip's `l2=1e-05`: give RowSparseAdam\\(catch_up_l2=1e-05\\)"),
 ])
 def test_bad_arguments_are_named(arguments, message):
     with pytest.raises(ValueError, match=message):
         CowClip(**arguments)
+
+
+def _train_cowclip_with_gaps(embedding_optimizer, mode, l2, steps=281):
+    """CowClip on one table: rows 0-2 in every batch for 100 steps, then row 0 in every batch,
+    row 1 in one of 40, row 2 from step 200 on; row 3 never (as test_row_sparse_adam's gaps)."""
+    optimizer = CowClip(embedding_optimizer, FusedAdam(LR), r=1.0, zeta=1e-5, l2=l2, mode=mode)
+    table = keras.Variable(np.random.default_rng(0).normal(0, 0.05, (4, DIM)).astype("float32"),
+                           name="embeddings")
+    rng = np.random.default_rng(1)
+    for step in range(steps):
+        ids = [0] + ([1] if step < 100 or step % 40 == 0 else []) + (
+            [2] if step < 100 or step >= 200 else [])
+        values = rng.normal(0, 1e-3, (len(ids), DIM)).astype("float32")
+        optimizer.apply([tf.IndexedSlices(tf.constant(values), tf.constant(ids, tf.int64),
+                                          tf.constant([4, DIM], tf.int64))], [table])
+    return optimizer, table
+
+
+def test_scalable_mode_catches_absent_rows_up_with_cowclips_l2():
+    """Rows 1 and 2 are absent for stretches: the scalable mode's default RowSparseAdam catches
+    them up with CowClip's L2 to within a quarter of lazy Adam's distance from the faithful
+    update; after the whole-table catch-up, row 3 (never in a batch) has followed the faithful
+    update's L2 pull toward zero."""
+    l2 = 0.05
+    faithful = _train_cowclip_with_gaps(FusedAdam(LR), "faithful", l2)[1].numpy()
+    lazy = _train_cowclip_with_gaps(RowSparseAdam(LR, catch_up=False), "scalable", l2)[1].numpy()
+    optimizer, table = _train_cowclip_with_gaps(RowSparseAdam(LR, catch_up_l2=l2), "scalable", l2)
+    caught_up = table.numpy()
+    for row in (1, 2):
+        caught_up_error = np.abs(caught_up[row] - faithful[row]).max()
+        assert caught_up_error < 0.25 * np.abs(lazy[row] - faithful[row]).max(), row
+    optimizer.embedding_optimizer.catch_up_every_row()
+    assert np.abs(table.numpy()[3]).max() < 2 * np.abs(faithful[3]).max() + LR
+    assert np.abs(lazy[3]).max() > 0.02  # where it started
+
+
+def test_scalable_default_catches_up_with_its_l2():
+    optimizer = CowClip(l2=1e-5)
+    assert optimizer.embedding_optimizer.catch_up
+    assert optimizer.embedding_optimizer.catch_up_l2 == 1e-5
 
 
 def test_dense_gradient_for_a_table_is_a_clear_error():

@@ -11,8 +11,10 @@ after the clip (and the optimizer-owned whole-table L2), every other variable to
 `dense_optimizer`. Width-1 (linear, "wide") tables get the L2 and the embedding optimizer but no
 clip, as in the official code. Two modes:
   scalable (the default): only the rows in the batch get L2, clip and update (with
-            RowSparseAdam), so a step costs O(batch ids) instead of O(table rows). A different
-            algorithm from the paper's (docs/cowclip.md);
+            RowSparseAdam), so a step costs O(batch ids) instead of O(table rows); a row is
+            caught up when next in a batch with what the faithful update did to it meanwhile
+            (its L2, never clipped, and Adam's moments: RowSparseAdam's catch-up). An
+            approximation of the paper's update (docs/cowclip.md);
   faithful: the official code's update: the gradient is dense over every row every step (L2
             moves all rows; rows absent from the batch are never clipped since 2*l2 << r), so
             a step's cost grows with the tables.
@@ -45,15 +47,31 @@ def clip_factors(gradient_rows, weight_rows, counts, r, zeta):
     return tf.where(gradient_norm > threshold, threshold / safe_norm, tf.ones_like(gradient_norm))
 
 
+def _check_table_l2(embedding_optimizer, l2):
+    """Refuses an embedding optimizer that would add the tables' L2 a second time, or catch
+    absent rows up with another L2 than CowClip's `l2`."""
+    if getattr(embedding_optimizer, "table_l2", 0):
+        raise ValueError(
+            f"`embedding_optimizer` has table_l2={embedding_optimizer.table_l2}, but CowClip adds "
+            "the tables' L2 itself (its `l2`, before clipping): give the embedding optimizer no "
+            "table_l2")
+    if getattr(embedding_optimizer, "catch_up", False) and embedding_optimizer.catch_up_l2 != l2:
+        raise ValueError(
+            f"`embedding_optimizer` catches absent rows up with catch_up_l2="
+            f"{embedding_optimizer.catch_up_l2} but CowClip's `l2={l2}`: give "
+            f"RowSparseAdam(catch_up_l2={l2}) (or catch_up=False for lazy Adam)")
+
+
 @keras.saving.register_keras_serializable(package="tfscale")
 class CowClip(TakesCountedSlices, keras.optimizers.MultiOptimizer):
     """CowClip over an embedding optimizer and a dense optimizer, for `model.compile`.
 
     Args:
         embedding_optimizer: optimizer of the embedding tables (default: Adam 1e-4,
-            RowSparseAdam(catch_up=False), or FusedAdam when `mode="faithful"`; CowClip owns
-            the tables' L2, so RowSparseAdam's catch-up would not pull absent rows, and the
-            scalable mode was measured with lazy Adam).
+            RowSparseAdam(catch_up_l2=l2), or FusedAdam when `mode="faithful"`). CowClip adds
+            the tables' L2 to the batch's rows itself, before clipping, so a row-sparse
+            embedding optimizer takes no `table_l2`, and a catching-up RowSparseAdam pulls the
+            rows absent from batches with `catch_up_l2=l2`, as the faithful update does.
         dense_optimizer: optimizer of every other variable (default FusedAdam 1e-3).
         r: clip ratio (1 in the paper).
         zeta: lower bound of the weight norm, in units of r*sqrt(d) (Criteo 1e-5).
@@ -91,7 +109,8 @@ class CowClip(TakesCountedSlices, keras.optimizers.MultiOptimizer):
         if embedding_optimizer is None:
             embedding_optimizer = (
                 FusedAdam(learning_rate=1e-4, name="embedding") if mode == "faithful"
-                else RowSparseAdam(learning_rate=1e-4, catch_up=False, name="embedding"))
+                else RowSparseAdam(learning_rate=1e-4, catch_up_l2=l2, name="embedding"))
+        _check_table_l2(embedding_optimizer, l2)
         if dense_optimizer is None:
             dense_optimizer = FusedAdam(learning_rate=1e-3, name="dense")
         super().__init__(self._optimizer_for, loss_scale_factor=loss_scale_factor, name=name)

@@ -52,7 +52,7 @@ def build_optimizer(settings, optimizer_name, warmup_steps, embedding_update="ro
             1e-8, warmup_steps, settings.dense_learning_rate, power=1.0)
     if optimizer_name == "cowclip":
         mode = "scalable" if embedding_update == "row" else "faithful"
-        embedding = (RowSparseAdam(settings.embedding_learning_rate, catch_up=False,
+        embedding = (RowSparseAdam(settings.embedding_learning_rate, catch_up_l2=settings.l2,
                                    name="embedding") if mode == "scalable"
                      else FusedAdam(settings.embedding_learning_rate, name="embedding"))
         return CowClip(embedding,

@@ -26,6 +26,8 @@ What happens to a row between the batches that hold it:
 - `catch_up=False`: "lazy" Adam, as TF1's LazyAdamOptimizer and PyTorch's SparseAdam: absent
   rows keep their weights and moments."""
 
+import math
+
 import keras
 import tensorflow as tf
 
@@ -53,12 +55,17 @@ def two_slot_names(name):
 class RowSparseAdam(DeclaresTableState, RowUpdates, FusedAdam):
     """FusedAdam whose tables' row gradients update only their rows; `table_l2`: L2 on the
     tables (tfscale.optimizers.row_updates); `catch_up`: whether a row absent from batches is
-    caught up with Adam's dense update when next seen (module docstring). amsgrad updates tables
-    whole."""
+    caught up with Adam's dense update when next seen (module docstring); `catch_up_l2`: the L2
+    that update pulls absent rows with (default `table_l2`; an optimizer that adds its tables'
+    L2 to the batch's rows itself, as CowClip does before clipping, gives it here and no
+    `table_l2`). amsgrad updates tables whole."""
 
-    def __init__(self, *args, catch_up=True, **kwargs):
+    def __init__(self, *args, catch_up=True, catch_up_l2=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.catch_up = bool(catch_up)
+        self.catch_up_l2 = self.table_l2 if catch_up_l2 is None else float(catch_up_l2)
+        if not (math.isfinite(self.catch_up_l2) and self.catch_up_l2 >= 0):
+            raise ValueError(f"`catch_up_l2={catch_up_l2}`: give a finite number of 0 or more")
 
     def updates_rows_in_place(self, variable):
         return not self.amsgrad and super().updates_rows_in_place(variable)
@@ -206,7 +213,7 @@ class RowSparseAdam(DeclaresTableState, RowUpdates, FusedAdam):
         ratio = beta_1 / tf.sqrt(beta_2)
         tail = -ratio * _power_minus_1(ratio, skipped) / (1 - ratio)
         weight_rows -= alpha_1 * m_rows / (root_v + epsilon) * tail
-        if self.table_l2:
+        if self.catch_up_l2:
             # The L2's pull, alpha * 2 * l2 * w / (sqrt(beta_2**j v) + eps) a step, with v the
             # row's mean second moment (one value a row keeps the logs and powers off [n, dim]):
             # the sum of 1 / (sqrt(v) q**-j + eps) (q = beta_2**-1/2), taken as q**j / sqrt(v)
@@ -217,7 +224,7 @@ class RowSparseAdam(DeclaresTableState, RowUpdates, FusedAdam):
             n = tf.minimum(tf.floor(below), skipped)
             pull = (q * _power_minus_1(q, n) / (q - 1) / tf.maximum(root_v_row, epsilon)
                     + (skipped - n) / epsilon)
-            weight_rows *= tf.exp(-alpha * 2 * self.table_l2 * pull)
+            weight_rows *= tf.exp(-alpha * 2 * self.catch_up_l2 * pull)
         return (weight_rows, tf.exp(skipped * tf.math.log(beta_1)) * m_rows,
                 tf.exp(skipped * tf.math.log(beta_2)) * v_rows)
 
@@ -230,7 +237,8 @@ class RowSparseAdam(DeclaresTableState, RowUpdates, FusedAdam):
             -_power_minus_1(beta_1, local_step))
 
     def get_config(self):
-        return {**super().get_config(), "catch_up": self.catch_up}
+        return {**super().get_config(), "catch_up": self.catch_up,
+                "catch_up_l2": self.catch_up_l2}
 
 
 def _power_minus_1(base, exponent):
