@@ -121,7 +121,7 @@ def _op_counts(graph, variable):
 @pytest.mark.parametrize("optimizer, row_passes", [
     (_launcher_default, 2), (lambda: RowSparseAdagrad(1e-2, table_l2=1e-3), 1),
     (lambda: RowSparseSGD(1e-2, momentum=0.9), 1),
-    (lambda: CowClip(None, FusedAdam(1e-3), l2=1e-5), 1),
+    (lambda: CowClip(None, FusedAdam(1e-3), l2=1e-5), 2),
 ], ids=["launcher_default", "adagrad", "sgd", "cowclip_scalable"])
 def test_tables_and_their_per_row_state_are_only_read_and_written_by_row(optimizer, row_passes):
     """Each per-row slot of a table is gathered once and scattered once a step, and there are
