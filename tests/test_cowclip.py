@@ -9,6 +9,7 @@ import tensorflow as tf
 from tfscale.optimizers import CowClip, FusedAdam, RowSparseAdam
 from tfscale.row_gradients import sum_duplicate_rows
 from tfscale.training.train_step import FunctionalTrainStepModel
+from tests.row_gaps import train_with_gaps
 
 VOCAB, DIM = 12, 4
 LR, BETA_1, BETA_2, EPSILON = 1e-2, 0.9, 0.999, 1e-7
@@ -147,26 +148,15 @@ def test_bad_arguments_are_named(arguments, message):
         CowClip(**arguments)
 
 
-def _train_cowclip_with_gaps(embedding_optimizer, mode, l2, steps=281):
-    """CowClip on one table: rows 0-2 in every batch for 100 steps, then row 0 in every batch,
-    row 1 in one of 40, row 2 from step 200 on; row 3 never (as test_row_sparse_adam's gaps)."""
+def _train_cowclip_with_gaps(embedding_optimizer, mode, l2):
     optimizer = CowClip(embedding_optimizer, FusedAdam(LR), r=1.0, zeta=1e-5, l2=l2, mode=mode)
-    table = keras.Variable(np.random.default_rng(0).normal(0, 0.05, (4, DIM)).astype("float32"),
-                           name="embeddings")
-    rng = np.random.default_rng(1)
-    for step in range(steps):
-        ids = [0] + ([1] if step < 100 or step % 40 == 0 else []) + (
-            [2] if step < 100 or step >= 200 else [])
-        values = rng.normal(0, 1e-3, (len(ids), DIM)).astype("float32")
-        optimizer.apply([tf.IndexedSlices(tf.constant(values), tf.constant(ids, tf.int64),
-                                          tf.constant([4, DIM], tf.int64))], [table])
-    return optimizer, table
+    return optimizer, train_with_gaps(optimizer, DIM)
 
 
 def test_scalable_mode_catches_absent_rows_up_with_cowclips_l2():
-    """Rows 1 and 2 are absent for stretches: the scalable mode's default RowSparseAdam catches
-    them up with CowClip's L2 to within a quarter of lazy Adam's distance from the faithful
-    update; after the whole-table catch-up, row 3 (never in a batch) has followed the faithful
+    """Rows 1 and 2 are absent for stretches (tests.row_gaps): the scalable mode's default
+    RowSparseAdam catches them up with CowClip's L2 to within a quarter of lazy Adam's distance
+    from the faithful update; after the whole-table catch-up, row 3 (never in a batch) has followed the faithful
     update's L2 pull toward zero."""
     l2 = 0.05
     faithful = _train_cowclip_with_gaps(FusedAdam(LR), "faithful", l2)[1].numpy()

@@ -16,6 +16,7 @@ from tfscale.optimizers.table_state import per_row_state
 from tfscale.row_gradients import CountedSlices, sum_duplicate_rows
 from tfscale.training.callbacks import CatchUpRows
 from tfscale.training.train_step import FunctionalTrainStepModel
+from tests.row_gaps import train_with_gaps
 
 VOCAB, DIM = 10, 3
 # Betas exact in float32, so the float64 restatement differs only by rounding.
@@ -148,30 +149,6 @@ def test_a_dense_table_gradient_takes_adam_on_the_whole_table():
     assert (last_steps.numpy() == 3).all()
 
 
-def _train_with_gaps(optimizer, densify, l2, steps=281):
-    """Rows 0-2 in every batch for 100 steps (past the bias corrections' fast change, which the
-    catch-up takes as constant); then row 0 in every batch, row 1 in one of 40, row 2 from
-    step 200 on; row 3 never. With 281 steps it ends with rows 1 and 2 in the batch (a row is
-    caught up when next seen). Small data gradients, so the L2 and the moments' tails matter.
-    Returns the table."""
-    table = keras.Variable(np.random.default_rng(0).normal(0, 0.05, (4, DIM)).astype("float32"),
-                           name="embeddings")
-    rng = np.random.default_rng(1)
-    for step in range(steps):
-        ids = [0] + ([1] if step < 100 or step % 40 == 0 else []) + (
-            [2] if step < 100 or step >= 200 else [])
-        values = rng.normal(0, 1e-3, (len(ids), DIM)).astype("float32")
-        if densify:
-            dense = np.zeros((4, DIM), "float32")
-            dense[ids] = values
-            gradient = tf.constant(dense + 2 * l2 * table.numpy())
-        else:
-            gradient = tf.IndexedSlices(tf.constant(values), tf.constant(ids, tf.int64),
-                                        tf.constant([4, DIM], tf.int64))
-        optimizer.apply([gradient], [table])
-    return table
-
-
 def _assert_nearer_the_dense_update(caught_up, lazy, dense, rows):
     for row in rows:
         caught_up_error = np.abs(caught_up[row] - dense[row]).max()
@@ -183,10 +160,9 @@ def _assert_nearer_the_dense_update(caught_up, lazy, dense, rows):
 def test_catch_up_follows_adam_on_the_densified_gradient(l2):
     """Rows 1 and 2 are absent for stretches: caught up, they land within a quarter of lazy
     Adam's distance from the dense update; a row never in a batch is not touched."""
-    dense = _train_with_gaps(FusedAdam(LR), densify=True, l2=l2).numpy()
-    caught_up = _train_with_gaps(RowSparseAdam(LR, table_l2=l2), densify=False, l2=l2).numpy()
-    lazy = _train_with_gaps(RowSparseAdam(LR, table_l2=l2, catch_up=False), densify=False,
-                            l2=l2).numpy()
+    dense = train_with_gaps(FusedAdam(LR), DIM, densify=True, l2=l2).numpy()
+    caught_up = train_with_gaps(RowSparseAdam(LR, table_l2=l2), DIM, l2=l2).numpy()
+    lazy = train_with_gaps(RowSparseAdam(LR, table_l2=l2, catch_up=False), DIM, l2=l2).numpy()
     _assert_nearer_the_dense_update(caught_up, lazy, dense, rows=(1, 2))
     np.testing.assert_allclose(caught_up[0], dense[0], rtol=1e-4, atol=1e-6)
     np.testing.assert_array_equal(caught_up[3], lazy[3])
@@ -197,11 +173,11 @@ def test_catching_up_every_row_brings_the_table_to_the_dense_update():
     catch-up moves row 1 to near the dense update and row 3 to the zero Adam's L2 pulls it to
     (within Adam's step of it); a second call changes nothing."""
     l2 = 0.05
-    dense = _train_with_gaps(FusedAdam(LR), densify=True, l2=l2, steps=300).numpy()
-    lazy = _train_with_gaps(RowSparseAdam(LR, table_l2=l2, catch_up=False), densify=False,
-                            l2=l2, steps=300).numpy()
+    dense = train_with_gaps(FusedAdam(LR), DIM, densify=True, l2=l2, steps=300).numpy()
+    lazy = train_with_gaps(RowSparseAdam(LR, table_l2=l2, catch_up=False), DIM, l2=l2,
+                           steps=300).numpy()
     optimizer = RowSparseAdam(LR, table_l2=l2)
-    table = _train_with_gaps(optimizer, densify=False, l2=l2, steps=300)
+    table = train_with_gaps(optimizer, DIM, l2=l2, steps=300)
     optimizer.catch_up_every_row(block_rows=3)  # two blocks
     caught_up = table.numpy()
     _assert_nearer_the_dense_update(caught_up, lazy, dense, rows=(1,))
