@@ -47,15 +47,17 @@ def clip_factors(gradient_rows, weight_rows, counts, r, zeta):
     return tf.where(gradient_norm > threshold, threshold / safe_norm, tf.ones_like(gradient_norm))
 
 
-def _check_table_l2(embedding_optimizer, l2):
-    """Refuses an embedding optimizer that would add the tables' L2 a second time, or catch
-    absent rows up with another L2 than CowClip's `l2`."""
+def _check_table_l2(embedding_optimizer, l2, mode):
+    """Refuses an embedding optimizer that would add the tables' L2 a second time, or (in the
+    scalable mode, where it takes the batch's rows) catch absent rows up with another L2 than
+    CowClip's `l2`."""
     if getattr(embedding_optimizer, "table_l2", 0):
         raise ValueError(
             f"`embedding_optimizer` has table_l2={embedding_optimizer.table_l2}, but CowClip adds "
             "the tables' L2 itself (its `l2`, before clipping): give the embedding optimizer no "
             "table_l2")
-    if getattr(embedding_optimizer, "catch_up", False) and embedding_optimizer.catch_up_l2 != l2:
+    if (mode == "scalable" and getattr(embedding_optimizer, "catch_up", False)
+            and embedding_optimizer.catch_up_l2 != l2):
         raise ValueError(
             f"`embedding_optimizer` catches absent rows up with catch_up_l2="
             f"{embedding_optimizer.catch_up_l2} but CowClip's `l2={l2}`: give "
@@ -110,7 +112,7 @@ class CowClip(TakesCountedSlices, keras.optimizers.MultiOptimizer):
             embedding_optimizer = (
                 FusedAdam(learning_rate=1e-4, name="embedding") if mode == "faithful"
                 else RowSparseAdam(learning_rate=1e-4, catch_up_l2=l2, name="embedding"))
-        _check_table_l2(embedding_optimizer, l2)
+        _check_table_l2(embedding_optimizer, l2, mode)
         if dense_optimizer is None:
             dense_optimizer = FusedAdam(learning_rate=1e-3, name="dense")
         super().__init__(self._optimizer_for, loss_scale_factor=loss_scale_factor, name=name)
