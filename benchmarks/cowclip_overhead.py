@@ -30,8 +30,8 @@ flags.DEFINE_integer("repeats", 2, "Measurements per optimizer and batch size (m
 OPTIMIZERS = {
     "adam": lambda: FusedAdam(1e-3),
     "cowclip_faithful": lambda: CowClip(FusedAdam(1e-4), FusedAdam(1e-3), l2=1e-5, mode="faithful"),
-    "cowclip_scalable": lambda: CowClip(RowSparseAdam(1e-4), FusedAdam(1e-3), l2=1e-5,
-                                        mode="scalable"),
+    "cowclip_scalable": lambda: CowClip(RowSparseAdam(1e-4, catch_up_l2=1e-5), FusedAdam(1e-3),
+                                        l2=1e-5, mode="scalable"),
 }
 
 
