@@ -156,8 +156,8 @@ def _train_cowclip_with_gaps(embedding_optimizer, mode, l2):
 def test_scalable_mode_catches_absent_rows_up_with_cowclips_l2():
     """Rows 1 and 2 are absent for stretches (tests.row_gaps): the scalable mode's default
     RowSparseAdam catches them up with CowClip's L2 to within a quarter of lazy Adam's distance
-    from the faithful update; after the whole-table catch-up, row 3 (never in a batch) has followed the faithful
-    update's L2 pull toward zero."""
+    from the faithful update; after the whole-table catch-up, row 3 (never in a batch) has
+    followed the faithful update's L2 pull toward zero."""
     l2 = 0.05
     faithful = _train_cowclip_with_gaps(FusedAdam(LR), "faithful", l2)[1].numpy()
     lazy = _train_cowclip_with_gaps(RowSparseAdam(LR, catch_up=False), "scalable", l2)[1].numpy()
