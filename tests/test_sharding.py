@@ -151,30 +151,34 @@ def test_initial_rows_do_not_depend_on_the_number_of_shards(num_shards):
     assert [RowShard(10, 4, i).rows for i in range(4)] == [3, 3, 2, 2]
 
 
-def test_initial_rows_of_different_blocks_follow_the_rule_and_are_independent():
-    """Row i is row i mod CHUNK_ROWS of a stateless normal block drawn from (seed, i div
-    CHUNK_ROWS) (the module's rule, restated here), so rows at the same place of different
-    blocks differ and are uncorrelated; a shard's rows from three blocks are the rule's rows."""
-    chunk, dim, seed, mean, stddev = initializers.CHUNK_ROWS, 4, 11, 0.5, 0.1
+@pytest.mark.parametrize("dim", [4, 3])
+def test_initial_rows_follow_the_rule_and_are_independent(dim):
+    """Row i is values [i * dim, (i + 1) * dim) of one stateless normal draw from the seed (the
+    module's rule, restated here with the Philox stream drawn whole), times stddev plus mean;
+    rows of different windows are uncorrelated; a shard's rows from three windows (at offsets
+    inside a Philox counter step when dim is odd) are the rule's rows."""
+    chunk, seed, mean, stddev = initializers.CHUNK_ROWS, 11, 0.5, 0.1
     initializer = RowSeededNormal(mean=mean, stddev=stddev, seed=seed)
+    rows = 2 * chunk + 5
+    key, counter = tf.raw_ops.StatelessRandomGetKeyCounter(seed=tf.constant([seed, 0], tf.int64))
+    stream = tf.raw_ops.StatelessRandomNormalV2(shape=[rows * dim], key=key, counter=counter,
+                                                alg=tf.random.Algorithm.PHILOX.value)
+    rule = mean + stddev * stream.numpy().reshape(rows, dim)
 
-    def rule(ids):
-        blocks = {b: tf.random.stateless_normal([chunk, dim], seed=[seed, b]).numpy()
-                  for b in set(ids // chunk)}
-        return np.stack([mean + stddev * blocks[i // chunk][i % chunk] for i in ids])
-
-    whole = initializer((2 * chunk + 5, dim)).numpy()
+    whole = initializer((rows, dim)).numpy()
+    np.testing.assert_allclose(whole, rule, rtol=1e-6, atol=1e-7)
     first, second = whole[:chunk], whole[chunk:2 * chunk]
-    assert not (first == second).all(axis=1).any()  # no row repeats its block-0 twin
     correlation = np.corrcoef(first.ravel(), second.ravel())[0, 1]
-    assert abs(correlation) < 0.02, correlation  # 262,144 pairs: |r| ~ 0.002 if independent
+    assert abs(correlation) < 0.02, correlation  # 196,608+ pairs: |r| ~ 0.002 if independent
     np.testing.assert_allclose(whole.mean(), mean, atol=3e-3)
     np.testing.assert_allclose(whole.std(), stddev, rtol=1e-2)
-    ids = np.array([0, 3, chunk - 1, chunk, chunk + 3, 2 * chunk, 2 * chunk + 4], np.int64)
-    np.testing.assert_allclose(whole[ids], rule(ids), rtol=1e-6, atol=1e-7)
-    shard_ids = np.array([3, chunk + 3, 5 * chunk + 3])  # one row each of blocks 0, 1 and 5
-    np.testing.assert_allclose(initializer.rows(shard_ids, dim).numpy(), rule(shard_ids),
-                               rtol=1e-6, atol=1e-7)
+    ids = np.array([0, 3, chunk - 1, chunk, chunk + 3, 2 * chunk + 1, 2 * chunk + 4], np.int64)
+    np.testing.assert_array_equal(initializer.rows(ids, dim).numpy(), whole[ids])
+
+
+def test_a_philox_counter_advances_with_a_carry():
+    assert initializers._advanced(np.array([2**64 - 2, 7], np.uint64), 5).numpy().tolist() == [3, 8]
+    assert initializers._advanced(np.array([0, 2**64 - 1], np.uint64), 1).numpy().tolist() == [1, 2**64 - 1]
 
 
 def test_refusals_name_the_argument():

@@ -3,6 +3,10 @@ ceiling, id frequencies, missing values and the Criteo TSV writer."""
 
 import gzip
 import hashlib
+import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -171,10 +175,16 @@ def test_batches_come_without_tf_data_autotuning(data):
     assert data.test_batches(7000).options().autotune.enabled is False
 
 
-def test_batches_come_without_tf_data_static_rewrites(data):
-    """A rewrite copies the captured per-id tables at every iterator (tfscale.data.pipeline)."""
-    for batches in (data.train_batches(7000), data.test_batches(7000)):
-        assert batches.options().experimental_optimization.apply_default_optimizations is False
+def test_a_held_tensor_is_not_copied_by_tf_datas_rewrites():
+    """The per-id tables are read by reference (tfscale.data.pipeline.held_by_reference): making
+    an iterator under op determinism adds no copy of them; the same tensor captured plainly is
+    copied (the control, so that the measurement can fail)."""
+    child = subprocess.run([sys.executable, "-m", "tests.held_tensor_memory"], capture_output=True,
+                           text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert child.returncode == 0, child.stderr[-3000:]
+    growth = json.loads(child.stdout.strip().splitlines()[-1])
+    assert growth["held_mb"] < 50, growth
+    assert growth["captured_mb"] > 150, growth
 
 
 def test_test_shards_cover_the_split_and_keep_the_remainder(data):

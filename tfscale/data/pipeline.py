@@ -1,12 +1,12 @@
-"""The tf.data options of every pipeline tfscale iterates (training and test batches, scoring,
-vocabulary counting): autotuning off; and, for a pipeline that captures large tensors (the
-synthetic data's per-id tables), tf.data's static rewrites off.
+"""How tfscale's tf.data pipelines are set up (training and test batches, scoring, vocabulary
+counting): autotuning off; and large tensors a pipeline's functions read (the synthetic data's
+per-id tables) held by reference, so that tf.data does not copy them.
 
-Why: TF 2.21's autotuning thread is not woken when its iterator is deleted, so a deletion (Keras
-deletes the epoch's iterator at the end of `fit`, evaluation after each pass) can wait for the
-thread's next tick, up to 60 s away once a pipeline has run a minute (18.9 s idle after a 63 s
-epoch in `python -m benchmarks.iterator_teardown`). Without it, `AUTOTUNE` parallelism and buffer
-sizes take fixed defaults (the Criteo reader measured no slower)."""
+Why autotuning off: TF 2.21's autotuning thread is not woken when its iterator is deleted, so a
+deletion (Keras deletes the epoch's iterator at the end of `fit`, evaluation after each pass) can
+wait for the thread's next tick, up to 60 s away once a pipeline has run a minute (18.9 s idle
+after a 63 s epoch in `python -m benchmarks.iterator_teardown`). Without it, `AUTOTUNE`
+parallelism and buffer sizes take fixed defaults (the Criteo reader measured no slower)."""
 
 import tensorflow as tf
 
@@ -18,12 +18,37 @@ def without_autotuning(dataset):
     return dataset.with_options(options)
 
 
-def without_static_rewrites(dataset):
-    """`dataset` without tf.data's default static optimizations, for a pipeline whose map
-    parallelism and prefetch are already explicit. Why: to rewrite, tf.data serializes the
-    pipeline's graph when an iterator is made, copying every tensor a map function captures: at
-    Criteo's cardinalities the synthetic teacher's 1.2 GB, each epoch and evaluation. (Under op
-    determinism tf.data's make_deterministic rewrite still copies them: docs/limits.md.)"""
-    options = tf.data.Options()
-    options.experimental_optimization.apply_default_optimizations = False
-    return dataset.with_options(options)
+def held_by_reference(tensors):
+    """A function that, called inside a tf.data function, gives back `tensors` (a nest of
+    tensors and Python values) without tf.data having copied them.
+
+    Why: a tensor a dataset function captures is copied whenever tf.data rewrites the pipeline's
+    graph as it makes an iterator (its default static optimizations, and under op determinism
+    its make_deterministic rewrite, which no option turns off): at Criteo's cardinalities the
+    synthetic teacher's 1.2 GB, at every epoch and evaluation. A tensor list (a variant) holding
+    the tensor is captured instead; it shares the tensor's buffer, and reading it back is a
+    stateless op, so tf.data keeps the map parallel and the prefetch (a variable, being
+    stateful, would make the rewrite turn both off)."""
+    flat = tf.nest.flatten(tensors)
+    lists = [_one_element_list(value) if isinstance(value, tf.Tensor) else None for value in flat]
+
+    def read():
+        values = [value if held is None else _only_element(held, value)
+                  for held, value in zip(lists, flat)]
+        return tf.nest.pack_sequence_as(tensors, values)
+
+    return read
+
+
+def _one_element_list(tensor):
+    empty = tf.raw_ops.EmptyTensorList(element_shape=tf.constant(-1, tf.int32), max_num_elements=1,
+                                       element_dtype=tensor.dtype)
+    return tf.raw_ops.TensorListPushBack(input_handle=empty, tensor=tensor)
+
+
+def _only_element(tensor_list, like):
+    """The tensor `tensor_list` holds, with the static shape of `like` (the tensor put in)."""
+    tensor = tf.raw_ops.TensorListGetItem(input_handle=tensor_list, index=0,
+                                          element_shape=tf.constant(-1, tf.int32),
+                                          element_dtype=like.dtype)
+    return tf.ensure_shape(tensor, like.shape)

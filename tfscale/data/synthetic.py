@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from tfscale import metrics
 from tfscale.data.schema import MISSING_ID, FeatureSchema
-from tfscale.data.pipeline import without_autotuning, without_static_rewrites
+from tfscale.data.pipeline import held_by_reference, without_autotuning
 from tfscale.data.source import CTRSource
 from tfscale.data.preprocessing import log_transform
 
@@ -220,10 +220,9 @@ class SyntheticCTR(CTRSource):
         unknown = set(keys) - set(ROW_KEYS)
         if unknown:
             raise ValueError(f"unknown row keys {sorted(unknown)}; choose from {ROW_KEYS}")
-        tables = self._tables()
-        return without_static_rewrites(rows_of_blocks(
-            lambda block: self._block(block, tables), first_row, num_rows, batch_size, keys,
-            drop_remainder))
+        tables = held_by_reference(self._tables())
+        return rows_of_blocks(lambda block: self._block(block, tables()), first_row, num_rows,
+                              batch_size, keys, drop_remainder)
 
     def _block(self, block, tables):
         """All values of rows [block * BLOCK_ROWS, (block + 1) * BLOCK_ROWS), as ROW_KEYS."""
@@ -393,8 +392,9 @@ class _PerIdTables(typing.NamedTuple):
     """The id order (int32, indexed by field offset + rank: the id) and the teacher. Its weights
     of a row (field offset + id) are its standard normal draws times the field's importance,
     times the calibrated scale: applied to the rows a block gathers, so the build makes no copy
-    of the per-id draws (at Criteo's cardinalities 1.2 GB). Constants, not variables: a stateful
-    op in the dataset's map would make tf.data run it serially under op determinism."""
+    of the per-id draws (at Criteo's cardinalities 1.2 GB). Tensors, not variables: a stateful
+    op in the dataset's map would make tf.data run it serially under op determinism; the
+    dataset holds them by reference (tfscale.data.pipeline.held_by_reference)."""
 
     id_of_rank: tf.Tensor
     first_order_normals: tf.Tensor  # float32 [ids]

@@ -1,16 +1,23 @@
 """`RowSeededNormal`: an embedding-table initializer whose row i depends only on (seed, i), so a
 table built whole and the same table built as row shards over any number of ranks start equal
 (docs/sharding.md). Keras's RandomNormal draws the whole [rows, dim] block at once, so its row i
-depends on the table's shape; this one draws fixed blocks of CHUNK_ROWS rows, block b from the
-stateless seed (seed, b), and a shard keeps the rows it owns of each block (one block in memory
-at a time). `keyed_rows` gives the initial rows of tables keyed by 64-bit ids instead of rows
-(tfscale.embedding.dynamic), in the graph."""
+depends on the table's shape; this one reads row i of a [rows, dim] table as values
+[i * dim, (i + 1) * dim) of one stateless normal stream of the seed, which TensorFlow's Philox
+generator can start at any offset. A whole table is one draw into one buffer (no block copies
+for the host allocator to keep pooled: 2.2 GB at 33.8M ids of width 16); a shard draws the
+stream in windows of CHUNK_ROWS rows and keeps the rows it owns. `keyed_rows` gives the initial
+rows of tables keyed by 64-bit ids instead of rows (tfscale.embedding.dynamic), in the graph."""
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+# A shard draws the stream in windows of this many rows (one window's values in memory at a time).
 CHUNK_ROWS = 1 << 16
+# Normal values TensorFlow's Philox kernels make per counter step (float32: one 4-word output,
+# two Box-Muller pairs); value j of a draw comes from counter step j // PHILOX_GROUP.
+PHILOX_GROUP = 4
+PHILOX = tf.random.Algorithm.PHILOX.value
 
 
 @keras.saving.register_keras_serializable(package="tfscale")
@@ -30,32 +37,27 @@ class RowSeededNormal(keras.initializers.Initializer):
         self.seed = int(np.random.randint(2**31 - 1)) if seed is None else int(seed)
 
     def __call__(self, shape, dtype=None):
-        """The whole table, block after block as drawn (the rows `rows` would gather)."""
+        """The whole table: the stream's first rows * dim values."""
         rows, dim = shape
-        dtype = dtype or "float32"
-        full_blocks, rest = divmod(rows, CHUNK_ROWS)
-        parts = [tf.zeros([0, dim], dtype)]
-        parts += [self._block(block, dim, dtype) for block in range(full_blocks)]
-        if rest:
-            parts.append(self._block(full_blocks, dim, dtype)[:rest])
-        return tf.concat(parts, axis=0)
+        return self._stream_rows(0, rows, dim, dtype)
 
     def rows(self, global_ids, dim, dtype=None):
         """The initial values [len(global_ids), dim] of rows `global_ids` (ascending ints)."""
         ids = np.asarray(global_ids, np.int64)
-        dtype = dtype or "float32"
-        blocks, starts = np.unique(ids // CHUNK_ROWS, return_index=True)
+        windows, starts = np.unique(ids // CHUNK_ROWS, return_index=True)
         ends = np.append(starts[1:], len(ids))
-        parts = [tf.zeros([0, dim], dtype)]
-        for block, start, end in zip(blocks, starts, ends):
-            parts.append(tf.gather(self._block(block, dim, dtype), ids[start:end] - block * CHUNK_ROWS))
+        parts = [tf.zeros([0, dim], dtype or "float32")]
+        for window, start, end in zip(windows, starts, ends):
+            first = int(window) * CHUNK_ROWS
+            count = int(ids[end - 1]) + 1 - first
+            parts.append(tf.gather(self._stream_rows(first, count, dim, dtype), ids[start:end] - first))
         return tf.concat(parts, axis=0)
 
     def keyed_rows(self, keys, dim):
         """float32 [len(keys), dim]: Normal(mean, stddev) values, row k a function of (seed,
         keys[k]) alone (int64 keys >= 0; graph-compatible): splitmix64 of (seed, key, column)
         gives the uniforms of a Box-Muller pair per two columns. Not the values `rows` gives
-        a row index (those are drawn in blocks)."""
+        a row index (those are read from the seed's stream)."""
         keys = tf.cast(tf.reshape(keys, [-1, 1]), tf.int64)
         pairs = (dim + 1) // 2
         counters = tf.range(2 * pairs, dtype=tf.int64)[None, :]
@@ -67,13 +69,40 @@ class RowSeededNormal(keras.initializers.Initializer):
         normal = tf.concat([radius * tf.cos(angle), radius * tf.sin(angle)], axis=1)[:, :dim]
         return tf.cast(self.mean + self.stddev * normal, tf.float32)
 
-    def _block(self, block, dim, dtype):
-        """Rows [block * CHUNK_ROWS, (block + 1) * CHUNK_ROWS), drawn from (seed, block)."""
-        return tf.random.stateless_normal([CHUNK_ROWS, dim], seed=[self.seed, int(block)],
-                                          mean=self.mean, stddev=self.stddev, dtype=dtype)
+    def _stream_rows(self, first_row, rows, dim, dtype):
+        """Rows [first_row, first_row + rows) of a table of width `dim`: stream values
+        [first_row * dim, (first_row + rows) * dim), times stddev plus mean, as `dtype`."""
+        first = first_row * dim
+        # Philox makes PHILOX_GROUP values per counter step: start at the step holding `first`.
+        step, skip = divmod(first, PHILOX_GROUP)
+        key, counter = tf.raw_ops.StatelessRandomGetKeyCounter(
+            seed=tf.constant([self.seed, 0], tf.int64))
+        values = _scaled_normals(tf.constant(skip + rows * dim, tf.int64), key,
+                                 _advanced(counter.numpy(), step), tf.constant(self.stddev),
+                                 tf.constant(self.mean))
+        values = tf.reshape(values[skip:] if skip else values, [rows, dim])
+        return values if dtype in (None, "float32", tf.float32) else tf.cast(values, dtype)
 
     def get_config(self):
         return {"mean": self.mean, "stddev": self.stddev, "seed": self.seed}
+
+
+@tf.function(autograph=False)
+def _scaled_normals(size, key, counter, stddev, mean):
+    """`size` float32 N(mean, stddev^2) values of the Philox stream (key, counter). In one graph
+    the scaling reuses the draw's buffer (eagerly each op would allocate a table-sized copy)."""
+    normals = tf.raw_ops.StatelessRandomNormalV2(shape=tf.reshape(size, [1]), key=key,
+                                                 counter=counter, alg=PHILOX, dtype=tf.float32)
+    return normals * stddev + mean
+
+
+def _advanced(counter, steps):
+    """A Philox counter (uint64 [low, high] words) advanced by `steps`, carrying into the high
+    word."""
+    low, high = (int(word) for word in counter)
+    low += steps
+    high = (high + (low >> 64)) % (1 << 64)
+    return tf.constant([low % (1 << 64), high], tf.uint64)
 
 
 def keyed_rows(initializer, keys, dim):
