@@ -78,7 +78,7 @@ class RowSeededNormal(keras.initializers.Initializer):
         key, counter = tf.raw_ops.StatelessRandomGetKeyCounter(
             seed=tf.constant([self.seed, 0], tf.int64))
         values = _scaled_normals(tf.constant(skip + rows * dim, tf.int64), key,
-                                 _advanced(counter.numpy(), step), tf.constant(self.stddev),
+                                 _advanced(counter, step), tf.constant(self.stddev),
                                  tf.constant(self.mean))
         values = tf.reshape(values[skip:] if skip else values, [rows, dim])
         return values if dtype in (None, "float32", tf.float32) else tf.cast(values, dtype)
@@ -97,12 +97,12 @@ def _scaled_normals(size, key, counter, stddev, mean):
 
 
 def _advanced(counter, steps):
-    """A Philox counter (uint64 [low, high] words) advanced by `steps`, carrying into the high
-    word."""
-    low, high = (int(word) for word in counter)
-    low += steps
-    high = (high + (low >> 64)) % (1 << 64)
-    return tf.constant([low % (1 << 64), high], tf.uint64)
+    """A Philox counter (uint64 [low, high] words) advanced by `steps` (a Python int below
+    2**64), carrying into the high word (in the graph too: Keras may build a table in a call)."""
+    counter = tf.convert_to_tensor(counter, tf.uint64)
+    low = counter[0] + tf.constant(steps, tf.uint64)
+    carry = tf.cast(low < counter[0], tf.uint64)
+    return tf.stack([low, counter[1] + carry])
 
 
 def keyed_rows(initializer, keys, dim):
