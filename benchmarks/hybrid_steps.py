@@ -1,7 +1,8 @@
 """Step time, exchange time and bytes per step of DeepFM with plain and de-duplicated embedding
 lookups, and with synchronous and one-step-stale embedding updates (docs/persia.md), or
-(`--compare=sharding`) with replicated and row-sharded tables (docs/sharding.md), both
-de-duplicated and synchronous:
+(`--compare=sharding`) with replicated and row-sharded tables (docs/sharding.md; the sharded
+lookup's rows and gradients in float32 and in bfloat16 on the wire), all de-duplicated and
+synchronous:
 
     horovodrun -np P -H localhost:P --gloo python -m benchmarks.hybrid_steps --batch_size=B
 
@@ -31,6 +32,7 @@ import models  # noqa: E402
 from benchmarks.timing import machine_description, start_horovod_ranks  # noqa: E402
 from tfscale import distributed  # noqa: E402
 from tfscale.data.synthetic import SyntheticCTR  # noqa: E402
+from tfscale.embedding.row_sharding import RowSharded  # noqa: E402
 from tfscale.optimizers import FusedAdam  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -44,8 +46,11 @@ flags.DEFINE_enum("compare", "hybrid", ["hybrid", "sharding"],
 VARIANTS = {
     "hybrid": ((False, 0, "replicated"), (False, 1, "replicated"), (True, 0, "replicated"),
                (True, 1, "replicated")),
-    "sharding": ((True, 0, "replicated"), (True, 0, "row")),
+    "sharding": ((True, 0, "replicated"), (True, 0, "row"), (True, 0, "row, bfloat16 wire")),
 }
+# The variants' table strategies (FieldEmbedding's `sharding`) by the name their rows print.
+STRATEGIES = {"replicated": "replicated", "row": "row",
+              "row, bfloat16 wire": RowSharded(wire_dtype="bfloat16")}
 
 
 class VariantRun:
@@ -56,7 +61,7 @@ class VariantRun:
         keras.utils.set_random_seed(0)
         self.deduplicate, self.staleness, self.sharding = deduplicate, staleness, sharding
         self.model = models.build_model("deepfm", schema, deduplicate_ids=deduplicate,
-                                        embedding_sharding=sharding)
+                                        embedding_sharding=STRATEGIES[sharding])
         self.model.compile(optimizer=FusedAdam(learning_rate=1e-3),
                            loss=keras.losses.BinaryCrossentropy(),
                            embedding_exchange="allgather", embedding_staleness=staleness)

@@ -25,6 +25,10 @@ flags.DEFINE_enum("embedding_sharding", "replicated", list(STRATEGIES),
                   "the others up by alltoall (docs/sharding.md); dynamic: rows are given to ids "
                   "as they arrive in training, held as row does, up to --dynamic_capacity "
                   "(docs/dynamic.md). Not with --embedding_comm=topk|gtopk.")
+flags.DEFINE_enum("sharded_wire_dtype", "float32", ["float32", "bfloat16"],
+                  "--embedding_sharding=row: the dtype looked-up rows and their gradients travel "
+                  "in between ranks; bfloat16 halves those bytes, rounding them to 8 significant "
+                  "bits on the way (the tables stay float32; docs/sharding.md).")
 flags.DEFINE_integer("dynamic_capacity", None,
                      "--embedding_sharding=dynamic: rows in use at most per table, over all "
                      "ranks (default: the data's vocabulary sizes summed).", lower_bound=1)
@@ -39,13 +43,20 @@ flags.DEFINE_integer("dynamic_expire_after_steps", None,
 
 
 def table_strategy():
-    """FieldEmbedding's `sharding` for the flags: a name, or the dynamic tables' settings."""
+    """FieldEmbedding's `sharding` for the flags: a name, or the row or dynamic tables'
+    settings."""
     from tfscale.embedding.dynamic import DynamicTables
+    from tfscale.embedding.row_sharding import RowSharded
 
     dynamic_flags = [f"--{name}" for name in ("dynamic_capacity", "dynamic_expire_after_steps")
                      if FLAGS[name].value is not None]
     if FLAGS.dynamic_min_count != 1:
         dynamic_flags.append("--dynamic_min_count")
+    if FLAGS.sharded_wire_dtype != "float32" and FLAGS.embedding_sharding != "row":
+        raise UserError(f"--sharded_wire_dtype={FLAGS.sharded_wire_dtype} goes with "
+                        "--embedding_sharding=row")
+    if FLAGS.embedding_sharding == "row" and FLAGS.sharded_wire_dtype != "float32":
+        return RowSharded(wire_dtype=FLAGS.sharded_wire_dtype)
     if FLAGS.embedding_sharding != "dynamic":
         if dynamic_flags:
             raise UserError(f"{', '.join(dynamic_flags)} go with --embedding_sharding=dynamic")
@@ -92,5 +103,7 @@ def describe(model):
     dedup = "de-duplicated lookups" if FLAGS.dedup_ids else "plain lookups"
     staleness = (f"embedding updates {FLAGS.embedding_staleness} step(s) stale"
                  if FLAGS.embedding_staleness else "synchronous embedding updates")
-    return (f"{placement.describe(model)}; {table_state.describe(model)}; {dedup}, "
+    wire = ("; rows and their gradients between ranks in bfloat16"
+            if FLAGS.sharded_wire_dtype == "bfloat16" else "")
+    return (f"{placement.describe(model)}; {table_state.describe(model)}{wire}; {dedup}, "
             f"{staleness}")

@@ -80,6 +80,7 @@ def test_sharded_ranks_match_one_replicated_process(reference, initial_state, la
     result = launched_jobs[SHARDED_STEPS[num_ranks]]
     assert result.returncode == 0, result.output
     assert result.output.count("edge cases ok") == num_ranks, result.output
+    assert result.output.count("bfloat16 lookup ok") == num_ranks, result.output
     assert result.output.count("built before Horovod refused") == num_ranks, result.output
     steps_dir = launched_jobs.path(STEPS_DIR)
     stale, synchronous = reference["cowclip_scalable_stale1"], reference["cowclip_scalable"]
@@ -179,6 +180,32 @@ def test_initial_rows_follow_the_rule_and_are_independent(dim):
 def test_a_philox_counter_advances_with_a_carry():
     assert initializers._advanced(np.array([2**64 - 2, 7], np.uint64), 5).numpy().tolist() == [3, 8]
     assert initializers._advanced(np.array([0, 2**64 - 1], np.uint64), 1).numpy().tolist() == [1, 2**64 - 1]
+
+
+def test_the_wire_dtype_is_checked_kept_in_the_config_and_given_by_the_launcher():
+    from absl import flags
+    from absl.testing import flagsaver
+
+    from launch import hybrid_flags, train  # noqa: F401  (defines the launcher's flags)
+    from tfscale.embedding import strategies
+    from tfscale.embedding.row_sharding import RowSharded
+
+    with pytest.raises(UserError, match=r"`wire_dtype='float16'`: give one of float32, bfloat16"):
+        RowSharded(wire_dtype="float16")
+    assert RowSharded().get_config() == "row"
+    config = RowSharded(wire_dtype="bfloat16").get_config()
+    assert config == {"name": "row", "wire_dtype": "bfloat16"}
+    assert strategies.get(config).wire_dtype == "bfloat16"
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+    with flagsaver.flagsaver(embedding_sharding="row", sharded_wire_dtype="bfloat16"):
+        assert hybrid_flags.table_strategy().get_config() == config
+    with flagsaver.flagsaver(embedding_sharding="row"):
+        assert hybrid_flags.table_strategy() == "row"
+    with flagsaver.flagsaver(embedding_sharding="replicated", sharded_wire_dtype="bfloat16"):
+        with pytest.raises(UserError, match="--sharded_wire_dtype=bfloat16 goes with "
+                                            "--embedding_sharding=row"):
+            hybrid_flags.table_strategy()
 
 
 def test_refusals_name_the_argument():

@@ -15,7 +15,8 @@ Under horovodrun it also checks that a model built before Horovod started (one s
 every rank ("built before Horovod refused"), and, printing "edge cases ok": the lookup of a 3-row
 table (rank 3 of 4 owns no row) where every rank looks up the same id, ids only one rank looks up,
 and ranks whose batch holds no id of some owners (empty splits), against the gathered whole table,
-with the gradient each owner receives; and an inf in one rank's shard gradient alone makes every
+with the gradient each owner receives, rows and gradients in float32 and in bfloat16 on the wire
+(printing "bfloat16 lookup ok"); and an inf in one rank's shard gradient alone makes every
 rank's RowShardedExchange hand NaN shard gradients (so every loss scaler skips); the lookup's
 alltoall byte counters equal the bytes computed from every rank's ids. Used by
 tests/test_sharding.py."""
@@ -165,12 +166,26 @@ def check_edge_cases():
     """The lookup and the shards' finite decision on hand-made cases (see the module)."""
     hvd = distributed.runtime.horovod()
     rank, size = hvd.rank(), hvd.size()
+    for wire_dtype in ("float32", "bfloat16"):
+        check_lookup(rank, size, wire_dtype)
+    check_finite_decision(rank)
+
+
+def check_lookup(rank, size, wire_dtype):
+    """The lookup of a 3-row table with rows and gradients in `wire_dtype` on the wire: the rows,
+    the gradient each owner receives and the byte counters (see the module)."""
+    def on_the_wire(values):
+        if wire_dtype == "float32":
+            return np.asarray(values, np.float32)
+        return tf.cast(tf.cast(values, tf.bfloat16), tf.float32).numpy()
+
     keras.utils.set_random_seed(1)
-    table = sharded_table("edge3", 3)
+    table = sharded_table(f"edge3_{wire_dtype}", 3)
     shard = table.shard
     ids = shard.global_ids()
-    table.variable.assign(tf.constant(np.stack([ids * 10.0, ids * 10.0 + 1], axis=1),
-                                      tf.float32))
+    # A third is not a bfloat16: rounded on the wire, the rows are seen to be.
+    whole = lambda i: np.stack([i * 10.0 + 1 / 3, i * 10.0 + 1], axis=1).astype(np.float32)  # noqa: E731
+    table.variable.assign(whole(ids))
     # Every rank looks up id 0; rank r also looks up id 1 + r (beyond the table: skipped) and
     # rank 0 id 2 twice: some ranks send nothing to some owners.
     def wanted_by(r):
@@ -183,36 +198,42 @@ def check_edge_cases():
     @tf.function
     def look_up_and_differentiate():
         with tf.GradientTape() as tape:
-            (vectors,) = row_sharding.lookup([table], rows, name="edge", scalars=scalars)
+            (vectors,) = row_sharding.lookup([table], rows, name=f"edge_{wire_dtype}",
+                                             scalars=scalars, wire_dtype=wire_dtype)
             loss = tf.reduce_sum(vectors * tf.cast(rank + 1, tf.float32))
         return vectors, tape.gradient(loss, table.variable.value)
 
     vectors, gradient = look_up_and_differentiate()
-    np.testing.assert_array_equal(vectors.numpy(),
-                                  np.stack([np.array(wanted) * 10.0,
-                                            np.array(wanted) * 10.0 + 1], axis=1))
+    np.testing.assert_array_equal(vectors.numpy(), on_the_wire(whole(np.array(wanted))))
     # The owner's gradient of id i: sum over ranks r of (r + 1) x occurrences of i on rank r,
-    # divided by P (each rank's loss is its share of the global mean).
+    # divided by P (each rank's loss is its share of the global mean), each rank's share on the
+    # wire.
     occurrences = np.zeros((size, 3))
     for r in range(size):
         for i in wanted_by(r):
             occurrences[r, i] += 1
-    expected = (occurrences * np.arange(1, size + 1)[:, None]).sum(axis=0)
+    expected = on_the_wire(occurrences * np.arange(1, size + 1)[:, None] / size).sum(axis=0)
     dense = tf.convert_to_tensor(gradient).numpy() if shard.rows else np.zeros((0, 2))
-    np.testing.assert_allclose(dense, np.repeat(expected[ids][:, None] / size, 2, axis=1),
-                               rtol=1e-6)
+    np.testing.assert_allclose(dense, np.repeat(expected[ids][:, None], 2, axis=1), rtol=1e-6)
     # The payload bytes: an (id, count) pair of int32s (3 rows fit) per unique id asked of its
-    # owner (id mod P), a float32 row of 2 back per pair, a row gradient to the owner per row.
+    # owner (id mod P), a row of 2 back per pair, a row gradient to the owner per row, each
+    # value 4 bytes (float32) or 2 (bfloat16) on the wire.
+    value_bytes = 2 if wire_dtype == "bfloat16" else 4
     asked_of_others = len({i for i in wanted if i % size != rank})
     asked_by_others = sum(len({i for i in wanted_by(r) if i % size == rank})
                           for r in range(size) if r != rank)
     recorded = scalars.summary_scalars()
     assert recorded["sharding/alltoall_bytes_sent"] == (
-        8 * asked_of_others + 4 * 2 * (asked_by_others + asked_of_others)), (rank, recorded)
+        8 * asked_of_others + value_bytes * 2 * (asked_by_others + asked_of_others)), (rank,
+                                                                                  recorded)
     assert recorded["sharding/alltoall_bytes_received"] == (
-        8 * asked_by_others + 4 * 2 * (asked_of_others + asked_by_others)), (rank, recorded)
+        8 * asked_by_others + value_bytes * 2 * (asked_of_others + asked_by_others)), (rank,
+                                                                                  recorded)
+    print(f"rank {rank}: {wire_dtype} lookup ok", flush=True)
 
-    # An inf in rank 1's shard gradient alone: every rank's shard gradients become NaN.
+
+def check_finite_decision(rank):
+    """An inf in rank 1's shard gradient alone: every rank's shard gradients become NaN."""
     table = sharded_table("edge8", 8)
     shard = table.shard
     kernel = keras.Variable(np.ones((2, 2), np.float32), name="kernel")

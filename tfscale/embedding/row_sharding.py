@@ -7,7 +7,7 @@ A lookup (`lookup`), per FieldEmbedding and step: this rank's unique ids; one `h
 (id, occurrences) pairs (int32 while the table's ids fit) to the owners (one for all the layer's
 tables, which share their rows); unique again on the owner, whose occurrence sums are the global
 batch's counts; one gather per table of the owned rows; one alltoall of the tables' rows (packed
-side by side) back; gathered to the batch positions. The backward pass is the mirror, by Horovod's
+side by side) back, in float32 or, with `wire_dtype`, bfloat16 (tfscale.embedding.row_wire); gathered to the batch positions. The backward pass is the mirror, by Horovod's
 alltoall gradient: each rank's row gradients, divided by P, return to the owner and are summed per
 id by the gather's gradient, so a shard's gradient holds one row per id the global batch looked up
 there: the gradient of the global batch's mean loss (each rank's loss is the mean over its B/P
@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfscale import distributed
-from tfscale.embedding import placement
+from tfscale.embedding import placement, row_wire
 from tfscale.embedding.initializers import is_row_independent
 from tfscale.embedding.strategy import TableStrategy
 from tfscale.embedding.table import RowShard, Table
@@ -29,10 +29,25 @@ from tfscale.errors import UserError
 
 
 class RowSharded(TableStrategy):
-    """The `row` table strategy (module docstring)."""
+    """The `row` table strategy (module docstring): `FieldEmbedding(sharding="row")`, or
+    `sharding=RowSharded(wire_dtype="bfloat16")` for half the alltoall bytes.
+
+    Args:
+        wire_dtype: what looked-up rows and their gradients travel in between ranks:
+            "float32", or "bfloat16" (half the bytes of each row; rows and gradients rounded
+            to bfloat16's 8 significant bits on the way, tables and their updates stay float32).
+    """
 
     name = "row"
     partitioned = True
+
+    def __init__(self, wire_dtype="float32"):
+        row_wire.check_wire_dtype(wire_dtype)
+        self.wire_dtype = wire_dtype
+
+    def get_config(self):
+        return self.name if self.wire_dtype == "float32" else {"name": self.name,
+                                                               "wire_dtype": self.wire_dtype}
 
     def check(self, embedding):
         check_partitioned_arguments(embedding, "row")
@@ -45,7 +60,8 @@ class RowSharded(TableStrategy):
         table.attach(table.layer.embeddings, table.layer.shard)
 
     def lookup(self, tables, rows, embedding, training=False):
-        return lookup(tables, rows, name=f"tfscale_{embedding.name}", scalars=embedding.scalars)
+        return lookup(tables, rows, name=f"tfscale_{embedding.name}", scalars=embedding.scalars,
+                      wire_dtype=self.wire_dtype)
 
 
 @keras.saving.register_keras_serializable(package="tfscale")
@@ -101,12 +117,12 @@ def check_partitioned_arguments(embedding, sharding):
                             "none")
 
 
-def lookup(tables, rows, name, scalars=None):
+def lookup(tables, rows, name, scalars=None, wire_dtype="float32"):
     """The rows `rows` (int64, any shape, global ids) of each of `tables` (built row-sharded
     Tables of one total size), as [*rows.shape, width] tensors; each table's lookup recorded on
     it (Table.record_lookup) with each owned row's global occurrence count. `name` must be the
     same on every rank. With `scalars` (a StepScalars), the step's alltoall bytes (payload, both
-    passes) and the lookup's seconds are recorded."""
+    passes) and the lookup's seconds are recorded. `wire_dtype`: RowSharded's."""
     shard = tables[0].shard
     if shard.num_shards != distributed.size():
         raise UserError(
@@ -119,10 +135,10 @@ def lookup(tables, rows, name, scalars=None):
     if shard.num_shards == 1:
         per_unique = _gather_owned(tables, unique_ids, counts, shard)
     elif scalars is None:
-        per_unique = _through_owners(tables, unique_ids, counts, shard, name)
+        per_unique = _through_owners(tables, unique_ids, counts, shard, name, wire_dtype)
     else:
         per_unique, seconds = scalars.timed(unique_ids, lambda: _through_owners(
-            tables, unique_ids, counts, shard, name, scalars))
+            tables, unique_ids, counts, shard, name, wire_dtype, scalars))
         scalars.record("sharding/lookup_seconds", seconds)
     vectors = tf.gather(per_unique, position)
     shape = tf.shape(rows, out_type=tf.int64)
@@ -130,7 +146,7 @@ def lookup(tables, rows, name, scalars=None):
             for part, table in zip(tf.split(vectors, [t.width for t in tables], axis=1), tables)]
 
 
-def _through_owners(tables, unique_ids, counts, shard, name, scalars=None):
+def _through_owners(tables, unique_ids, counts, shard, name, wire_dtype, scalars=None):
     """[len(unique_ids), sum of widths]: each id's rows, fetched from its owner by alltoall."""
     hvd = distributed.runtime.horovod()
     owner = tf.cast(unique_ids % shard.num_shards, tf.int32)
@@ -145,10 +161,10 @@ def _through_owners(tables, unique_ids, counts, shard, name, scalars=None):
     owned, owned_position = tf.unique(incoming[:, 0], out_idx=tf.int64)
     owned_counts = tf.math.unsorted_segment_sum(incoming[:, 1], owned_position, tf.size(owned))
     rows = tf.gather(_gather_owned(tables, owned, owned_counts, shard), owned_position)
-    returned, _ = hvd.alltoall(rows, splits=incoming_splits, name=f"{name}_rows")
+    returned = row_wire.exchange_rows(rows, incoming_splits, wire_dtype, f"{name}_rows")
     if scalars is not None:
-        _record_bytes(scalars, splits, incoming_splits, shard.index,
-                      2 * id_dtype.size, 4 * sum(table.width for table in tables))
+        _record_bytes(scalars, splits, incoming_splits, shard.index, 2 * id_dtype.size,
+                      row_wire.wire_bytes(wire_dtype) * sum(table.width for table in tables))
     return tf.gather(gradient_divided_by(shard.num_shards)(returned),
                      tf.math.invert_permutation(order))
 
