@@ -175,6 +175,8 @@ def test_initial_rows_follow_the_rule_and_are_independent(dim):
     np.testing.assert_allclose(whole.std(), stddev, rtol=1e-2)
     ids = np.array([0, 3, chunk - 1, chunk, chunk + 3, 2 * chunk + 1, 2 * chunk + 4], np.int64)
     np.testing.assert_array_equal(initializer.rows(ids, dim).numpy(), whole[ids])
+    in_a_range = np.arange(7, chunk + 9)  # drawn at once, from inside a counter step if dim is odd
+    np.testing.assert_array_equal(initializer.rows(in_a_range, dim).numpy(), whole[in_a_range])
 
 
 def test_a_philox_counter_advances_with_a_carry():

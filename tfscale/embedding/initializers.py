@@ -44,6 +44,8 @@ class RowSeededNormal(keras.initializers.Initializer):
     def rows(self, global_ids, dim, dtype=None):
         """The initial values [len(global_ids), dim] of rows `global_ids` (ascending ints)."""
         ids = np.asarray(global_ids, np.int64)
+        if ids.size and ids[-1] - ids[0] + 1 == ids.size:  # a range (one shard): one draw
+            return self._stream_rows(int(ids[0]), int(ids.size), dim, dtype)
         windows, starts = np.unique(ids // CHUNK_ROWS, return_index=True)
         ends = np.append(starts[1:], len(ids))
         parts = [tf.zeros([0, dim], dtype or "float32")]
