@@ -3,15 +3,16 @@
 sharded table (owner `id mod P`, local row `id div P`), their optimizer state with them, and
 looks rows up from the other ranks by alltoall.
 
-A lookup (`lookup`), per FieldEmbedding and step: this rank's unique ids; one `hvd.alltoall` of
-(id, occurrences) pairs (int32 while the table's ids fit) to the owners (one for all the layer's
-tables, which share their rows); unique again on the owner, whose occurrence sums are the global
-batch's counts; one gather per table of the owned rows; one alltoall of the tables' rows (packed
-side by side) back, in float32 or, with `wire_dtype`, bfloat16 (tfscale.embedding.row_wire); gathered to the batch positions. The backward pass is the mirror, by Horovod's
-alltoall gradient: each rank's row gradients, divided by P, return to the owner and are summed per
-id by the gather's gradient, so a shard's gradient holds one row per id the global batch looked up
-there: the gradient of the global batch's mean loss (each rank's loss is the mean over its B/P
-examples), summed in rank order as the allgather exchange sums the replicated tables' rows.
+A lookup (`lookup`), per FieldEmbedding and step: this rank's unique ids; one `hvd.alltoall` of (id,
+occurrences) pairs (int32 while the table's ids fit) to the owners (one for all the layer's tables,
+which share their rows); unique again on the owner, whose occurrence sums are the global batch's
+counts; one gather per table of the owned rows; one alltoall of the tables' rows (packed side by
+side) back, in float32 or, with `wire_dtype`, bfloat16 (tfscale.embedding.row_wire); gathered to the
+batch positions. The backward pass is the mirror, by Horovod's alltoall gradient: each rank's row
+gradients, divided by P, return to the owner and are summed per id by the gather's gradient, so a
+shard's gradient holds one row per id the global batch looked up there: the gradient of the global
+batch's mean loss (each rank's loss is the mean over its B/P examples), summed in rank order as the
+allgather exchange sums the replicated tables' rows.
 tfscale.exchanges.sharded keeps it out of every allreduce. Sharded tables are never broadcast: every
 rank initialises its rows from (seed, global id) (tfscale.embedding.initializers.RowSeededNormal),
 so the tables equal the whole ones a replicated model starts from, whatever P."""
