@@ -52,14 +52,14 @@ def table_strategy():
                      if FLAGS[name].value is not None]
     if FLAGS.dynamic_min_count != 1:
         dynamic_flags.append("--dynamic_min_count")
-    if FLAGS.sharded_wire_dtype != "float32" and FLAGS.embedding_sharding != "row":
-        raise UserError(f"--sharded_wire_dtype={FLAGS.sharded_wire_dtype} goes with "
-                        "--embedding_sharding=row")
-    if FLAGS.embedding_sharding == "row" and FLAGS.sharded_wire_dtype != "float32":
+    if dynamic_flags and FLAGS.embedding_sharding != "dynamic":
+        raise UserError(f"{', '.join(dynamic_flags)} go with --embedding_sharding=dynamic")
+    if FLAGS.sharded_wire_dtype != "float32":
+        if FLAGS.embedding_sharding != "row":
+            raise UserError(f"--sharded_wire_dtype={FLAGS.sharded_wire_dtype} goes with "
+                            "--embedding_sharding=row")
         return RowSharded(wire_dtype=FLAGS.sharded_wire_dtype)
     if FLAGS.embedding_sharding != "dynamic":
-        if dynamic_flags:
-            raise UserError(f"{', '.join(dynamic_flags)} go with --embedding_sharding=dynamic")
         return FLAGS.embedding_sharding
     return DynamicTables(capacity=FLAGS.dynamic_capacity, min_count=FLAGS.dynamic_min_count,
                          expire_after_steps=FLAGS.dynamic_expire_after_steps)

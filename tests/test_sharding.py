@@ -208,6 +208,10 @@ def test_the_wire_dtype_is_checked_kept_in_the_config_and_given_by_the_launcher(
         with pytest.raises(UserError, match="--sharded_wire_dtype=bfloat16 goes with "
                                             "--embedding_sharding=row"):
             hybrid_flags.table_strategy()
+    with flagsaver.flagsaver(embedding_sharding="row", sharded_wire_dtype="bfloat16",
+                             dynamic_capacity=5):
+        with pytest.raises(UserError, match="--dynamic_capacity go with --embedding_sharding=dynamic"):
+            hybrid_flags.table_strategy()
 
 
 def test_refusals_name_the_argument():
