@@ -64,6 +64,11 @@ flags.DEFINE_bool("scale_base", True, "Scale stage: also run the base itself at 
 flags.DEFINE_list("two_seed_batch_sizes", ["1024", "65536"],
                   "Scale stage: batch sizes run with initialisation seeds 0 and 1 (others: 0).")
 flags.DEFINE_string("results", "benchmarks/results/cowclip_tuned_runs.jsonl", "Runs, one a line.")
+flags.DEFINE_float("rare_id_probability", None, "The data with SyntheticCTR's rare_id_probability: "
+                   "rarer ids carry less signal (an experiment; give it its own --results).")
+flags.DEFINE_float("rare_id_power", 1.0, "SyntheticCTR's rare_id_power, with --rare_id_probability.")
+flags.DEFINE_bool("fixed_base", False, "Scale stage and report: scale the synthetic preset's base "
+                  "(the tuned base) instead of searching one on this data.")
 flags.DEFINE_string("plot", None, "Report's plot (default: "
                     "benchmarks/results/cowclip_tuned_auc_<model>.png).")
 
@@ -117,10 +122,13 @@ class Experiment:
                                  f"[1, --train_rows={FLAGS.train_rows})")
         # Rows depend only on the seed and their index: this source's "test" split is the
         # held-out training rows, the full source's test split the test rows.
+        data = {} if FLAGS.rare_id_probability is None else {
+            "rare_id_probability": FLAGS.rare_id_probability, "rare_id_power": FLAGS.rare_id_power}
+        self.data_key = "".join(f"|{name} {value:g}" for name, value in data.items())
         self.training = SyntheticCTR(seed=DATA_SEED, train_rows=training_rows,
-                                     test_rows=FLAGS.validation_rows)
+                                     test_rows=FLAGS.validation_rows, **data)
         self.full = SyntheticCTR(seed=DATA_SEED, train_rows=FLAGS.train_rows,
-                                 test_rows=FLAGS.test_rows)
+                                 test_rows=FLAGS.test_rows, **data)
         self.rare_rows = None
         self.done = {}
         if os.path.exists(FLAGS.results):
@@ -129,13 +137,17 @@ class Experiment:
 
     def result(self, run):
         """The finished record of `run`, training it first if it is not in --results."""
-        key = run.key()
+        key = self.key(run)
         if key not in self.done:
             record = dict(self._train(run), key=key, **dataclasses.asdict(run))
             with open(FLAGS.results, "a") as f:
                 f.write(json.dumps(record) + "\n")
             self.done[key] = record
         return self.done[key]
+
+    def key(self, run):
+        """`run`'s key in --results: Run.key, plus the data's options if any."""
+        return run.key() + self.data_key
 
     def score(self, run):
         """Best validation AUC of `run` (-inf if it diverged)."""
@@ -173,7 +185,7 @@ class Experiment:
             epochs.append(dict(self._test(model), validation_auc=trained["auc"],
                                train_seconds=trained["train_seconds"],
                                other_cpu_seconds=others.seconds()))
-            print(f"{run.key()}: epoch {epoch + 1}: validation AUC {trained['auc']:.4f}, "
+            print(f"{self.key(run)}: epoch {epoch + 1}: validation AUC {trained['auc']:.4f}, "
                   f"test AUC {epochs[-1]['test_auc']:.4f} ({trained['train_seconds']:.0f} s)",
                   flush=True)
             best = int(np.argmax([e["validation_auc"] for e in epochs]))
@@ -198,6 +210,13 @@ class Experiment:
 
 def criteo_base(model):
     preset = PRESETS["criteo"]
+    return Run(model, preset.embedding_learning_rate, preset.dense_learning_rate, preset.l2,
+               preset.embedding_init_stddev)
+
+
+def preset_base(model):
+    """The synthetic preset's base (the one the tune stage found on the default data) as a Run."""
+    preset = PRESETS["synthetic"]
     return Run(model, preset.embedding_learning_rate, preset.dense_learning_rate, preset.l2,
                preset.embedding_init_stddev)
 
@@ -304,8 +323,9 @@ def print_scaling(experiment, tuned):
     before the baseline has run."""
     groups = {}
     for run in scaled_runs(tuned):
-        if run.key() in experiment.done:
-            groups.setdefault((run.batch_size, run.rule), []).append(experiment.done[run.key()])
+        if experiment.key(run) in experiment.done:
+            groups.setdefault((run.batch_size, run.rule), []).append(
+                experiment.done[experiment.key(run)])
     baseline_records = groups.get((BASE_BATCH_SIZE, "none"))
     if not baseline_records:
         print(f"\nno {FLAGS.model} run at batch {BASE_BATCH_SIZE} from this base yet")
@@ -388,8 +408,16 @@ def main(argv):
         best = coordinate_search(experiment, FLAGS.model)
         print(f"tuned base: {best}")
     elif FLAGS.stage == "scale":
-        for run in scaled_runs(coordinate_search(experiment, base_model)):
+        base = preset_base(base_model) if FLAGS.fixed_base else coordinate_search(experiment,
+                                                                                   base_model)
+        for run in scaled_runs(base):
             experiment.result(run)
+    elif FLAGS.fixed_base:
+        print(f"base: the synthetic preset's, {preset_base(base_model)}")
+        scaling = print_scaling(experiment, preset_base(base_model))
+        if scaling:
+            plot_scaling(base_model, *scaling)
+            print(f"plot: {plot_path()}")
     elif not tuning_records(experiment, base_model):
         print(f"no finished {base_model} tuning run in {FLAGS.results} yet")
     else:

@@ -26,6 +26,7 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("mode", "row_sparse_adam", "An update path of benchmarks.small_batch.")
 flags.DEFINE_integer("batch_size", 1024, "Examples per step.")
 flags.DEFINE_integer("top", 25, "Op types listed.")
+flags.DEFINE_integer("top_ops", 0, "Also list the N costliest ops by name.")
 
 TABLE_IO = re.compile(r"ResourceGather|ResourceScatter\w*")
 SUMS = re.compile(r"UnsortedSegmentSum|Unique\w*")
@@ -126,12 +127,14 @@ def main(argv):
     starts = sorted(start for name, start, _ in events if name == STEP)
     first, last, timed = starts[0], starts[-1], len(starts) - 1
     by_type = collections.Counter()
+    by_name = collections.Counter()
     by_part = collections.Counter()
     intervals = []
     for name, start_ps, duration_ps in events:
         if name == STEP or not first <= start_ps < last:
             continue
         by_type[name.rsplit(":", 1)[1]] += duration_ps
+        by_name[name] += duration_ps
         by_part[_part(name)] += duration_ps
         intervals.append((start_ps, min(duration_ps, last - start_ps)))
     wall = (last - first) / 1e12 / timed
@@ -149,6 +152,10 @@ def main(argv):
           "(the fit loop, the step function's call, waits between ops)")
     print(f"\nop types (top {FLAGS.top}): " + ", ".join(
         f"{op} {per_step_ms(d):.2f}" for op, d in by_type.most_common(FLAGS.top)))
+    if FLAGS.top_ops:
+        print(f"\nops by name (top {FLAGS.top_ops}), ms per step:")
+        for name, duration in by_name.most_common(FLAGS.top_ops):
+            print(f"  {per_step_ms(duration):7.2f}  {name}")
 
 
 if __name__ == "__main__":

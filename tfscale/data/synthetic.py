@@ -48,7 +48,8 @@ DENSE_OFFSETS = (0, -1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 ZIPF_MIN, ZIPF_MAX = 1.05, 1.3
 # Teacher: logit = bias + sum_f w[f, id_f] + sum_{f<g} <h[f, id_f], h[g, id_g]> + sum_j d_j x_j
 # (x = transformed dense values). Each field has an importance g_f drawn from [0.5, 1.5]; every id,
-# rare or frequent alike, draws w ~ N(0, g_f^2) and h ~ N(0, g_f^2 I_TEACHER_RANK); d_j ~ N(0, 1).
+# rare or frequent alike, draws w ~ N(0, g_f^2) and h ~ N(0, g_f^2 I_TEACHER_RANK); d_j ~ N(0, 1)
+# (with `rare_id_probability`, the weights of rare ids are then shrunk).
 # Then the three terms are rescaled so that their standard deviations over the calibration rows
 # are the spreads below, and the bias so that the mean click probability is click_rate. Fixing the
 # spreads (rather than the weights' scales) keeps the ceiling steady across seeds, whose few most
@@ -134,21 +135,33 @@ class SyntheticCTR(CTRSource):
       vocabulary_scale: factor on the part of a Criteo cardinality above SMALL_FIELD_LIMIT; the
         default 1/20 gives about 1.8M ids in total, 1.0 gives Criteo's own sizes.
       click_rate: the teacher's bias is calibrated so the mean click probability is this.
+      rare_id_probability: None (the default): every id's teacher weights are drawn alike, so a
+        rare id carries as much signal as a frequent one. A probability p0: the teacher weights
+        of an id whose probability in its field p is below p0 are scaled by
+        (p / p0) ** rare_id_power, so rare ids carry less signal, as on real CTR data (an
+        experiment's option: docs/results/cowclip_official.md).
+      rare_id_power: the exponent above (> 0).
     """
 
     def __init__(self, seed=0, train_rows=1_000_000, test_rows=200_000, vocabulary_scale=1 / 20,
-                 click_rate=0.25):
+                 click_rate=0.25, rare_id_probability=None, rare_id_power=1.0):
         if train_rows < 0 or test_rows < 0:
             raise ValueError(f"train_rows={train_rows} and test_rows={test_rows} must be >= 0")
         if not 0 < vocabulary_scale <= 1:
             raise ValueError(f"vocabulary_scale={vocabulary_scale} must be in (0, 1]")
         if not 0 < click_rate < 1:
             raise ValueError(f"click_rate={click_rate} must be in (0, 1)")
+        if rare_id_probability is not None and not 0 < rare_id_probability <= 1:
+            raise ValueError(f"rare_id_probability={rare_id_probability} must be in (0, 1] or None")
+        if not rare_id_power > 0:
+            raise ValueError(f"rare_id_power={rare_id_power} must be > 0")
         self.seed = int(seed)
         self.train_rows = int(train_rows)
         self.test_rows = int(test_rows)
         self.vocabulary_scale = vocabulary_scale
         self.click_rate = click_rate
+        self.rare_id_probability = rare_id_probability
+        self.rare_id_power = float(rare_id_power)
         self.cardinalities = scaled_cardinalities(vocabulary_scale)
         self.schema = FeatureSchema(
             dense_names=tuple(f"I{j + 1}" for j in range(_NUM_DENSE)),
@@ -204,7 +217,10 @@ class SyntheticCTR(CTRSource):
     def describe(self):
         return (f"SyntheticCTR(seed={self.seed}, train_rows={self.train_rows}, "
                 f"test_rows={self.test_rows}, vocabulary_scale={self.vocabulary_scale:.4g}: "
-                f"{self.schema.total_vocabulary} ids, click rate {self.click_rate:.0%})")
+                f"{self.schema.total_vocabulary} ids, click rate {self.click_rate:.0%}"
+                + (f", ids below probability {self.rare_id_probability:.3g} carry signal x "
+                   f"(p / {self.rare_id_probability:.3g})^{self.rare_id_power:g}"
+                   if self.rare_id_probability is not None else "") + ")")
 
     # ----- rows -----
 
@@ -227,7 +243,8 @@ class SyntheticCTR(CTRSource):
     def _block(self, block, tables):
         """All values of rows [block * BLOCK_ROWS, (block + 1) * BLOCK_ROWS), as ROW_KEYS."""
         values = self._unlabelled_block(block, tables.id_of_rank)
-        terms = _teacher_terms(tables, values["categorical"] + self._offsets, values["dense"])
+        terms = _teacher_terms(tables, values["categorical"] + self._offsets, values["dense"],
+                               self._signal_of(tables))
         probability = tf.sigmoid(tf.add_n(terms) + tables.bias)
         values["label"] = tf.cast(values.pop("label_uniform") < probability, tf.float32)
         values["teacher_probability"] = probability
@@ -307,18 +324,49 @@ class SyntheticCTR(CTRSource):
                                            seeds[1]),
             importances=tf.constant(self.field_importances, tf.float32),
             first_order_scale=1.0, hidden_scale=1.0,
-            dense_weights=tf.random.stateless_normal([_NUM_DENSE], seeds[2]), bias=0.0)
+            dense_weights=tf.random.stateless_normal([_NUM_DENSE], seeds[2]), bias=0.0,
+            signal=self._rare_id_signal(id_of_rank))
 
         blocks = [self._unlabelled_block(block, id_of_rank) for block in range(CALIBRATION_BLOCKS)]
         rows = tf.concat([block["categorical"] for block in blocks], 0) + self._offsets
         dense = tf.concat([block["dense"] for block in blocks], 0)
-        terms = [term.numpy().astype(np.float64) for term in _teacher_terms(unscaled, rows, dense)]
+        terms = [term.numpy().astype(np.float64)
+                 for term in _teacher_terms(unscaled, rows, dense, self._signal_of(unscaled))]
         scales = [spread / term.std() for spread, term in
                   zip((FIRST_ORDER_SPREAD, PAIRWISE_SPREAD, DENSE_SPREAD), terms)]
         bias = bias_for_click_rate(sum(scale * term for scale, term in zip(scales, terms)), self.click_rate)
         # The pairwise term is quadratic in the hidden vectors.
         return unscaled._replace(first_order_scale=scales[0], hidden_scale=math.sqrt(scales[1]),
                                  dense_weights=unscaled.dense_weights * scales[2], bias=bias)
+
+    def _rare_id_signal(self, id_of_rank):
+        """float32 [ids]: the factor on each row's (field offset + id) teacher weights, min(1,
+        p / rare_id_probability) ** rare_id_power (1 for missing values); [0] without the
+        option."""
+        if self.rare_id_probability is None:
+            return tf.zeros([0])
+        order = id_of_rank.numpy()
+        signal = np.ones(order.size, np.float32)
+        for field_index, (offset, n) in enumerate(zip(self._offsets, self.cardinalities)):
+            probability = self._rank_probability(field_index, np.arange(1, n + 1))
+            signal[offset + order[offset + 1:offset + n + 1]] = np.minimum(
+                1.0, probability / self.rare_id_probability) ** self.rare_id_power
+        return tf.constant(signal)
+
+    def _signal_of(self, tables):
+        """The tables' rare-id factors, or None without the option (the default data's terms
+        stay bitwise as recorded)."""
+        return None if self.rare_id_probability is None else tables.signal
+
+    def _rank_probability(self, field_index, rank):
+        """Probability (numpy float64) that a row's value of field `field_index` is the id of
+        each `rank` (>= 1). TensorFlow's pow, not NumPy's: NumPy picks its kernel by CPU
+        (AVX-512 or not), which changes the last bits."""
+        n = self.cardinalities[field_index]
+        power = 1.0 - float(self.zipf_exponents[field_index])
+        rank = tf.constant(rank, tf.float64)
+        mass = (tf.pow(rank, power) - tf.pow(rank + 1, power)) / (1.0 - math.pow(n + 1.0, power))
+        return (1.0 - CATEGORICAL_MISSING_RATES[field_index]) * mass.numpy()
 
     # ----- the ceiling and id statistics -----
 
@@ -347,12 +395,10 @@ class SyntheticCTR(CTRSource):
         n = self.cardinalities[field_index]
         if ids.size and (ids.min() < 0 or ids.max() > n):
             raise ValueError(f"ids of field C{field_index + 1} must be in [0, {n}]")
-        power = 1.0 - self.zipf_exponents[field_index]
         # Missing ids (rank 0) get rank 1 here; np.where below replaces them.
-        rank = np.maximum(self._rank_of_id(field_index)[ids], 1).astype(np.float64)
-        mass = (rank ** power - (rank + 1) ** power) / (1.0 - (n + 1.0) ** power)
-        missing_rate = CATEGORICAL_MISSING_RATES[field_index]
-        return np.where(ids == MISSING_ID, missing_rate, (1.0 - missing_rate) * mass)
+        rank = np.maximum(self._rank_of_id(field_index)[ids], 1)
+        return np.where(ids == MISSING_ID, CATEGORICAL_MISSING_RATES[field_index],
+                        self._rank_probability(field_index, rank))
 
     # ----- Criteo TSV -----
 
@@ -404,6 +450,7 @@ class _PerIdTables(typing.NamedTuple):
     hidden_scale: float
     dense_weights: tf.Tensor  # scaled
     bias: float
+    signal: tf.Tensor  # float32 [ids], SyntheticCTR's rare-id factors; [0] without them
 
 
 def _stateless_draw(op, shape, seed, dtype=tf.float32):
@@ -436,13 +483,17 @@ def _criteo_lines(rows, with_label):
     return "".join("\t".join(line) + "\n" for line in zip(*columns))
 
 
-def _teacher_terms(tables, rows, dense):
+def _teacher_terms(tables, rows, dense, signal=None):
     """The teacher's first-order, pairwise (FM) and dense logit terms, each [batch]; `rows` are
-    categorical ids plus field offsets."""
+    categorical ids plus field offsets. `signal`: per-row factors on the weights, or None."""
     first_weights = _scaled(tf.gather(tables.first_order_normals, rows), tables.importances,
                             tables.first_order_scale)
     vectors = _scaled(tf.gather(tables.hidden_normals, rows), tables.importances[:, None],
                       tables.hidden_scale)
+    if signal is not None:
+        row_signal = tf.gather(signal, rows)
+        first_weights *= row_signal
+        vectors *= row_signal[..., None]
     return teacher_terms(first_weights, vectors, tables.dense_weights, dense)
 
 
@@ -461,7 +512,9 @@ def teacher_terms(first_weights, vectors, dense_weights, dense):
     summed = tf.reduce_sum(vectors, axis=1)
     # sum_{f<g} <h_f, h_g> = (|sum_f h_f|^2 - sum_f |h_f|^2) / 2, in O(fields * rank).
     pairwise = 0.5 * (tf.reduce_sum(summed * summed, axis=1) - tf.reduce_sum(vectors * vectors, axis=[1, 2]))
-    return first, pairwise, tf.linalg.matvec(dense, dense_weights)
+    # A product and a sum, not matvec: TensorFlow runs MatMul on oneDNN's kernels on some CPUs
+    # and on Eigen's on others, which round differently; the data must not depend on the CPU.
+    return first, pairwise, tf.reduce_sum(dense * dense_weights, axis=1)
 
 
 def bias_for_click_rate(logits, click_rate):
