@@ -412,18 +412,16 @@ def main(argv):
                                                                                    base_model)
         for run in scaled_runs(base):
             experiment.result(run)
-    elif FLAGS.fixed_base:
-        print(f"base: the synthetic preset's, {preset_base(base_model)}")
-        scaling = print_scaling(experiment, preset_base(base_model))
-        if scaling:
-            plot_scaling(base_model, *scaling)
-            print(f"plot: {plot_path()}")
-    elif not tuning_records(experiment, base_model):
+    elif not FLAGS.fixed_base and not tuning_records(experiment, base_model):
         print(f"no finished {base_model} tuning run in {FLAGS.results} yet")
     else:
-        base = best_tuned_so_far(experiment, base_model)
-        print_tuning(experiment, base_model, base)
-        print(f"tuned base (best so far): {base}")
+        if FLAGS.fixed_base:
+            base = preset_base(base_model)
+            print(f"base: the synthetic preset's, {base}")
+        else:
+            base = best_tuned_so_far(experiment, base_model)
+            print_tuning(experiment, base_model, base)
+            print(f"tuned base (best so far): {base}")
         scaling = print_scaling(experiment, base)
         if scaling:
             plot_scaling(base_model, *scaling)

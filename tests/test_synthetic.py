@@ -340,11 +340,10 @@ def test_rare_ids_carry_less_signal_when_asked():
     np.testing.assert_array_equal(a["dense"], b["dense"])
     assert not np.array_equal(a["teacher_probability"], b["teacher_probability"])
     signal = shrunk._tables().signal.numpy()
-    offsets = np.concatenate([[0], np.cumsum(shrunk.schema.vocabulary_sizes)[:-1]])
     for field in (2, 11):  # large fields: both rare and frequent ids
         ids = np.arange(1, shrunk.cardinalities[field] + 1)
         expected = np.minimum(1.0, shrunk.id_probability(field, ids) / 1e-3) ** 0.5
-        np.testing.assert_allclose(signal[offsets[field] + ids], expected, rtol=1e-6)
+        np.testing.assert_allclose(signal[shrunk._offsets[field] + ids], expected, rtol=1e-6)
         assert expected.min() < 0.5 and expected.max() == 1.0
     with pytest.raises(ValueError, match="rare_id_probability"):
         SyntheticCTR(rare_id_probability=0.0)

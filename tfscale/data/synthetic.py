@@ -243,8 +243,7 @@ class SyntheticCTR(CTRSource):
     def _block(self, block, tables):
         """All values of rows [block * BLOCK_ROWS, (block + 1) * BLOCK_ROWS), as ROW_KEYS."""
         values = self._unlabelled_block(block, tables.id_of_rank)
-        terms = _teacher_terms(tables, values["categorical"] + self._offsets, values["dense"],
-                               self._signal_of(tables))
+        terms = _teacher_terms(tables, values["categorical"] + self._offsets, values["dense"])
         probability = tf.sigmoid(tf.add_n(terms) + tables.bias)
         values["label"] = tf.cast(values.pop("label_uniform") < probability, tf.float32)
         values["teacher_probability"] = probability
@@ -330,8 +329,7 @@ class SyntheticCTR(CTRSource):
         blocks = [self._unlabelled_block(block, id_of_rank) for block in range(CALIBRATION_BLOCKS)]
         rows = tf.concat([block["categorical"] for block in blocks], 0) + self._offsets
         dense = tf.concat([block["dense"] for block in blocks], 0)
-        terms = [term.numpy().astype(np.float64)
-                 for term in _teacher_terms(unscaled, rows, dense, self._signal_of(unscaled))]
+        terms = [term.numpy().astype(np.float64) for term in _teacher_terms(unscaled, rows, dense)]
         scales = [spread / term.std() for spread, term in
                   zip((FIRST_ORDER_SPREAD, PAIRWISE_SPREAD, DENSE_SPREAD), terms)]
         bias = bias_for_click_rate(sum(scale * term for scale, term in zip(scales, terms)), self.click_rate)
@@ -341,10 +339,10 @@ class SyntheticCTR(CTRSource):
 
     def _rare_id_signal(self, id_of_rank):
         """float32 [ids]: the factor on each row's (field offset + id) teacher weights, min(1,
-        p / rare_id_probability) ** rare_id_power (1 for missing values); [0] without the
-        option."""
+        p / rare_id_probability) ** rare_id_power (1 for missing values); None without the
+        option (the default data's terms stay bitwise as recorded)."""
         if self.rare_id_probability is None:
-            return tf.zeros([0])
+            return None
         order = id_of_rank.numpy()
         signal = np.ones(order.size, np.float32)
         for field_index, (offset, n) in enumerate(zip(self._offsets, self.cardinalities)):
@@ -352,11 +350,6 @@ class SyntheticCTR(CTRSource):
             signal[offset + order[offset + 1:offset + n + 1]] = np.minimum(
                 1.0, probability / self.rare_id_probability) ** self.rare_id_power
         return tf.constant(signal)
-
-    def _signal_of(self, tables):
-        """The tables' rare-id factors, or None without the option (the default data's terms
-        stay bitwise as recorded)."""
-        return None if self.rare_id_probability is None else tables.signal
 
     def _rank_probability(self, field_index, rank):
         """Probability (numpy float64) that a row's value of field `field_index` is the id of
@@ -450,7 +443,7 @@ class _PerIdTables(typing.NamedTuple):
     hidden_scale: float
     dense_weights: tf.Tensor  # scaled
     bias: float
-    signal: tf.Tensor  # float32 [ids], SyntheticCTR's rare-id factors; [0] without them
+    signal: typing.Optional[tf.Tensor]  # float32 [ids], SyntheticCTR's rare-id factors, or None
 
 
 def _stateless_draw(op, shape, seed, dtype=tf.float32):
@@ -483,15 +476,15 @@ def _criteo_lines(rows, with_label):
     return "".join("\t".join(line) + "\n" for line in zip(*columns))
 
 
-def _teacher_terms(tables, rows, dense, signal=None):
+def _teacher_terms(tables, rows, dense):
     """The teacher's first-order, pairwise (FM) and dense logit terms, each [batch]; `rows` are
-    categorical ids plus field offsets. `signal`: per-row factors on the weights, or None."""
+    categorical ids plus field offsets."""
     first_weights = _scaled(tf.gather(tables.first_order_normals, rows), tables.importances,
                             tables.first_order_scale)
     vectors = _scaled(tf.gather(tables.hidden_normals, rows), tables.importances[:, None],
                       tables.hidden_scale)
-    if signal is not None:
-        row_signal = tf.gather(signal, rows)
+    if tables.signal is not None:
+        row_signal = tf.gather(tables.signal, rows)
         first_weights *= row_signal
         vectors *= row_signal[..., None]
     return teacher_terms(first_weights, vectors, tables.dense_weights, dense)
