@@ -414,6 +414,7 @@ def rows_of_blocks(block_values, first_row, num_rows, batch_size, keys, drop_rem
     first_block = first_row // BLOCK_ROWS
     end_block = -(-end_row // BLOCK_ROWS) if num_rows else first_block
 
+    @tf.autograph.experimental.do_not_convert  # plain tensor code: no conversion to trace
     def block_slice(block):
         rows = block_values(block)
         lo = tf.maximum(first_row - block * BLOCK_ROWS, 0)
