@@ -33,7 +33,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 import models  # noqa: E402
-from benchmarks.id_rarity import rare_row_mask  # noqa: E402
+from benchmarks.id_rarity import rare_row_mask, share_below  # noqa: E402
 from benchmarks.timing import OtherProcessesCPU  # noqa: E402
 from tfscale.data.synthetic import SyntheticCTR  # noqa: E402
 from tfscale.errors import NonFiniteTraining  # noqa: E402
@@ -319,31 +319,20 @@ def print_scaling(experiment, tuned):
     """Per batch and rule: test AUC at the best validation epoch (seeds' mean and each seed), its
     difference to the 1K baseline's mean, AUC by id frequency, epochs and seconds to the best
     epoch, and the speed-up to equal AUC: the baseline's training seconds to a test AUC within
-    0.001 of its own, over the run's. Returns the baseline AUC and each rule's points, or None
-    before the baseline has run."""
+    0.001 of its own, over the run's (both comparisons blank before the baseline has run).
+    Returns the baseline AUC and each rule's points, or None without a baseline."""
     groups = {}
     for run in scaled_runs(tuned):
         if experiment.key(run) in experiment.done:
             groups.setdefault((run.batch_size, run.rule), []).append(
                 experiment.done[experiment.key(run)])
-    baseline_records = groups.get((BASE_BATCH_SIZE, "none"))
-    if not baseline_records:
-        print(f"\nno {FLAGS.model} run at batch {BASE_BATCH_SIZE} from this base yet")
-        return None
-    baseline_auc = float(np.mean([at_best_epoch(r)["test_auc"] for r in baseline_records]))
-    # Both sides of the speed-up: training seconds until a test AUC within 0.001 of the baseline
-    # (a seed below it never gets there: the mean is over the seeds that do, and over those that
-    # had the machine to themselves if any did).
-    target = baseline_auc - 0.001
-    reached = [time for time in (time_to_reach(r, target) for r in baseline_records) if time]
-    alone = [seconds for seconds, mark in reached if not mark]
-    baseline_seconds = float(np.mean(alone or [seconds for seconds, _ in reached]))
-    print(f"\n1K baseline: test AUC {baseline_auc:.4f} (mean of {len(baseline_records)} "
-          f"seed{'s' if len(baseline_records) > 1 else ''}), reached within 0.001 after "
-          f"{baseline_seconds:.0f} s of training (mean of {len(alone) or len(reached)} of "
-          f"{len(baseline_records)} seeds, timed "
-          f"{'alone' if alone else 'not known to be alone'}); teacher ceiling "
-          f"{experiment.full.teacher_auc():.4f}")
+    baseline = baseline_of(groups.get((BASE_BATCH_SIZE, "none")))
+    if FLAGS.rare_id_probability is not None:
+        share = share_below(experiment.full, FLAGS.train_rows, FLAGS.test_rows,
+                            FLAGS.rare_id_probability)
+        print(f"\nids of probability below {FLAGS.rare_id_probability:g} in their field: "
+              f"{share:.1%} of the test rows' present ids")
+    print(f"teacher ceiling: test AUC {experiment.full.teacher_auc():.4f}")
     print("| batch | rule | test AUC (each seed) | vs 1K | AUC rarer half | AUC frequent half "
           "| best epoch | s to best epoch | speed-up to equal AUC |\n"
           "|---|---|---|---|---|---|---|---|---|")
@@ -358,12 +347,16 @@ def print_scaling(experiment, tuned):
                            for e, r in zip(best, converged)]
         auc = float(np.mean([e["test_auc"] for e in best]))
         points.setdefault(rule, []).append((batch, auc))
-        reach = [time_to_reach(r, target) for r in converged]
-        reach = [f"{baseline_seconds / time[0]:.1f}x{time[1]}" if time else "not reached"
-                 for time in reach]
+        versus, reach = "", []
+        if baseline:
+            baseline_auc, baseline_seconds = baseline
+            versus = f"{auc - baseline_auc:+.4f}"
+            reach = [time_to_reach(r, baseline_auc - 0.001) for r in converged]
+            reach = [f"{baseline_seconds / time[0]:.1f}x{time[1]}" if time else "not reached"
+                     for time in reach]
         print(f"| {batch:,} | {rule} | {auc:.4f} ("
               + ", ".join(f"{e['test_auc']:.4f}" for e in best)
-              + f") | {auc - baseline_auc:+.4f} | "
+              + f") | {versus} | "
               + " | ".join(f"{np.mean([e[k] for e in best]):.4f}"
                            for k in ("test_auc_rarer_half", "test_auc_frequent_half"))
               + f" | {', '.join(str(r['best_epoch']) for r in converged)} | "
@@ -371,7 +364,26 @@ def print_scaling(experiment, tuned):
               + f"{', '.join(reach)} |")
     print("Seconds marked * ran beside other work (over a tenth of their training time in other "
           "processes' CPU), ? where that was not recorded: not speeds.")
-    return baseline_auc, points
+    return None if baseline is None else (baseline[0], points)
+
+
+def baseline_of(records):
+    """The 1K baseline's test AUC (mean over its seeds) and its training seconds to a test AUC
+    within 0.001 of that (a seed below it never gets there: the mean is over the seeds that do,
+    and over those that had the machine to themselves if any did), printed; None without
+    records."""
+    if not records:
+        print(f"\nno {FLAGS.model} run at batch {BASE_BATCH_SIZE} from this base yet")
+        return None
+    baseline_auc = float(np.mean([at_best_epoch(r)["test_auc"] for r in records]))
+    reached = [time for time in (time_to_reach(r, baseline_auc - 0.001) for r in records) if time]
+    alone = [seconds for seconds, mark in reached if not mark]
+    baseline_seconds = float(np.mean(alone or [seconds for seconds, _ in reached]))
+    print(f"\n1K baseline: test AUC {baseline_auc:.4f} (mean of {len(records)} "
+          f"seed{'s' if len(records) > 1 else ''}), reached within 0.001 after "
+          f"{baseline_seconds:.0f} s of training (mean of {len(alone) or len(reached)} of "
+          f"{len(records)} seeds, timed {'alone' if alone else 'not known to be alone'})")
+    return baseline_auc, baseline_seconds
 
 
 def plot_scaling(base_model, baseline_auc, points):
