@@ -19,7 +19,8 @@ from tfscale.distributed.broadcast import (any_rank, barrier, broadcast_from_chi
 from tfscale.distributed.gather import allgather_array
 from tfscale.distributed.reduce import allreduce_max, allreduce_sum
 from tfscale.distributed.runtime import (COMPRESSIONS, gradient_compression_name, init,
-                                         is_active, is_chief, launched_by_horovodrun, rank, size)
+                                         is_active, is_chief, launched_by_horovodrun, rank,
+                                         require_started, size)
 from tfscale.distributed.batch_split import data_shard, local_batch_size
 from tfscale.distributed.topk import SparseSum, gtopk_allreduce, topk_allgather
 
@@ -28,4 +29,4 @@ __all__ = ["COMPRESSIONS", "SparseSum", "allgather_array", "allreduce_max", "all
            "broadcast_from_chief",
            "broadcast_model_and_optimizer", "data_shard", "gradient_compression_name",
            "gtopk_allreduce", "init", "is_active", "is_chief", "launched_by_horovodrun",
-           "local_batch_size", "rank", "size", "topk_allgather"]
+           "local_batch_size", "rank", "require_started", "size", "topk_allgather"]

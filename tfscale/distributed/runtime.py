@@ -2,12 +2,20 @@
 Horovod when `horovodrun` launched the process, this rank's index, the job's size and the
 compression of dense gradient allreduces.
 
-Horovod is imported by `init` only. Until Horovod is initialised with more than one rank (and
-in every single-process run) `is_active()` is False and rank/size are 0/1, so single-process
-code paths never import or call Horovod."""
+Horovod is imported by `init` only, and only under `horovodrun`: a script that calls `init()`
+runs unchanged as one process. Until Horovod is initialised with more than one rank (and in
+every single-process run) `is_active()` is False and rank/size are 0/1, so single-process code
+paths never import or call Horovod.
+
+tfscale does not start Horovod on its own: `require_started` refuses, under horovodrun, to build
+tables or compile a model before `init()`. Starting a collective runtime from inside a layer's
+build would hide it in an unrelated call and fix its options (gradient compression) silently;
+one explicit line, named by the error when it is missing, is what Horovod users write anyway."""
 
 import os
 import sys
+
+from tfscale.errors import UserError
 
 COMPRESSIONS = ("none", "fp16")
 
@@ -30,16 +38,37 @@ def launched_by_horovodrun():
 
 
 def init(gradient_compression="none"):
-    """Starts Horovod (`hvd.init()`); `gradient_compression` ("none" or "fp16") is applied to the
-    dense gradient allreduce of every train step. Call it before building the model."""
+    """Starts Horovod (`hvd.init()`) when `horovodrun` launched this process, and does nothing
+    otherwise; `gradient_compression` ("none" or "fp16") is applied to the dense gradient
+    allreduce of every train step. Call it first, before building the model: under horovodrun
+    tfscale refuses to build tables or compile a model until it has run."""
     if gradient_compression not in COMPRESSIONS:
         raise ValueError(f"`gradient_compression={gradient_compression!r}`: give one of "
                          f"{', '.join(COMPRESSIONS)}")
+    if not launched_by_horovodrun():
+        _settings["gradient_compression"] = gradient_compression
+        return
     os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", GLOO_TIMEOUT_SECONDS)
     import horovod.tensorflow as hvd
 
     hvd.init()
     _settings["gradient_compression"] = gradient_compression
+
+
+def require_started(what):
+    """Raises a UserError under `horovodrun` when Horovod has not been started by `init()`:
+    `what` (e.g. "building FieldEmbedding 'x'") would otherwise size itself for one process and
+    the ranks would train separate models."""
+    if launched_by_horovodrun() and not _initialized():
+        raise UserError(
+            f"{what} under horovodrun before Horovod started: add `tfscale.distributed.init()` "
+            "at the top of the script, before building the model (in one process it does "
+            "nothing)")
+
+
+def _initialized():
+    hvd = sys.modules.get("horovod.tensorflow")
+    return hvd is not None and hvd.is_initialized()
 
 
 def horovod():

@@ -13,6 +13,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfscale import distributed
 from tfscale.embedding import placement, strategies
 from tfscale.embedding.initializers import RowSeededNormal
 from tfscale.embedding.tables import DEEP_TABLE_NAME, WIDE_TABLE_NAME
@@ -126,6 +127,7 @@ class FieldEmbedding(keras.layers.Layer):
         return self._offsets.copy()
 
     def build(self, input_shape=None):
+        distributed.require_started(f"building FieldEmbedding {self.name!r}")
         for table in self.tables:
             self.strategy.build(table, self)
         if self.strategy.partitioned:

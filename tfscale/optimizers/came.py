@@ -27,11 +27,12 @@ from keras import ops
 from tfscale import distributed
 from tfscale.embedding.table import shard_of
 from tfscale.optimizers.capabilities import DeclaresTableState, TableState
+from tfscale.optimizers.averaged import RefusesUnaveragedGradients
 from tfscale.row_gradients import densify
 
 
 @keras.saving.register_keras_serializable(package="tfscale")
-class CAME(DeclaresTableState, keras.optimizers.Optimizer):
+class CAME(RefusesUnaveragedGradients, DeclaresTableState, keras.optimizers.Optimizer):
     """Confidence-guided Adaptive Memory Efficient optimizer.
 
     Args:

@@ -28,6 +28,7 @@ import tensorflow as tf
 
 from tfscale.embedding import tables
 from tfscale.embedding.tables import gather_rows
+from tfscale.optimizers.averaged import RefusesUnaveragedGradients
 from tfscale.optimizers.capabilities import (TakesCountedSlices, TakesRowSlices,
                                              updates_rows_in_place)
 from tfscale.optimizers.fused_adam import FusedAdam
@@ -65,7 +66,7 @@ def _check_table_l2(embedding_optimizer, l2, mode):
 
 
 @keras.saving.register_keras_serializable(package="tfscale")
-class CowClip(TakesCountedSlices, keras.optimizers.MultiOptimizer):
+class CowClip(RefusesUnaveragedGradients, TakesCountedSlices, keras.optimizers.MultiOptimizer):
     """CowClip over an embedding optimizer and a dense optimizer, for `model.compile`.
 
     Args:

@@ -8,11 +8,12 @@ of an id instead of the id's summed gradient (see tfscale.training.train_step)."
 import keras
 import tensorflow as tf
 
+from tfscale.optimizers.averaged import RefusesUnaveragedGradients
 from tfscale.row_gradients import densify
 
 
 @keras.saving.register_keras_serializable(package="tfscale")
-class FusedAdam(keras.optimizers.Adam):
+class FusedAdam(RefusesUnaveragedGradients, keras.optimizers.Adam):
     """Drop-in `keras.optimizers.Adam` (same arguments, same update); amsgrad falls back to
     Keras's implementation."""
 

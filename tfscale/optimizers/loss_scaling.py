@@ -21,6 +21,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from tfscale.optimizers.averaged import RefusesUnaveragedGradients
 from tfscale.row_gradients import with_values
 from tfscale.step_scalars import scalars_of
 
@@ -29,7 +30,7 @@ DEFAULT_GROWTH_STEPS = 2000
 
 
 @keras.saving.register_keras_serializable(package="tfscale")
-class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+class LossScaleOptimizer(RefusesUnaveragedGradients, keras.optimizers.LossScaleOptimizer):
     """Wraps `inner_optimizer` with dynamic (default) or static loss scaling.
 
     Args:

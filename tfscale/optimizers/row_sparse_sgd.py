@@ -7,11 +7,12 @@ import keras
 import tensorflow as tf
 
 from tfscale.embedding import tables
+from tfscale.optimizers.averaged import RefusesUnaveragedGradients
 from tfscale.optimizers.row_updates import RowUpdates
 
 
 @keras.saving.register_keras_serializable(package="tfscale")
-class RowSparseSGD(RowUpdates, keras.optimizers.SGD):
+class RowSparseSGD(RefusesUnaveragedGradients, RowUpdates, keras.optimizers.SGD):
     """`keras.optimizers.SGD` (same arguments) plus `table_l2`; tables updated by row."""
 
     def update_rows(self, variable, ids, gradient_rows, weight_rows, learning_rate):

@@ -1,5 +1,7 @@
 """Keras callbacks for a training run: the progress line and TensorBoard training scalars,
-periodic atomic checkpoints that record the exact data position, a stop-after-N-steps switch
+periodic atomic checkpoints that record the exact data position (`PeriodicCheckpoint`, driven by
+tfscale.training.run), checkpoints of a user's own `fit` resumed on every rank (`Checkpoint`),
+a stop-after-N-steps switch
 (used to simulate an interrupted run), the guard that stops a run gone non-finite, and the
 catch-up of rows a row-sparse Adam has left behind (tfscale.optimizers.row_sparse_adam).
 
@@ -15,11 +17,14 @@ import time
 import keras
 import tensorflow as tf
 
-from tfscale.errors import NonFiniteTraining
+from tfscale import distributed
+from tfscale.errors import NonFiniteTraining, UserError
+from tfscale.optimizers import table_state
 from tfscale.optimizers.capabilities import wrapped_optimizers
 from tfscale.optimizers.loss_scaling import LossScaleOptimizer
 from tfscale.optimizers.row_sparse_adam import RowSparseAdam
 from tfscale.step_scalars import ReportsProgress, scalars_of
+from tfscale.training.checkpoints import CheckpointStore
 
 
 def learning_rates(optimizer):
@@ -203,3 +208,55 @@ class CatchUpRows(keras.callbacks.Callback):
             if isinstance(optimizer, RowSparseAdam):
                 optimizer.catch_up_every_row()
         self._caught_up_at = step
+
+
+class Checkpoint(keras.callbacks.Callback):
+    """Atomic checkpoints of `fit` in `directory` at each epoch's end, and the newest one
+    restored when `fit` starts, on every rank of a Horovod job (tfscale.training.checkpoints:
+    tables by row, each rank writing its own rows, so a run resumes at any number of ranks; the
+    other state written by rank 0). Resuming starts `fit` at the epoch after the checkpoint's,
+    as keras.callbacks.BackupAndRestore does (which restores one rank only).
+
+    `resume=False` refuses a directory that already holds a checkpoint, so a new run never
+    replaces an old one; `keep`: how many checkpoints to keep. The directory is also what
+    tfscale.serving.export_model and `restore_trained_weights` read."""
+
+    def __init__(self, directory, resume=True, keep=2):
+        super().__init__()
+        self.directory = directory
+        self.resume = resume
+        self.keep = keep
+        self._store = None
+
+    def on_train_begin(self, logs=None):
+        model = self.model
+        if not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+        per_rank = model.per_rank_variables() if hasattr(model, "per_rank_variables") else {}
+        self._store = CheckpointStore(self.directory, model=model, optimizer=model.optimizer,
+                                      keep=self.keep, per_rank_variables=per_rank)
+        progress = distributed.broadcast_from_chief(self._restore_on_chief,
+                                                    name="tfscale_fit_checkpoint")
+        if progress is None:
+            return
+        distributed.broadcast_model_and_optimizer(model,
+                                                  local=table_state.local_variables(model))
+        self._store.finish_restore()
+        # Keras's own resume point (keras.callbacks.BackupAndRestore sets it the same way).
+        model._initial_epoch = progress["epoch"]
+
+    def _restore_on_chief(self):
+        progress = self._store.latest_progress()
+        if progress is None:
+            return None
+        if not self.resume:
+            raise UserError(f"`directory={self.directory}` already holds a checkpoint (global "
+                            f"step {progress['global_step']}); give `resume=True` to continue "
+                            "that run, or an empty directory")
+        self._store.restore_latest()
+        return progress
+
+    def on_epoch_end(self, epoch, logs=None):
+        metrics = {name: float(value) for name, value in (logs or {}).items()}
+        self._store.save(int(self.model.optimizer.iterations),
+                         dict(metrics=metrics, epoch=epoch + 1, batches_done=0))

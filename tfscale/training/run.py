@@ -108,8 +108,8 @@ def train(model, source, config, print_fn=print):
     # (restored or freshly initialised) variables, and their own slice of the per-rank state.
     start_epoch, skip_batches, restored = distributed.broadcast_from_chief(
         lambda: _starting_position(store, config, print_fn), name="tfscale_start_position")
-    distributed.broadcast_model_and_optimizer(model, local=table_state.local_variables(model))
-    if restored:
+    if restored:  # a fresh start is set to rank 0's by fit (TrainStep.fit)
+        distributed.broadcast_model_and_optimizer(model, local=table_state.local_variables(model))
         store.finish_restore()
     if restored and start_epoch >= config.epochs:  # a finished run: nothing left to train
         return _finished_result(store, config, print_fn)

@@ -17,6 +17,7 @@ Why override Keras's step:
 The step works with the model's Tables (tfscale.embedding.table): it tells each how its
 optimizer updates it, which decides how its lookups read it, and collects their lookups."""
 
+import inspect
 import warnings
 
 import keras
@@ -29,6 +30,7 @@ from tfscale import distributed, exchanges
 from tfscale.embedding import dedup, tables
 from tfscale.embedding.table import table_of, tables_of
 from tfscale.errors import UserError
+from tfscale.optimizers.averaged import averaged_over_ranks
 from tfscale.optimizers.came import CAME
 from tfscale.optimizers.capabilities import (optimizer_for, takes_counted_slices, takes_row_slices,
                                              updates_rows_in_place)
@@ -37,6 +39,7 @@ from tfscale.optimizers import table_state
 from tfscale.optimizers.fused_adam import FusedAdam
 from tfscale.row_gradients import densify
 from tfscale.step_scalars import StepScalars, scalars_of
+from tfscale.training import horovod_fit
 
 # tfscale's optimizers that update a row-sharded table whole, correctly (the papers' dense
 # update, one flag away: docs/row_updates.md); any other optimizer must update shards by row.
@@ -59,7 +62,8 @@ class TrainStep:
 
         The step runs without XLA under Horovod and with exchanges that act in one process
         (their collectives and dynamic shapes have no XLA kernels; Keras's "auto" turns XLA on
-        when there is a GPU)."""
+        when there is a GPU). Under horovodrun, `tfscale.distributed.init()` must have run."""
+        distributed.require_started(f"compiling {type(self).__name__}")
         exchange = exchanges.get(embedding_exchange)
         staleness = int(embedding_staleness)
         if staleness < 0:
@@ -113,6 +117,30 @@ class TrainStep:
         return {**scalars_of(self._embedding_exchange, *self.layers),
                 **self._step_scalars.summary_scalars()}
 
+    def fit(self, *args, **kwargs):
+        """keras.Model.fit; in a Horovod job also (tfscale.training.horovod_fit): the model and
+        optimizer built and set to rank 0's before the first update, Keras's file-writing
+        callbacks and progress bar on rank 0 only, and the epoch's metrics over every rank's
+        rows. Give each rank its part of the data with `tfscale.data.rank_batches`."""
+        arguments = inspect.signature(keras.Model.fit).bind(self, *args, **kwargs).arguments
+        del arguments["self"]
+        arguments["callbacks"], arguments["verbose"] = horovod_fit.start_fit(
+            self, arguments.get("x"), arguments.get("callbacks"),
+            arguments.get("verbose", "auto"))
+        return super().fit(**arguments)
+
+    def load_weights(self, *args, **kwargs):
+        """keras.Model.load_weights; in a Horovod job every rank then holds rank 0's weights."""
+        horovod_fit.check_load_weights(self)
+        super().load_weights(*args, **kwargs)
+        horovod_fit.after_load_weights(self)
+
+    def get_metrics_result(self):
+        """keras.Model.get_metrics_result; when Keras reads it eagerly (at an epoch's end, after
+        `evaluate`) in a Horovod job, over every rank's rows (horovod_fit.results_over_ranks).
+        Inside the step it stays this rank's, so each step costs no metric collective."""
+        return horovod_fit.results_over_ranks(self.metrics, super().get_metrics_result)
+
     def compile_from_config(self, config):
         """Keras's, which skips loading the compile state of any model that overrides `compile`;
         ours only adds checks around Keras's, so a saved model reloads compiled."""
@@ -157,7 +185,7 @@ class TrainStep:
 
         # Update, once the forward pass has used the rows it read (an update that needs nothing
         # from this step's forward pass, as a stale one, would not wait for it otherwise)
-        with tf.control_dependencies([loss]):
+        with tf.control_dependencies([loss]), averaged_over_ranks():
             self.optimizer.apply(gradients, variables)
         exchange.finish(gradients)
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)

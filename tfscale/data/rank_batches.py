@@ -1,0 +1,159 @@
+"""Each Horovod rank its part of the data, in batches of its share of the global batch:
+`rank_batches(data, global_batch_size)` for numpy arrays, a `tf.data.Dataset` of single examples
+or a CTRSource, as a dataset to give `model.fit` or `model.evaluate`.
+
+How the rows are split: row i of the data goes to rank i mod P and each rank batches its rows by
+B/P, so step s of every rank together reads rows [s*B, (s+1)*B): the global batch a single
+process reads at step s. A P-rank run then sees the same rows at each step as a one-process run
+at the same global batch (CTRSources keep their own split: `train_batches`' shards).
+
+Uneven parts: for training (`drop_remainder=True`) every rank stops at the same step. With a
+known length, each epoch is the N // B full global batches and the rest is left out (said once
+when the dataset is made). With an unknown length (a filtered dataset, a file source that cannot
+count its lines), the ranks agree before every batch whether all of them still have one (a
+one-integer allreduce), and the epoch ends at the first rank that has none; the rows the others
+had left are reported at that point. Horovod's `join` cannot do this here: it does not cover the
+allgather of row gradients."""
+
+import logging
+
+import tensorflow as tf
+
+from tfscale.data.source import CTRSource
+from tfscale.distributed import runtime
+from tfscale.distributed.batch_split import local_batch_size
+from tfscale.errors import UserError
+
+LOG = logging.getLogger("tfscale")
+
+
+def rank_batches(data, global_batch_size, *, drop_remainder=True, shuffle_seed=None, split="train",
+                 epoch=0):
+    """This rank's batches of `data` as a tf.data.Dataset of (features, labels[, weights]).
+
+    Args:
+        data: numpy arrays (a tuple `(x, y)` or `(x, y, sample_weight)`, each an array or a dict
+            of arrays with the same first dimension), a tf.data.Dataset of single examples
+            (not yet batched), or a tfscale.data CTRSource.
+        global_batch_size: the batch of one step over all ranks; each rank takes
+            global_batch_size / P. Not divisible by P: a UserError with the numbers.
+        drop_remainder: True (training): every rank runs the same number of steps and the rows
+            that do not fill a global batch are left out. False (evaluation): every row, the
+            last batch of each rank short, ranks possibly one batch apart (fine for models whose
+            forward pass has no collectives; row-sharded and dynamic tables evaluate with
+            tfscale.training.evaluate_exact).
+        shuffle_seed: numpy arrays only: reshuffle the rows every epoch, the same permutation on
+            every rank (so the ranks still split one global batch); None keeps their order.
+        split, epoch: a CTRSource's split ("train" or "test") and the epoch its training order
+            is drawn for.
+    """
+    batch = local_batch_size(global_batch_size)
+    rank, ranks = runtime.rank(), runtime.size()
+    if isinstance(data, CTRSource):
+        return _source_batches(data, global_batch_size, batch, drop_remainder, split, epoch)
+    if shuffle_seed is not None and isinstance(data, tf.data.Dataset):
+        raise UserError("`shuffle_seed` shuffles numpy arrays; shuffle a tf.data.Dataset "
+                        "yourself before `rank_batches`, with the same seed on every rank")
+    if isinstance(data, tf.data.Dataset):
+        examples = int(data.cardinality())
+        rows = data.shard(ranks, rank)
+    else:
+        examples, rows = _array_rows(data, shuffle_seed, rank, ranks)
+    batches = rows.batch(batch, drop_remainder=drop_remainder)
+    if not drop_remainder:
+        return batches
+    if examples == tf.data.INFINITE_CARDINALITY:
+        return batches  # fit's `steps_per_epoch` then bounds every rank's epoch alike
+    if examples == tf.data.UNKNOWN_CARDINALITY:
+        return agreed_batches(batches)
+    steps = examples // global_batch_size
+    if steps == 0:
+        raise UserError(f"`global_batch_size={global_batch_size}` is more than the {examples:,} "
+                        "rows of `data`: not one full batch per epoch")
+    _report_left_out(examples, steps, global_batch_size)
+    return batches.take(steps).apply(tf.data.experimental.assert_cardinality(steps))
+
+
+def _array_rows(data, shuffle_seed, rank, ranks):
+    """(number of rows, dataset of this rank's rows of the numpy structure `data`)."""
+    leaves = tf.nest.flatten(data)
+    if not leaves or any(not hasattr(leaf, "shape") or not leaf.shape for leaf in leaves):
+        raise UserError("`data`: give numpy arrays (a tuple (x, y) of arrays or dicts of "
+                        "arrays), a tf.data.Dataset of single examples or a CTRSource")
+    counts = {int(leaf.shape[0]) for leaf in leaves}
+    if len(counts) > 1:
+        raise UserError(f"`data`: its arrays have different numbers of rows {sorted(counts)}; "
+                        "every array must hold one row per example")
+    examples = counts.pop()
+    tensors = tf.nest.map_structure(tf.convert_to_tensor, data)
+    order = tf.data.Dataset.range(examples)
+    if shuffle_seed is not None:
+        order = order.shuffle(examples, seed=shuffle_seed, reshuffle_each_iteration=True)
+    # Indices first, rows gathered per batch: one copy of the arrays, however they are shuffled.
+    rows = order.shard(ranks, rank).batch(1 << 16).map(
+        lambda index: tf.nest.map_structure(lambda t: tf.gather(t, index), tensors)).unbatch()
+    return examples, rows
+
+
+def _source_batches(source, global_batch_size, batch, drop_remainder, split, epoch):
+    shard = {"shard_index": runtime.rank(), "num_shards": runtime.size()}
+    if split == "test":
+        return source.test_batches(batch, **shard)
+    if split != "train":
+        raise UserError(f"`split={split!r}`: give \"train\" or \"test\"")
+    batches = source.train_batches(batch, epoch=epoch, **shard)
+    steps = source.train_steps_per_epoch(batch, shard["num_shards"])
+    if steps is None:
+        return agreed_batches(batches) if drop_remainder else batches
+    if steps == 0:
+        raise UserError(f"`global_batch_size={global_batch_size}` is larger than the training "
+                        f"split ({source.describe()}): not one full batch per epoch")
+    return batches.take(steps).apply(tf.data.experimental.assert_cardinality(steps))
+
+
+def _report_left_out(examples, steps, global_batch_size):
+    left_out = examples - steps * global_batch_size
+    message = (f"{examples:,} rows at global batch {global_batch_size:,} over "
+               f"{runtime.size()} rank(s): {steps:,} steps an epoch, {left_out:,} rows left out "
+               "each epoch (the last incomplete global batch)")
+    if runtime.is_chief():
+        (LOG.warning if left_out else LOG.info)(message)
+
+
+def agreed_batches(batches):
+    """`batches` (this rank's) ending on every rank at the first step where some rank has none
+    left (module docstring); unchanged outside Horovod."""
+    if not runtime.is_active():
+        return batches
+    return tf.data.Dataset.from_generator(lambda: _agreed(batches),
+                                          output_signature=batches.element_spec)
+
+
+def _agreed(batches):
+    """Yields this rank's batches while every rank has one; then reports what was left out."""
+    hvd = runtime.horovod()
+    step = 0
+    for batch in _with_end(batches):
+        everyone = int(hvd.allreduce(tf.constant(int(batch is not None)), op=hvd.Min,
+                                     name="tfscale_rank_batches_left"))
+        if not everyone:
+            _report_uneven_end(hvd, step, batch)
+            return
+        yield batch
+        step += 1
+
+
+def _with_end(batches):
+    yield from batches
+    yield None  # "none left": the agreement then ends every rank's epoch at this step
+
+
+def _report_uneven_end(hvd, step, batch):
+    left = 0 if batch is None else int(tf.shape(tf.nest.flatten(batch)[0])[0])
+    lefts = hvd.allgather_object(left, name="tfscale_rank_batches_left_out")
+    if hvd.rank() == 0:
+        ended = [r for r, rows in enumerate(lefts) if rows == 0]
+        LOG.warning(
+            f"the epoch ended after {step:,} steps, when rank(s) {ended} ran out of data; "
+            f"left out: {sum(lefts):,} rows of the batches the other ranks had ready "
+            f"({dict(enumerate(lefts))} by rank) and whatever their parts held after them")

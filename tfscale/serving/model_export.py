@@ -1,0 +1,53 @@
+"""A user's own Keras model as one TensorFlow SavedModel: `export_model` restores the newest
+checkpoint a (possibly multi-rank) run wrote, its tables assembled from every rank's rows, into
+the model built in one process, and writes it with Keras's `model.export`. The SavedModel loads
+with `tf.saved_model.load` alone, without tfscale or Keras, and serves `serve` (and the
+`serving_default` signature) on the model's inputs.
+
+Run it in one process (plain `python`, not under horovodrun): a model built there holds every
+row of its tables whatever their sharding, and its forward pass has no collectives to carry
+into the graph."""
+
+import os
+
+import keras
+
+from tfscale import distributed
+from tfscale.errors import UserError
+from tfscale.training.horovod_fit import empty_features
+from tfscale.training.run import restore_trained_weights
+
+
+def export_model(model, path, checkpoint_dir=None, input_signature=None):
+    """Writes `model` to the new directory `path` as a SavedModel and returns the checkpoint's
+    progress dict (None without `checkpoint_dir`).
+
+    Args:
+        model: the Keras model, built as training built it (same layers and table sizes; a
+            TrainStep model is compiled or not, its optimizer is not exported).
+        path: a directory that does not exist yet (TF Serving reads numbered versions:
+            served/1, served/2, ...).
+        checkpoint_dir: the directory of `tfscale.callbacks.Checkpoint` (or of a launcher
+            run's checkpoints) whose newest weights to export; None exports `model` as it is.
+        input_signature: the inputs' tf.TensorSpecs, for a subclassed model (Keras reads a
+            functional model's from its inputs).
+    """
+    if distributed.is_active():
+        raise UserError("export_model runs in one process: after the horovodrun job, build the "
+                        "model in a plain `python` run and give it the `checkpoint_dir` the job "
+                        "wrote (its tables are assembled from every rank's rows)")
+    if os.path.exists(path):
+        raise UserError(f"`path={path}` exists already; give a new directory")
+    if not model.built:
+        if input_signature is None:
+            raise UserError("the model is not built: give `input_signature` (its inputs' "
+                            "tf.TensorSpecs) or call it once on a batch first")
+        model(empty_features(input_signature), training=False)
+    progress = None
+    if checkpoint_dir is not None:
+        progress = restore_trained_weights(model, checkpoint_dir)
+        if progress is None:
+            raise UserError(f"`checkpoint_dir={checkpoint_dir}` holds no checkpoint")
+    kwargs = {} if input_signature is None else {"input_signature": input_signature}
+    keras.Model.export(model, path, format="tf_saved_model", verbose=False, **kwargs)
+    return progress

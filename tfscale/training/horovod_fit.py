@@ -1,0 +1,150 @@
+"""What a TrainStep model's `fit`, `evaluate` and `load_weights` add in a Horovod job of two or
+more ranks (tfscale.training.train_step calls these; outside Horovod they change nothing):
+
+- before `fit`'s first update: the model built (from the data's shapes, on an empty batch) and its
+  optimizer built, then every variable but each rank's own shards set to rank 0's;
+- after `load_weights`: rank 0's weights on every rank;
+- the callbacks of every rank but 0 without Keras's file writers (TensorBoard, ModelCheckpoint,
+  CSVLogger) and its progress bar, so files and lines are written once;
+- the metrics `fit` reports at each epoch's end and `evaluate` returns: over every rank's rows,
+  by summing each metric's state over the ranks (Keras's metrics keep totals and counts, so this
+  equals one process's metric over all the rows; an AUC's buckets too).
+
+Horovod's own Keras callbacks (BroadcastGlobalVariablesCallback, MetricAverageCallback) do not
+run under Keras 3, and averaging per-rank metrics is not the metric of all rows: hence these."""
+
+import warnings
+
+import keras
+import tensorflow as tf
+
+from tfscale import distributed
+from tfscale.distributed import runtime
+from tfscale.errors import UserError
+from tfscale.optimizers import table_state
+
+# Keras callbacks that write files: kept on rank 0 only.
+CHIEF_ONLY_CALLBACKS = (keras.callbacks.TensorBoard, keras.callbacks.ModelCheckpoint,
+                        keras.callbacks.CSVLogger)
+
+
+def start_fit(model, x, callbacks, verbose):
+    """Before `model.fit(x, ...)` on every rank: the model and optimizer built and set to rank
+    0's (when no step has run yet); returns (callbacks, verbose) for this rank."""
+    if not distributed.is_active():
+        return callbacks, verbose
+    callbacks = _rank_callbacks(model, callbacks)
+    if not model.built:
+        model(_features_of_no_rows(x), training=False)
+    if not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+    if int(model.optimizer.iterations) == 0:
+        broadcast_from_rank_0(model)
+    return callbacks, verbose if distributed.is_chief() else 0
+
+
+def broadcast_from_rank_0(model):
+    """Every variable of `model` and of its built optimizer set to rank 0's, but each rank's own
+    (row-sharded and dynamic tables, their optimizer state)."""
+    distributed.broadcast_model_and_optimizer(model, local=table_state.local_variables(model))
+
+
+def check_load_weights(model):
+    """Before `load_weights` under Horovod: refused for a model with tables spread over the
+    ranks (a weights file holds one rank's rows of them)."""
+    if distributed.is_active() and table_state.local_variables(model):
+        raise UserError("`load_weights` would give every rank the rows of rank 0's shards: "
+                        "save and restore a model with row-sharded or dynamic tables with "
+                        "`tfscale.callbacks.Checkpoint`, which keeps each rank's rows")
+
+
+def after_load_weights(model):
+    """After every rank's `load_weights`: rank 0's model weights on every rank (a rank that
+    read another file, or none, must not train from other weights)."""
+    hvd = runtime.horovod()
+    if hvd is None:
+        return
+    hvd.broadcast_variables([v.value for v in model.variables], root_rank=0)
+
+
+def results_over_ranks(metrics, results):
+    """`results()` (the model's metric results) computed from the sum over the ranks of each of
+    `metrics`' state variables; the local state is left as it was. Call eagerly, on every
+    rank."""
+    if not distributed.is_active() or not tf.executing_eagerly():
+        return results()
+    _warn_of_own_metrics(metrics)
+    variables = [v for metric in metrics for v in metric.variables]
+    if not variables:
+        return results()
+    hvd = runtime.horovod()
+    local = [tf.identity(v.value) for v in variables]
+    summed = hvd.grouped_allreduce([tf.cast(value, tf.float64) for value in local], op=hvd.Sum,
+                                   name="tfscale_metric_states")
+    for variable, total in zip(variables, summed):
+        variable.assign(tf.cast(total, variable.dtype))
+    try:
+        return results()
+    finally:
+        for variable, value in zip(variables, local):
+            variable.assign(value)
+
+
+def _warn_of_own_metrics(metrics):
+    own = sorted({type(m).__name__ for m in _leaf_metrics(metrics)
+                  if not type(m).__module__.startswith(("keras", "tfscale"))})
+    if own:
+        warnings.warn(f"metrics {', '.join(own)} are combined over the ranks by summing their "
+                      "state variables, which is exact only for totals and counts (as Keras's "
+                      "metrics keep)", stacklevel=3)
+
+
+def _leaf_metrics(metrics):
+    for metric in metrics:
+        inner = getattr(metric, "metrics", None)  # Keras's CompileMetrics holds the user's
+        if isinstance(inner, (list, tuple)) and inner and inner[0] is not metric:
+            yield from _leaf_metrics(inner)
+        else:
+            yield metric
+
+
+def _rank_callbacks(model, callbacks):
+    """`callbacks` as this rank runs them: file writers on rank 0 only; BackupAndRestore
+    refused (it would restore rank 0 alone)."""
+    callbacks = list(callbacks or [])
+    for callback in callbacks:
+        if isinstance(callback, keras.callbacks.BackupAndRestore):
+            raise UserError("keras.callbacks.BackupAndRestore restores one rank: under "
+                            "horovodrun use `tfscale.callbacks.Checkpoint(directory)`, which "
+                            "resumes every rank (at any number of ranks)")
+        if isinstance(callback, keras.callbacks.ModelCheckpoint) and \
+                table_state.local_variables(model):
+            raise UserError("keras.callbacks.ModelCheckpoint saves rank 0's rows only of "
+                            "row-sharded or dynamic tables: use "
+                            "`tfscale.callbacks.Checkpoint(directory)`")
+    if distributed.is_chief():
+        return callbacks
+    return [c for c in callbacks if not isinstance(c, CHIEF_ONLY_CALLBACKS)]
+
+
+def _features_of_no_rows(x):
+    """A batch of no rows shaped as `x`'s features, to build a model before its first step."""
+    if isinstance(x, tf.data.Dataset):
+        spec = x.element_spec
+        return empty_features(spec[0] if isinstance(spec, tuple) else spec)
+    if x is None or not all(hasattr(a, "shape") for a in tf.nest.flatten(x)):
+        raise UserError("under horovodrun the model must be built before `fit` when `x` is "
+                        "neither arrays nor a tf.data.Dataset: call it once on a batch first")
+    return tf.nest.map_structure(lambda array: array[:0], x)
+
+
+def empty_features(specs):
+    """A batch of no rows for the structure of tf.TensorSpecs `specs` (None inner sizes: 1)."""
+    return tf.nest.map_structure(_empty_of_spec, specs)
+
+
+def _empty_of_spec(spec):
+    shape = [0] + [1 if d is None else d for d in spec.shape[1:]]
+    if spec.dtype == tf.string:
+        return tf.fill(shape, "")
+    return tf.zeros(shape, spec.dtype)
