@@ -61,7 +61,7 @@ def rank_batches(data, global_batch_size, *, drop_remainder=True, shuffle_seed=N
         examples, rows = _array_rows(data, shuffle_seed, rank, ranks)
     batches = rows.batch(batch, drop_remainder=drop_remainder)
     if not drop_remainder:
-        return batches
+        return _with_known_length(batches, examples, batch, rank, ranks)
     if examples == tf.data.INFINITE_CARDINALITY:
         return batches  # fit's `steps_per_epoch` then bounds every rank's epoch alike
     if examples == tf.data.UNKNOWN_CARDINALITY:
@@ -72,6 +72,15 @@ def rank_batches(data, global_batch_size, *, drop_remainder=True, shuffle_seed=N
                         "rows of `data`: not one full batch per epoch")
     _report_left_out(examples, steps, global_batch_size)
     return batches.take(steps).apply(tf.data.experimental.assert_cardinality(steps))
+
+
+def _with_known_length(batches, examples, batch, rank, ranks):
+    """`batches` of every row of this rank's part, their number stated when `examples` is
+    known (so Keras does not read past the end to find it)."""
+    if examples < 0:
+        return batches
+    rows = len(range(rank, examples, ranks))
+    return batches.apply(tf.data.experimental.assert_cardinality(-(-rows // batch)))
 
 
 def _array_rows(data, shuffle_seed, rank, ranks):

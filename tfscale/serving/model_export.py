@@ -29,8 +29,9 @@ def export_model(model, path, checkpoint_dir=None, input_signature=None):
             served/1, served/2, ...).
         checkpoint_dir: the directory of `tfscale.callbacks.Checkpoint` (or of a launcher
             run's checkpoints) whose newest weights to export; None exports `model` as it is.
-        input_signature: the inputs' tf.TensorSpecs, for a subclassed model (Keras reads a
-            functional model's from its inputs).
+        input_signature: a list with one tf.TensorSpec (or a structure of them) per argument
+            of the model's call, as `keras.Model.export` takes it; needed for a subclassed model
+            (Keras reads a functional model's from its inputs).
     """
     if distributed.is_active():
         raise UserError("export_model runs in one process: after the horovodrun job, build the "
@@ -42,7 +43,7 @@ def export_model(model, path, checkpoint_dir=None, input_signature=None):
         if input_signature is None:
             raise UserError("the model is not built: give `input_signature` (its inputs' "
                             "tf.TensorSpecs) or call it once on a batch first")
-        model(empty_features(input_signature), training=False)
+        model(*empty_features(list(input_signature)), training=False)
     progress = None
     if checkpoint_dir is not None:
         progress = restore_trained_weights(model, checkpoint_dir)

@@ -29,15 +29,15 @@ CHIEF_ONLY_CALLBACKS = (keras.callbacks.TensorBoard, keras.callbacks.ModelCheckp
 
 
 def start_fit(model, x, callbacks, verbose):
-    """Before `model.fit(x, ...)` on every rank: the model and optimizer built and set to rank
-    0's (when no step has run yet); returns (callbacks, verbose) for this rank."""
-    if not distributed.is_active():
-        return callbacks, verbose
-    callbacks = _rank_callbacks(model, callbacks)
-    if not model.built:
+    """Before `model.fit(x, ...)`: the model and its optimizer built; in a Horovod job, set to
+    rank 0's when no step has run yet. Returns (callbacks, verbose) for this rank."""
+    if not model.built:  # in one process too: the step needs the variables before its call
         model(_features_of_no_rows(x), training=False)
     if not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
+    if not distributed.is_active():
+        return callbacks, verbose
+    callbacks = _rank_callbacks(model, callbacks)
     if int(model.optimizer.iterations) == 0:
         broadcast_from_rank_0(model)
     return callbacks, verbose if distributed.is_chief() else 0
@@ -133,7 +133,7 @@ def _features_of_no_rows(x):
         spec = x.element_spec
         return empty_features(spec[0] if isinstance(spec, tuple) else spec)
     if x is None or not all(hasattr(a, "shape") for a in tf.nest.flatten(x)):
-        raise UserError("under horovodrun the model must be built before `fit` when `x` is "
+        raise UserError("the model must be built before `fit` when `x` is "
                         "neither arrays nor a tf.data.Dataset: call it once on a batch first")
     return tf.nest.map_structure(lambda array: array[:0], x)
 
