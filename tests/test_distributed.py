@@ -1,11 +1,11 @@
 """Horovod data parallelism (tfscale.distributed): 2 ranks at batch B/2 train to the weights of
 1 process at batch B, ranks stay bitwise identical, the dense embedding exchange trains to the
-allgather's weights (and is refused with CowClip), an inf on one rank makes every rank skip the
-step, online training day by day scores whole days and resumes on 2 ranks, a dead rank ends the
-job (replicated and row-sharded tables), the ranks' evaluation equals one pass over the whole
-split, and the launcher trains on a Criteo file under horovodrun
-with rank 0 alone reporting and writing, and stops and resumes bitwise; single-process runs
-never import Horovod."""
+allgather's weights (and is refused with CowClip), an inf on one rank (in its dense features,
+or in its embedding gradients alone) makes every rank skip the step, online training day by day
+scores whole days and resumes on 2 ranks, a dead rank ends the job (replicated and row-sharded
+tables), the ranks' evaluation equals one pass over the whole split, and the launcher trains on a
+Criteo file under horovodrun with rank 0 alone reporting and writing, and stops and resumes
+bitwise; single-process runs never import Horovod."""
 
 import glob
 import os
@@ -140,6 +140,28 @@ def test_inf_on_one_rank_skips_the_step_on_every_rank(launched_jobs):
     names = [k for k in ranks[0] if k.startswith("arr_")]
     assert names
     for name in names:
+        np.testing.assert_array_equal(ranks[0][name], ranks[1][name], err_msg=name)
+
+
+def test_inf_on_one_rank_in_its_embedding_gradients_only_skips_the_step_on_every_rank(
+        launched_jobs):
+    """Rank 1's table gradients alone are inf (its dense ones finite) and CowClip takes the
+    gathered rows with their counts: both ranks skip that step, halve the scale, leave every
+    model and optimizer variable as it was over it, and train the other steps."""
+    job = launched_jobs[LOSS_SCALE_SKIP]
+    assert job.returncode == 0, job.output
+    ranks = [np.load(launched_jobs.path(TWO_RANK_DIR) / f"embedding-rank{rank}.npz")
+             for rank in (0, 1)]
+    skipped_by_step = [int(i >= loss_scale_skip.BAD_STEP) for i in range(loss_scale_skip.STEPS)]
+    for saved in ranks:
+        assert saved["skipped_by_step"].tolist() == skipped_by_step
+        assert float(saved["scale"]) == loss_scale_skip.INITIAL_SCALE / 2
+        assert int(saved["iterations"]) == loss_scale_skip.STEPS - 1
+        assert saved["changed"].tolist() == []
+    names = [k for k in ranks[0] if k.startswith("arr_")]
+    assert names
+    for name in names:
+        assert np.isfinite(ranks[0][name]).all(), name
         np.testing.assert_array_equal(ranks[0][name], ranks[1][name], err_msg=name)
 
 
