@@ -187,6 +187,71 @@ def test_catching_up_every_row_brings_the_table_to_the_dense_update():
     np.testing.assert_array_equal(table.numpy(), caught_up)
 
 
+# Rows 1-4 leave the batches after these steps of 170 (50, 20, 10 and 5 steps before the end);
+# row 0 is in every batch, row 5 in none.
+LAST_STEPS = {1: 119, 2: 149, 3: 159, 4: 164}
+LEAVING_ROWS, LEAVING_STEPS = 6, 170
+
+
+def _train_leaving_rows(optimizer, l2, densify=False):
+    """(initial rows, table) after LEAVING_STEPS steps on a [6, DIM] table whose rows start at
+    0.5 to 1.5 in size and whose gradients keep one sign a coordinate (towards zero, with
+    noise), so a row leaves the batches with a first moment whose tail would move it on for
+    tens of steps; the L2's pull, 2 * l2 * w, points the same way. `densify`: the optimizer
+    takes the dense gradient with the L2's added, every row every step (dense Adam)."""
+    init = np.random.default_rng(0)
+    initial = (init.choice([-1.0, 1.0], (LEAVING_ROWS, DIM))
+               * init.uniform(0.5, 1.5, (LEAVING_ROWS, DIM))).astype("float32")
+    table = keras.Variable(initial, name="embeddings")
+    shape = tf.constant([LEAVING_ROWS, DIM], tf.int64)
+
+    @tf.function(reduce_retracing=True)
+    def step(ids, values):
+        if densify:
+            gradient = tf.scatter_nd(ids[:, None], values, shape) + 2 * l2 * table
+        else:
+            gradient = tf.IndexedSlices(values, ids, shape)
+        optimizer.apply([gradient], [table])
+
+    rng = np.random.default_rng(1)
+    for step_number in range(LEAVING_STEPS):
+        ids = [0] + [row for row, last in LAST_STEPS.items() if step_number <= last]
+        values = 0.01 * np.sign(initial[ids]) + rng.normal(0, 0.005, (len(ids), DIM))
+        step(tf.constant(ids, tf.int64), tf.constant(values, tf.float32))
+    return initial, table
+
+
+@pytest.mark.parametrize("l2", [0.0, 5e-4])
+def test_catching_up_every_row_follows_dense_adam_over_each_rows_gap(l2):
+    """Dense Adam (Keras's, every row every step, the L2 in the gradient) keeps moving rows 1-4
+    after they leave the batches, by their first moments' tails (and the L2): after
+    `catch_up_every_row` each lands within a quarter of lazy Adam's distance from it, and with
+    l2 = 0 its moments are dense Adam's. Row 0, in every batch, is dense Adam's; row 5, in none,
+    stays where it started (l2 = 0) or goes to the zero the L2 pulls it to."""
+    reference = keras.optimizers.Adam(LR)
+    initial, dense = _train_leaving_rows(reference, l2, densify=True)
+    _, lazy = _train_leaving_rows(RowSparseAdam(LR, table_l2=l2, catch_up=False), l2)
+    optimizer = RowSparseAdam(LR, table_l2=l2)
+    _, table = _train_leaving_rows(optimizer, l2)
+    # No row was behind while in the batches: until the catch-up, the table is lazy Adam's.
+    np.testing.assert_array_equal(table.numpy(), lazy.numpy())
+    optimizer.catch_up_every_row()
+    caught_up, dense, lazy = table.numpy(), dense.numpy(), lazy.numpy()
+
+    _assert_nearer_the_dense_update(caught_up, lazy, dense, rows=LAST_STEPS)
+    np.testing.assert_allclose(caught_up[0], dense[0], rtol=1e-4, atol=2e-5)  # float rounding
+    if l2 == 0:
+        np.testing.assert_array_equal(caught_up[5], initial[5])
+        np.testing.assert_array_equal(dense[5], initial[5])
+        moments = optimizer.table_state(table).per_row[0].numpy()
+        np.testing.assert_allclose(moments[:, 0], reference._momentums[0].numpy(), rtol=1e-4,
+                                   atol=1e-10)
+        np.testing.assert_allclose(moments[:, 1], reference._velocities[0].numpy(), rtol=1e-4,
+                                   atol=1e-12)
+    else:
+        assert np.abs(caught_up[5]).max() < 1e-6 and np.abs(lazy[5] - initial[5]).max() == 0
+
+
 def test_counted_slices_of_unique_ids_take_the_same_step():
     def unique_counted(ids, grads):
         unique, position, counts = tf.unique_with_counts(ids)
