@@ -69,9 +69,10 @@ def source(args):
                      test_fraction=None if args.test else 0.0, hash_buckets=args.hash_buckets)
 
 
-def write_random_lines(workdir, lines=20_000):
-    """A Criteo-format file (label, 13 integers, 26 hex ids) whose labels follow its fields."""
-    path = os.path.join(workdir, "random_train.txt")
+def write_random_lines(workdir, lines=20_000, name="random_train.txt"):
+    """A Criteo-format file (label, 13 integers, 26 hex ids) whose labels follow its fields;
+    returns its path."""
+    path = os.path.join(workdir, name)
     if tfscale.distributed.is_chief() and not os.path.exists(path):
         os.makedirs(workdir, exist_ok=True)
         rng = np.random.default_rng(0)

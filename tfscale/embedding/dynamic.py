@@ -21,7 +21,7 @@ import tensorflow as tf
 from tfscale import distributed
 from tfscale.embedding import placement
 from tfscale.embedding.id_rows import IdRows
-from tfscale.embedding.initializers import keyed_rows
+from tfscale.embedding.initializers import keyed_rows, with_rank_0_seed
 from tfscale.embedding.row_sharding import check_partitioned_arguments, gradient_divided_by
 from tfscale.embedding.strategy import TableStrategy
 from tfscale.embedding.table import RowShard, Table
@@ -127,6 +127,7 @@ class DynamicTable(keras.layers.Layer):
         self.initializer = initializer
 
     def build(self, rows, num_fields):
+        self.initializer = with_rank_0_seed(self.initializer)
         with tf.device(placement.embedding_device()):
             self.embeddings = self.add_weight(shape=(rows, self.dim), initializer="zeros",
                                               dtype="float32", autocast=False, name="embeddings")

@@ -12,6 +12,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfscale import distributed
+
 # A shard draws the stream in windows of this many rows (one window's values in memory at a time).
 CHUNK_ROWS = 1 << 16
 # Normal values TensorFlow's Philox kernels make per counter step (float32: one 4-word output,
@@ -105,6 +107,18 @@ def _advanced(counter, steps):
     low = counter[0] + tf.constant(steps, tf.uint64)
     carry = tf.cast(low < counter[0], tf.uint64)
     return tf.stack([low, counter[1] + carry])
+
+
+def with_rank_0_seed(initializer):
+    """`initializer` as rank 0 holds it: a RowSeededNormal with rank 0's seed in a Horovod job
+    (call on every rank, as a table is built), anything else unchanged. A rank's rows of a
+    row-sharded or dynamic table then start as the same rows of a one-process run with rank
+    0's seed, whatever seed each rank drew (its rows are never broadcast)."""
+    if not isinstance(initializer, RowSeededNormal) or not distributed.is_active():
+        return initializer
+    seed = distributed.broadcast_from_chief(lambda: initializer.seed,
+                                            name="tfscale_initializer_seed")
+    return RowSeededNormal(initializer.mean, initializer.stddev, seed)
 
 
 def keyed_rows(initializer, keys, dim):

@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from tfscale import distributed
 from tfscale.embedding import placement, row_wire
-from tfscale.embedding.initializers import is_row_independent
+from tfscale.embedding.initializers import is_row_independent, with_rank_0_seed
 from tfscale.embedding.strategy import TableStrategy
 from tfscale.embedding.table import RowShard, Table
 from tfscale.errors import UserError
@@ -82,11 +82,12 @@ class ShardedTable(keras.layers.Layer):
 
     def build(self, input_shape=None):
         self.shard = shard = RowShard(self.total_rows, distributed.size(), distributed.rank())
-        if hasattr(self.initializer, "rows"):
-            initializer = lambda shape, dtype=None: self.initializer.rows(  # noqa: E731
+        seeded = with_rank_0_seed(self.initializer)
+        if hasattr(seeded, "rows"):
+            initializer = lambda shape, dtype=None: seeded.rows(  # noqa: E731
                 shard.global_ids(), self.dim, dtype)
         else:
-            initializer = self.initializer
+            initializer = seeded
         with tf.device(placement.embedding_device()):
             self.embeddings = self.add_weight(shape=(shard.rows, self.dim),
                                               initializer=initializer, dtype="float32",
