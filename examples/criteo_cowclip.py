@@ -98,7 +98,8 @@ def train(args):
     model.fit(rank_batches(data, args.batch_size), epochs=args.epochs,
               validation_data=rank_batches(data, args.batch_size, split="test")
               if args.test else None,
-              callbacks=[tfscale.callbacks.Checkpoint(os.path.join(args.workdir, "checkpoints")),
+              callbacks=[tfscale.callbacks.CatchUpRows(),  # rows the batches left behind, before saving
+                         tfscale.callbacks.Checkpoint(os.path.join(args.workdir, "checkpoints")),
                          keras.callbacks.TensorBoard(os.path.join(args.workdir, "tensorboard"))],
               shuffle=False, verbose=2)
     return model

@@ -70,7 +70,8 @@ def train(args):
                   embedding_staleness=1)
     model.fit(rank_batches(train_rows, args.batch_size), epochs=args.epochs, shuffle=False,
               verbose=2,
-              callbacks=[tfscale.callbacks.Checkpoint(os.path.join(args.workdir, "checkpoints")),
+              callbacks=[tfscale.callbacks.CatchUpRows(),  # rows the batches left behind, before saving
+                         tfscale.callbacks.Checkpoint(os.path.join(args.workdir, "checkpoints")),
                          keras.callbacks.TensorBoard(os.path.join(args.workdir, "tensorboard"))])
     # Exact AUC over every rank's test rows (a sharded model's evaluation passes as many
     # batches on every rank, since its lookups are collectives).

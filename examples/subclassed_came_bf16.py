@@ -2,7 +2,8 @@
 one process or on several workers:
 
     python examples/subclassed_came_bf16.py --workdir=runs/came
-    horovodrun -np 2 -H localhost:2 --gloo python examples/subclassed_came_bf16.py --workdir=runs/came
+    horovodrun -np 2 -H localhost:2 --gloo python examples/subclassed_came_bf16.py \
+        --workdir=runs/came
     python examples/subclassed_came_bf16.py --workdir=runs/came --export
 
 The arrays here are random ids whose labels follow a hidden logistic model; put your own in
@@ -91,7 +92,8 @@ def train(args):
               validation_data=rank_batches((ids[:held_out], labels[:held_out]),
                                            args.batch_size, drop_remainder=False),
               epochs=args.epochs, shuffle=False, verbose=2,
-              callbacks=[tfscale.callbacks.Checkpoint(os.path.join(args.workdir, "checkpoints")),
+              callbacks=[tfscale.callbacks.CatchUpRows(),  # rows the batches left behind, before saving
+                         tfscale.callbacks.Checkpoint(os.path.join(args.workdir, "checkpoints")),
                          keras.callbacks.TensorBoard(os.path.join(args.workdir, "tensorboard"))])
     return model
 

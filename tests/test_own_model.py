@@ -100,10 +100,11 @@ def served(model):
 pairs = [(a.numpy(), b.numpy()) for a, b in zip(loaded[0].variables, loaded[-1].variables)]
 assert all(a.shape == b.shape for a, b in pairs)
 norm = lambda arrays: float(np.sqrt(sum(np.square(a.astype(np.float64)).sum() for a in arrays)))
+relative = norm([a - b for a, b in pairs]) / norm([a for a, _ in pairs])
 print(json.dumps({"scores": [served(m) for m in loaded],
                   "variables": len(pairs),
                   "largest_difference": max(float(np.abs(a - b).max()) for a, b in pairs),
-                  "relative_difference": norm([a - b for a, b in pairs]) / norm([a for a, _ in pairs])}))
+                  "relative_difference": relative}))
 """
 
 

@@ -29,8 +29,8 @@ class RowSeededNormal(keras.initializers.Initializer):
     Args:
         stddev, mean: of the normal distribution.
         seed: int; None draws one from NumPy's global generator (seeded by
-            `keras.utils.set_random_seed`), so every rank of a job building the same model draws
-            the same seed.
+            `keras.utils.set_random_seed`). Row-sharded and dynamic tables built in a Horovod
+            job use rank 0's seed (`with_rank_0_seed`), whatever each rank drew.
     """
 
     def __init__(self, mean=0.0, stddev=0.01, seed=None):
