@@ -205,6 +205,7 @@ def test_a_killed_rank_ends_the_job_with_an_error(killed_rank_launches, sharding
     killed = re.search(r"rank 1: killing itself at ([0-9.]+)", result.stdout)
     assert killed, result.stdout
     assert result.returncode != 0, result.stdout
+    assert "Process name: 1" in result.stdout, result.stdout  # horovodrun names the dead rank
     # Timed from the kill, not from the start: start-up on a loaded machine is not the point.
     after_kill = result.ended - float(killed.group(1))
     assert after_kill < 60, f"the job ended {after_kill:.0f} s after the kill"
