@@ -8,6 +8,8 @@ or on several workers:
 
 The third command (one process) writes the trained model as a SavedModel to runs/own/served/1.
 Without --train it trains on a small file of random Criteo-format lines written into --workdir.
+The rates, L2 and CowClip's zeta follow CowClip's large-batch rule for the global batch, the
+dense rate warming up over the first epoch.
 --batch_size is the global batch: each of P ranks reads batch_size / P lines of its part of the
 file (lines whose number modulo P is its rank), so a step reads the same lines at any P.
 """
@@ -54,12 +56,16 @@ def build_model(schema):
     return tfscale.FunctionalTrainStepModel({"dense": dense, "categorical": ids}, probability)
 
 
-def cowclip_for(batch_size):
-    """CowClip with its large-batch rule's rates, L2 and zeta for the global batch."""
+def cowclip_for(batch_size, steps_per_epoch):
+    """CowClip with its large-batch rule's rates, L2 and zeta for the global batch; the dense
+    rate warms up linearly over the rule's warm-up epochs."""
     settings = large_batch_settings(batch_size, rule="cowclip", preset="criteo")
+    warmup_steps = max(1, round(settings.warmup_epochs * steps_per_epoch))
+    dense_rate = keras.optimizers.schedules.PolynomialDecay(
+        1e-8, warmup_steps, settings.dense_learning_rate, power=1.0)
     return CowClip(RowSparseAdam(settings.embedding_learning_rate, catch_up_l2=settings.l2,
                                  name="embedding"),
-                   FusedAdam(settings.dense_learning_rate, name="dense"),
+                   FusedAdam(dense_rate, name="dense"),
                    r=settings.r, zeta=settings.zeta, l2=settings.l2)
 
 
@@ -91,14 +97,15 @@ def write_random_lines(workdir, lines=20_000, name="random_train.txt"):
 def train(args):
     keras.utils.set_random_seed(args.seed)
     data = source(args)
+    batches = rank_batches(data, args.batch_size)
     model = build_model(data.schema)
-    model.compile(optimizer=cowclip_for(args.batch_size), loss="binary_crossentropy",
-                  metrics=[keras.metrics.AUC(name="auc")],
+    model.compile(optimizer=cowclip_for(args.batch_size, int(batches.cardinality())),
+                  loss="binary_crossentropy", metrics=[keras.metrics.AUC(name="auc")],
                   embedding_exchange="allgather")  # CowClip needs the ids' global counts
-    model.fit(rank_batches(data, args.batch_size), epochs=args.epochs,
+    model.fit(batches, epochs=args.epochs,
               validation_data=rank_batches(data, args.batch_size, split="test")
               if args.test else None,
-              callbacks=[tfscale.callbacks.CatchUpRows(),  # rows the batches left behind, before saving
+              callbacks=[tfscale.callbacks.CatchUpRows(),  # rows the batches left behind
                          tfscale.callbacks.Checkpoint(os.path.join(args.workdir, "checkpoints")),
                          keras.callbacks.TensorBoard(os.path.join(args.workdir, "tensorboard"))],
               shuffle=False, verbose=2)

@@ -70,7 +70,7 @@ def train(args):
                   embedding_staleness=1)
     model.fit(rank_batches(train_rows, args.batch_size), epochs=args.epochs, shuffle=False,
               verbose=2,
-              callbacks=[tfscale.callbacks.CatchUpRows(),  # rows the batches left behind, before saving
+              callbacks=[tfscale.callbacks.CatchUpRows(),  # rows the batches left behind
                          tfscale.callbacks.Checkpoint(os.path.join(args.workdir, "checkpoints")),
                          keras.callbacks.TensorBoard(os.path.join(args.workdir, "tensorboard"))])
     # Exact AUC over every rank's test rows (a sharded model's evaluation passes as many

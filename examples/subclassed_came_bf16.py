@@ -92,7 +92,7 @@ def train(args):
               validation_data=rank_batches((ids[:held_out], labels[:held_out]),
                                            args.batch_size, drop_remainder=False),
               epochs=args.epochs, shuffle=False, verbose=2,
-              callbacks=[tfscale.callbacks.CatchUpRows(),  # rows the batches left behind, before saving
+              callbacks=[tfscale.callbacks.CatchUpRows(),  # rows the batches left behind
                          tfscale.callbacks.Checkpoint(os.path.join(args.workdir, "checkpoints")),
                          keras.callbacks.TensorBoard(os.path.join(args.workdir, "tensorboard"))])
     return model

@@ -15,7 +15,8 @@ them equal), prints one "<check> ok" line per rank and check:
 - plain model: a keras.Model compiled with RowSparseAdam is refused at its first step;
 - callbacks: BackupAndRestore refused; ModelCheckpoint refused with row-sharded tables;
 - checkpoints: a model with row-sharded tables and one with dynamic tables trained one epoch
-  with tfscale.callbacks.Checkpoint in OUT_DIR/<kind>-checkpoints, their predictions of a fixed
+  with tfscale.callbacks.Checkpoint in OUT_DIR/<kind>-checkpoints, validated on test parts of
+  17 and 16 batches (fit's validation loss and `evaluate` those of every test row), their predictions of a fixed
   batch (OUT_DIR/fixed_batch.npy) written to OUT_DIR/<kind>-predictions.npy.
 `main("resume", OUT_DIR)` in one process: exports both runs with tfscale.serving.export_model to
 OUT_DIR/<kind>-served, writing the restored model's predictions of the fixed batch to
@@ -196,8 +197,21 @@ def train_with_checkpoints(rank, kind, ids, labels, out_dir):
     keras.utils.set_random_seed(300 + rank)
     model = readme_model(sharding=kind)
     directory = os.path.join(out_dir, f"{kind}-checkpoints")
-    model.fit(rank_batches((ids, labels), GLOBAL_BATCH), epochs=1, verbose=0,
-              callbacks=[tfscale.callbacks.Checkpoint(directory)])
+    # 1,025 test rows: rank 0's part is 17 batches of 32 rows, rank 1's 16.
+    test_ids, test_labels = arrays(1025, seed=8)
+    tests = rank_batches((test_ids, test_labels), GLOBAL_BATCH, drop_remainder=False)
+    history = model.fit(rank_batches((ids, labels), GLOBAL_BATCH), epochs=1, verbose=0,
+                        validation_data=tests,
+                        callbacks=[tfscale.callbacks.Checkpoint(directory)])
+    result = model.evaluate(tests, return_dict=True, verbose=0)
+    every_row = model.predict(test_ids, batch_size=256, verbose=0)  # all rows on every rank
+    loss = float(keras.losses.binary_crossentropy(test_labels[:, 0], every_row[:, 0]))
+    auc = keras.metrics.AUC()
+    auc.update_state(test_labels, every_row)
+    np.testing.assert_allclose([result["loss"], result["auc"]], [loss, float(auc.result())],
+                               rtol=1e-5)
+    np.testing.assert_allclose(history.history["val_loss"][-1], loss, rtol=1e-5)
+    print(f"rank {rank}: {kind} uneven evaluation ok", flush=True)
     predictions = model.predict(fixed_batch(), verbose=0)  # each rank looks the rows up
     if rank == 0:
         np.save(os.path.join(out_dir, f"{kind}-predictions.npy"), predictions)

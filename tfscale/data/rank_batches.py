@@ -13,14 +13,16 @@ when the dataset is made). With an unknown length (a filtered dataset, a file so
 count its lines), the ranks agree before every batch whether all of them still have one (a
 one-integer allreduce), and the epoch ends at the first rank that has none; the rows the others
 had left are reported at that point. Horovod's `join` cannot do this here: it does not cover the
-allgather of row gradients."""
+allgather of row gradients. For evaluation every row counts: `padded_to_longest` passes empty
+batches on the ranks whose part has ended until no rank has one left, for models whose forward
+pass is a collective (tables spread over the ranks)."""
 
 import logging
 
 import tensorflow as tf
 
 from tfscale.data.source import CTRSource
-from tfscale.distributed import runtime
+from tfscale.distributed import broadcast, runtime
 from tfscale.distributed.batch_split import local_batch_size
 from tfscale.errors import UserError
 
@@ -166,3 +168,30 @@ def _report_uneven_end(hvd, step, batch):
             f"the epoch ended after {step:,} steps, when rank(s) {ended} ran out of data; "
             f"left out: {sum(lefts):,} rows of the batches the other ranks had ready "
             f"({dict(enumerate(lefts))} by rank) and whatever their parts held after them")
+
+
+def padded_to_longest(batches):
+    """Yields `batches` (this rank's, a tf.data.Dataset), then, in a Horovod job, empty batches
+    of the same structure until no rank has a batch left: every rank runs as many forward
+    passes, which a model whose lookups are collectives needs to evaluate every row."""
+    if not runtime.is_active():
+        yield from batches
+        return
+    empty = tf.nest.map_structure(_empty_batch, batches.element_spec)
+    remaining = iter(batches)
+    while True:
+        batch = next(remaining, None)
+        if not broadcast.any_rank(batch is not None, name="tfscale_eval_batches_left"):
+            return
+        yield empty if batch is None else batch
+
+
+def padded_dataset(batches):
+    """`padded_to_longest(batches)` as a tf.data.Dataset (for Keras's `evaluate`)."""
+    return tf.data.Dataset.from_generator(lambda: padded_to_longest(batches),
+                                          output_signature=batches.element_spec)
+
+
+def _empty_batch(spec):
+    shape = [0, *[1 if d is None else d for d in spec.shape[1:]]]
+    return tf.fill(shape, "") if spec.dtype == tf.string else tf.zeros(shape, spec.dtype)

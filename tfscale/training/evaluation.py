@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfscale import distributed, metrics
+from tfscale.data.rank_batches import padded_to_longest
 from tfscale.embedding.table import shard_of
 
 _PREDICT_STEPS = weakref.WeakKeyDictionary()  # model -> its compiled prediction step
@@ -41,18 +42,9 @@ def predict_with_labels(model, dataset):
 def _in_step_with_other_ranks(model, dataset):
     """`dataset`'s batches; for a row-sharded model under Horovod, followed by empty batches
     until no rank has any left."""
-    if not (distributed.is_active()
-            and any(shard_of(v) is not None for v in model.variables)):
-        yield from dataset
-        return
-    empty = tf.nest.map_structure(lambda spec: tf.zeros([0, *spec.shape[1:]], spec.dtype),
-                                  dataset.element_spec)
-    batches = iter(dataset)
-    while True:
-        batch = next(batches, None)
-        if not distributed.any_rank(batch is not None, name="tfscale_eval_batches_left"):
-            return
-        yield empty if batch is None else batch
+    if not any(shard_of(v) is not None for v in model.variables):
+        return dataset
+    return padded_to_longest(dataset)
 
 
 def evaluate_exact(model, dataset):

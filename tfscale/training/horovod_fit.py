@@ -6,6 +6,9 @@ more ranks (tfscale.training.train_step calls these; outside Horovod they change
 - after `load_weights`: rank 0's weights on every rank;
 - the callbacks of every rank but 0 without Keras's file writers (TensorBoard, ModelCheckpoint,
   CSVLogger) and its progress bar, so files and lines are written once;
+- evaluation data (`evaluate`'s, `fit`'s validation data) of a model with tables spread over the
+  ranks passed in step: ranks whose part has ended pass empty batches while the others' lookups
+  need them;
 - the metrics `fit` reports at each epoch's end and `evaluate` returns: over every rank's rows,
   by summing each metric's state over the ranks (Keras's metrics keep totals and counts, so this
   equals one process's metric over all the rows; an AUC's buckets too).
@@ -19,6 +22,7 @@ import keras
 import tensorflow as tf
 
 from tfscale import distributed
+from tfscale.data.rank_batches import padded_dataset
 from tfscale.distributed import runtime
 from tfscale.errors import UserError
 from tfscale.optimizers import table_state
@@ -41,6 +45,16 @@ def start_fit(model, x, callbacks, verbose):
     if int(model.optimizer.iterations) == 0:
         broadcast_from_rank_0(model)
     return callbacks, verbose if distributed.is_chief() else 0
+
+
+def evaluation_data(model, data):
+    """`data` (evaluate's x, fit's validation data) as every rank must pass it in a Horovod job:
+    a tf.data.Dataset is padded with empty batches to the longest rank's when the model's
+    lookups are collectives (row-sharded or dynamic tables); anything else as it is."""
+    if (not distributed.is_active() or not isinstance(data, tf.data.Dataset)
+            or not table_state.local_variables(model)):
+        return data
+    return padded_dataset(data)
 
 
 def broadcast_from_rank_0(model):

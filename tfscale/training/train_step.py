@@ -127,7 +127,20 @@ class TrainStep:
         arguments["callbacks"], arguments["verbose"] = horovod_fit.start_fit(
             self, arguments.get("x"), arguments.get("callbacks"),
             arguments.get("verbose", "auto"))
+        if arguments.get("validation_data") is not None:
+            arguments["validation_data"] = horovod_fit.evaluation_data(
+                self, arguments["validation_data"])
         return super().fit(**arguments)
+
+    def evaluate(self, *args, **kwargs):
+        """keras.Model.evaluate; in a Horovod job its metrics cover every rank's rows, and with
+        tables spread over the ranks every rank passes as many batches (horovod_fit)."""
+        arguments = inspect.signature(keras.Model.evaluate).bind(self, *args, **kwargs).arguments
+        del arguments["self"]
+        extra = arguments.pop("kwargs", {})
+        if not extra.get("_use_cached_eval_dataset"):  # fit's validation: padded in fit
+            arguments["x"] = horovod_fit.evaluation_data(self, arguments.get("x"))
+        return super().evaluate(**arguments, **extra)
 
     def load_weights(self, *args, **kwargs):
         """keras.Model.load_weights; in a Horovod job every rank then holds rank 0's weights."""
@@ -223,14 +236,25 @@ class TrainStep:
                 "batch's rows", stacklevel=2)
         return tables_of(self.trainable_variables)
 
+    def test_step(self, data):
+        """Keras's test step, its loss tracked as the train step's (an empty batch, which a rank
+        whose evaluation part has ended passes, adds nothing)."""
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        y_pred = self(x, training=False)
+        loss = self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                                 training=False)
+        self._track_loss(loss, _batch_size(x))
+        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
     def _track_loss(self, loss, batch_size):
-        """Adds the batch's loss to the running mean; with a loss scaler, a non-finite loss is
-        left out (the scaler skips that step, and one NaN must not hide the rest of the
-        epoch's loss)."""
+        """Adds the batch's loss to the running mean, leaving out an empty batch's (its mean is
+        0/0) and, with a loss scaler, a non-finite loss (the scaler skips that step, and one NaN
+        must not hide the rest of the epoch's loss)."""
+        kept = batch_size > 0
         if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
-            finite = tf.math.is_finite(loss)
-            loss = tf.where(finite, loss, tf.zeros_like(loss))
-            batch_size = tf.where(finite, batch_size, tf.zeros_like(batch_size))
+            kept = tf.logical_and(kept, tf.math.is_finite(loss))
+        loss = tf.where(kept, loss, tf.zeros_like(loss))
+        batch_size = tf.where(kept, batch_size, tf.zeros_like(batch_size))
         self._loss_tracker.update_state(loss, sample_weight=batch_size)
 
 
