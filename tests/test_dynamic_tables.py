@@ -113,6 +113,18 @@ def test_a_regularizer_or_a_shape_dependent_initializer_is_refused():
         FieldEmbedding([10], sharding="dynamic", embeddings_initializer="glorot_uniform")
 
 
+def test_stale_embedding_updates_are_refused_with_dynamic_tables():
+    """A late gradient could reach a row already given to another id: compile refuses
+    `embedding_staleness` >= 1 with dynamic tables, naming both."""
+    ids = keras.Input((1,), dtype="int64")
+    vectors = FieldEmbedding([10], embedding_dim=3, sharding="dynamic")(ids)
+    model = FunctionalTrainStepModel(ids, keras.layers.Dense(1)(keras.layers.Flatten()(vectors)))
+    with pytest.raises(UserError, match=r"`embedding_staleness=1` cannot be used with tables of "
+                                        r"`sharding=dynamic`"):
+        model.compile(optimizer=RowSparseAdam(), loss="mse", embedding_staleness=1)
+    model.compile(optimizer=RowSparseAdam(), loss="mse", embedding_staleness=0)
+
+
 def test_the_settings_survive_the_layers_config():
     layer = FieldEmbedding([10, 20], sharding=DynamicTables(capacity=7, min_count=3))
     again = FieldEmbedding.from_config(layer.get_config())

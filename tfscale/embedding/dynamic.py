@@ -56,6 +56,9 @@ class DynamicTables(TableStrategy):
 
     name = "dynamic"
     partitioned = True
+    # A row evicted and given to another id within the staleness window would take the old
+    # id's late gradient.
+    takes_late_gradients = False
 
     def __post_init__(self):
         if self.capacity is not None and int(self.capacity) < 1:

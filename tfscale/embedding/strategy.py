@@ -9,10 +9,13 @@ there. A strategy object holds settings only (one may serve several layers)."""
 
 class TableStrategy:
     """Base class: `name` (FieldEmbedding's `sharding`), `partitioned` (whether ranks hold
-    different rows, which are then never broadcast, averaged or written whole by one rank)."""
+    different rows, which are then never broadcast, averaged or written whole by one rank),
+    `takes_late_gradients` (whether a row's gradient may be applied steps after its lookup, as
+    stale embedding updates do: not where a row can change hands between ids meanwhile)."""
 
     name = None
     partitioned = False
+    takes_late_gradients = True
 
     def get_config(self):
         """What FieldEmbedding's config stores as `sharding`: the name (a strategy with

@@ -1,7 +1,7 @@
 """What a TrainStep model's `fit`, `evaluate` and `load_weights` add in a Horovod job of two or
 more ranks (tfscale.training.train_step calls these; outside Horovod they change nothing):
 
-- before `fit`'s first update: the model built (from the data's shapes, on an empty batch) and its
+- before `fit`'s first update: the model built (called on the data's first row) and its
   optimizer built, then every variable but each rank's own shards set to rank 0's;
 - after `load_weights`: rank 0's weights on every rank;
 - the callbacks of every rank but 0 without Keras's file writers (TensorBoard, ModelCheckpoint,
@@ -36,7 +36,7 @@ def start_fit(model, x, callbacks, verbose):
     """Before `model.fit(x, ...)`: the model and its optimizer built; in a Horovod job, set to
     rank 0's when no step has run yet. Returns (callbacks, verbose) for this rank."""
     if not model.built:  # in one process too: the step needs the variables before its call
-        model(_features_of_no_rows(x), training=False)
+        model(_first_features(x), training=False)
     if not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
     if not distributed.is_active():
@@ -141,24 +141,27 @@ def _rank_callbacks(model, callbacks):
     return [c for c in callbacks if not isinstance(c, CHIEF_ONLY_CALLBACKS)]
 
 
-def _features_of_no_rows(x):
-    """A batch of no rows shaped as `x`'s features, to build a model before its first step."""
+def _first_features(x):
+    """One row shaped as `x`'s features, to build a model before its first step: the first row
+    of arrays, zeros (empty strings) for a tf.data.Dataset, whose iteration may be a collective.
+    Not an empty batch: some layers' eager kernels refuse those."""
     if isinstance(x, tf.data.Dataset):
         spec = x.element_spec
-        return empty_features(spec[0] if isinstance(spec, tuple) else spec)
+        return zero_features(spec[0] if isinstance(spec, tuple) else spec)
     if x is None or not all(hasattr(a, "shape") for a in tf.nest.flatten(x)):
         raise UserError("the model must be built before `fit` when `x` is "
                         "neither arrays nor a tf.data.Dataset: call it once on a batch first")
-    return tf.nest.map_structure(lambda array: array[:0], x)
+    return tf.nest.map_structure(lambda array: array[:1], x)
 
 
-def empty_features(specs):
-    """A batch of no rows for the structure of tf.TensorSpecs `specs` (None inner sizes: 1)."""
-    return tf.nest.map_structure(_empty_of_spec, specs)
+def zero_features(specs):
+    """A batch of one row of zeros (empty strings) for the structure of tf.TensorSpecs `specs`
+    (unknown inner sizes: 1)."""
+    return tf.nest.map_structure(_zeros_of_spec, specs)
 
 
-def _empty_of_spec(spec):
-    shape = [0] + [1 if d is None else d for d in spec.shape[1:]]
+def _zeros_of_spec(spec):
+    shape = [1] + [1 if d is None else d for d in spec.shape[1:]]
     if spec.dtype == tf.string:
         return tf.fill(shape, "")
     return tf.zeros(shape, spec.dtype)

@@ -88,8 +88,15 @@ class TrainStep:
                             "embedding gradients carry; use `embedding_exchange=allgather`")
         # By layer, not by variable: a subclassed model compiled before its first call has no
         # variables yet, and its shards' gradients must still stay out of the averaging.
-        if any(table.partitioned for layer in self._flatten_layers()
-               for table in getattr(layer, "tables", ())):
+        model_tables = [table for layer in self._flatten_layers()
+                        for table in getattr(layer, "tables", ())]
+        late = [table for table in model_tables if not table.strategy.takes_late_gradients]
+        if staleness and late:
+            raise UserError(f"`embedding_staleness={staleness}` cannot be used with tables of "
+                            f"`sharding={late[0].strategy.name}` ({late[0].name}): a row can be "
+                            "given to another id before a late gradient reaches it; use "
+                            "`embedding_staleness=0`, or replicated or row-sharded tables")
+        if any(table.partitioned for table in model_tables):
             exchange = exchanges.RowShardedExchange(exchange)
         if staleness:
             exchange = exchanges.StaleExchange(exchange, staleness, with_counts=with_counts)
