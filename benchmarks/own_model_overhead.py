@@ -6,8 +6,8 @@ length:
 
 Each rank builds the README's model (26 fields, FieldEmbedding with a wide term, one dense
 layer, RowSparseAdam, allgather exchange) and trains it on its part of random arrays at the
-global batch --batch_size, in three variants taken in turn every round, so machine load hits
-all alike:
+global batch --batch_size, in three variants taken in turn every round (each round starting
+with another), so machine load hits all alike:
 - `tfscale fit`: `model.fit(rank_batches(arrays, B))`, TrainStep's fit (the model and optimizer
   built and broadcast before the first step, Keras's file writers on rank 0, the epoch's
   metrics summed over the ranks);
@@ -16,8 +16,8 @@ all alike:
 - `unknown length`: `model.fit` on the same batches behind `agreed_batches`, which agrees over
   the ranks before each batch whether all of them still have one.
 Each fit runs --steps steps; the first of each is left out (it includes the fit's start). Rank 0
-prints the machine, then one markdown row per variant: median step time over the rounds' steps
-and its ratio to Keras fit's."""
+prints the machine, then one markdown row per variant: median step time over the rounds' steps,
+its ratio to Keras fit's, and the range of the per-round medians' ratios."""
 
 import os
 import statistics
@@ -39,7 +39,7 @@ from tfscale.optimizers import RowSparseAdam  # noqa: E402
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("batch_size", 8192, "Global batch, split evenly over the ranks.")
 flags.DEFINE_integer("steps", 12, "Steps per fit; the first is not timed.")
-flags.DEFINE_integer("rounds", 5, "Rounds; each fits every variant once.")
+flags.DEFINE_integer("rounds", 9, "Rounds; each fits every variant once.")
 flags.DEFINE_integer("rows_per_field", 10_000, "Rows of each of the 26 fields' tables.")
 
 FIELDS = 26
@@ -88,20 +88,27 @@ def main(argv):
         run()
     seconds = {name: [] for name in variants}
     others = OtherProcessesCPU()
-    for _ in range(FLAGS.rounds):
-        for name, run in variants.items():
-            seconds[name] += run()
+    names = list(variants)
+    for round_ in range(FLAGS.rounds):  # each round in another order: no variant always first
+        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+            seconds[name] += variants[name]()
     if distributed.is_chief():
         base = statistics.median(seconds["Keras fit"])
+        steps = FLAGS.steps - 1
         print(f"machine: {machine_description()}; {distributed.size()} ranks; other processes' "
               f"CPU during the rounds: {others.seconds():.1f} s (both ranks included)")
         print(f"lscpu flags: {cpu_flags()}")
         print(f"global batch {FLAGS.batch_size:,}, {FLAGS.rounds} rounds of "
               f"{FLAGS.steps - 1} timed steps per variant\n")
-        print("| variant | median step (ms) | ratio to Keras fit |\n|---|---|---|")
+        print("| variant | median step (ms) | ratio to Keras fit | per-round ratios |\n"
+              "|---|---|---|---|")
         for name, values in seconds.items():
             median = statistics.median(values)
-            print(f"| {name} | {median * 1000:.1f} | {median / base:.3f} |")
+            per_round = [statistics.median(values[i:i + steps]) /
+                         statistics.median(seconds["Keras fit"][i:i + steps])
+                         for i in range(0, len(values), steps)]
+            print(f"| {name} | {median * 1000:.1f} | {median / base:.3f} | "
+                  f"{min(per_round):.3f}-{max(per_round):.3f} |")
 
 
 if __name__ == "__main__":
