@@ -73,7 +73,7 @@ def rank_batches(data, global_batch_size, *, drop_remainder=True, shuffle_seed=N
         raise UserError(f"`global_batch_size={global_batch_size}` is more than the {examples:,} "
                         "rows of `data`: not one full batch per epoch")
     _report_left_out(examples, steps, global_batch_size)
-    return batches.take(steps).apply(tf.data.experimental.assert_cardinality(steps))
+    return _steps(batches, steps)
 
 
 def _with_known_length(batches, examples, batch, rank, ranks):
@@ -119,6 +119,11 @@ def _source_batches(source, global_batch_size, batch, drop_remainder, split, epo
     if steps == 0:
         raise UserError(f"`global_batch_size={global_batch_size}` is larger than the training "
                         f"split ({source.describe()}): not one full batch per epoch")
+    return _steps(batches, steps)
+
+
+def _steps(batches, steps):
+    """The first `steps` of `batches`, their number stated (Keras then counts no extra step)."""
     return batches.take(steps).apply(tf.data.experimental.assert_cardinality(steps))
 
 
@@ -177,7 +182,7 @@ def padded_to_longest(batches):
     if not runtime.is_active():
         yield from batches
         return
-    empty = tf.nest.map_structure(_empty_batch, batches.element_spec)
+    empty = zero_batch(batches.element_spec, rows=0)
     remaining = iter(batches)
     while True:
         batch = next(remaining, None)
@@ -192,6 +197,11 @@ def padded_dataset(batches):
                                           output_signature=batches.element_spec)
 
 
-def _empty_batch(spec):
-    shape = [0, *[1 if d is None else d for d in spec.shape[1:]]]
-    return tf.fill(shape, "") if spec.dtype == tf.string else tf.zeros(shape, spec.dtype)
+def zero_batch(specs, rows):
+    """A batch of `rows` rows of zeros (empty strings) for the structure of tf.TensorSpecs
+    `specs` (unknown inner sizes: 1)."""
+    def zeros(spec):
+        shape = [rows, *[1 if d is None else d for d in spec.shape[1:]]]
+        return tf.fill(shape, "") if spec.dtype == tf.string else tf.zeros(shape, spec.dtype)
+
+    return tf.nest.map_structure(zeros, specs)

@@ -13,8 +13,8 @@ import os
 import keras
 
 from tfscale import distributed
+from tfscale.data.rank_batches import zero_batch
 from tfscale.errors import UserError
-from tfscale.training.horovod_fit import zero_features
 from tfscale.training.run import restore_trained_weights
 
 
@@ -43,7 +43,7 @@ def export_model(model, path, checkpoint_dir=None, input_signature=None):
         if input_signature is None:
             raise UserError("the model is not built: give `input_signature` (its inputs' "
                             "tf.TensorSpecs) or call it once on a batch first")
-        model(*zero_features(list(input_signature)), training=False)
+        model(*zero_batch(list(input_signature), rows=1), training=False)
     progress = None
     if checkpoint_dir is not None:
         progress = restore_trained_weights(model, checkpoint_dir)

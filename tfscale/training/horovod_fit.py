@@ -22,7 +22,7 @@ import keras
 import tensorflow as tf
 
 from tfscale import distributed
-from tfscale.data.rank_batches import padded_dataset
+from tfscale.data.rank_batches import padded_dataset, zero_batch
 from tfscale.distributed import runtime
 from tfscale.errors import UserError
 from tfscale.optimizers import table_state
@@ -147,21 +147,8 @@ def _first_features(x):
     Not an empty batch: some layers' eager kernels refuse those."""
     if isinstance(x, tf.data.Dataset):
         spec = x.element_spec
-        return zero_features(spec[0] if isinstance(spec, tuple) else spec)
+        return zero_batch(spec[0] if isinstance(spec, tuple) else spec, rows=1)
     if x is None or not all(hasattr(a, "shape") for a in tf.nest.flatten(x)):
         raise UserError("the model must be built before `fit` when `x` is "
                         "neither arrays nor a tf.data.Dataset: call it once on a batch first")
     return tf.nest.map_structure(lambda array: array[:1], x)
-
-
-def zero_features(specs):
-    """A batch of one row of zeros (empty strings) for the structure of tf.TensorSpecs `specs`
-    (unknown inner sizes: 1)."""
-    return tf.nest.map_structure(_zeros_of_spec, specs)
-
-
-def _zeros_of_spec(spec):
-    shape = [1] + [1 if d is None else d for d in spec.shape[1:]]
-    if spec.dtype == tf.string:
-        return tf.fill(shape, "")
-    return tf.zeros(shape, spec.dtype)
