@@ -19,7 +19,7 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from tfscale.embedding import tables as table_names
+from tfscale.embedding import table_names
 
 # id(keras.Variable or the tf.Variable it holds) -> (a weak reference to it, its Table).
 _BY_VARIABLE = {}

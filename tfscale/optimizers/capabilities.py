@@ -21,7 +21,7 @@ class TakesRowSlices:
 
     def updates_rows_in_place(self, variable):
         """Whether row slices of `variable` update only their rows (scatters), not the whole
-        variable; tfscale.embedding.tables reads the table's rows to match."""
+        variable; tfscale.embedding.table_names reads the table's rows to match."""
         raise NotImplementedError
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfscale.embedding.table import row_indexes_of, shard_of
-from tfscale.embedding.tables import is_embedding_table
+from tfscale.embedding.table_names import is_embedding_table
 from tfscale.errors import UserError
 from tfscale.optimizers.capabilities import DeclaresTableState, TableState, wrapped_optimizers
 from tfscale.optimizers.row_sparse_adam import two_slot_names

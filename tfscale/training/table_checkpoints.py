@@ -18,7 +18,7 @@ import re
 import numpy as np
 
 from tfscale import distributed
-from tfscale.embedding import tables
+from tfscale.embedding import table_names
 from tfscale.embedding.table import RowShard, shard_of, table_of
 from tfscale.errors import UserError
 from tfscale.optimizers.table_state import per_row_state, stored_rows
@@ -40,7 +40,7 @@ def table_variables(model, optimizer=None):
     """The TableVariables of `model`'s embedding tables and of their state in `optimizer`."""
     entries = []
     for table in model.variables:
-        if not tables.is_row_table(table) or _is_dynamic(table):
+        if not table_names.is_row_table(table) or _is_dynamic(table):
             continue
         shard = shard_of(table) or RowShard(int(table.shape[0]), 1, 0)
         slots = [] if optimizer is None else per_row_state(optimizer, table)

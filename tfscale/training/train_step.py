@@ -27,7 +27,7 @@ import tensorflow as tf
 from keras.src.models.model import functional_init_arguments
 
 from tfscale import distributed, exchanges
-from tfscale.embedding import dedup, tables
+from tfscale.embedding import dedup, table_names
 from tfscale.embedding.table import table_of, tables_of
 from tfscale.errors import UserError
 from tfscale.optimizers.averaged import averaged_over_ranks
@@ -217,7 +217,7 @@ class TrainStep:
         dense update."""
         whole = []
         for variable in self.trainable_variables:
-            if not tables.is_row_table(variable):
+            if not table_names.is_row_table(variable):
                 continue
             by_row = updates_rows_in_place(self.optimizer, variable)
             table = table_of(variable)
