@@ -201,7 +201,7 @@ def test_the_wire_dtype_is_checked_kept_in_the_config_and_given_by_the_launcher(
     if not flags.FLAGS.is_parsed():
         flags.FLAGS.mark_as_parsed()
     with flagsaver.flagsaver(embedding_sharding="row", sharded_wire_dtype="bfloat16"):
-        assert hybrid_flags.table_strategy().get_config() == config
+        assert strategies.get(hybrid_flags.table_strategy()).get_config() == config
     with flagsaver.flagsaver(embedding_sharding="row"):
         assert hybrid_flags.table_strategy() == "row"
     with flagsaver.flagsaver(embedding_sharding="replicated", sharded_wire_dtype="bfloat16"):
@@ -210,7 +210,7 @@ def test_the_wire_dtype_is_checked_kept_in_the_config_and_given_by_the_launcher(
             hybrid_flags.table_strategy()
     with flagsaver.flagsaver(embedding_sharding="row", sharded_wire_dtype="bfloat16",
                              dynamic_capacity=5):
-        with pytest.raises(UserError, match="--dynamic_capacity go with --embedding_sharding=dynamic"):
+        with pytest.raises(UserError, match="--dynamic_capacity=5 goes with --embedding_sharding=dynamic"):
             hybrid_flags.table_strategy()
 
 

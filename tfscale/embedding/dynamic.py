@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from tfscale import distributed
 from tfscale.embedding import placement
+from tfscale.embedding.by_id_checkpoint import BY_ID
 from tfscale.embedding.id_rows import IdRows
 from tfscale.embedding.initializers import keyed_rows, with_rank_0_seed
 from tfscale.embedding.row_sharding import check_partitioned_arguments, gradient_divided_by
@@ -55,7 +56,11 @@ class DynamicTables(TableStrategy):
     sketch_width: int = 1 << 20
 
     name = "dynamic"
+    description = "dynamic (rows given to ids as they arrive)"
     partitioned = True
+    lookups_span_ranks = True
+    takes_any_ids = True
+    checkpoint_format = BY_ID
     # A row evicted and given to another id within the staleness window would take the old
     # id's late gradient.
     takes_late_gradients = False

@@ -2,7 +2,8 @@
 shape, the strategy holding it (tfscale.embedding.strategy), the rows this rank holds, how its
 optimizer updates it, and the lookup of the step being traced. `table_of(variable)` finds the
 Table of a variable (optimizers and exchanges are handed variables, so tables are found by
-them, through a registry this module keeps), `tables_of(variables)` those of a variable list.
+them, through a registry this module keeps), `tables_of(variables)` those of a variable list,
+`model_tables(model)` those of a model's layers (also before they are built).
 
 Why a lookup is read by its update: a variable that the optimizer updates by row (scatters)
 must be read by row in place (ResourceGather): once a variable is scattered into, TensorFlow
@@ -146,6 +147,11 @@ def table_of(variable):
 def tables_of(variables):
     """The Tables of those of `variables` that hold tables, in order."""
     return [t for t in map(table_of, variables) if t is not None]
+
+
+def model_tables(model):
+    """The Tables of `model`'s layers (FieldEmbedding's `tables`), built or not."""
+    return [table for layer in model._flatten_layers() for table in getattr(layer, "tables", ())]
 
 
 def row_indexes_of(variables):

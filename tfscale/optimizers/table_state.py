@@ -7,7 +7,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfscale.embedding.table import row_indexes_of, shard_of
+from tfscale.embedding.table import row_indexes_of, tables_of
 from tfscale.embedding.table_names import is_embedding_table
 from tfscale.errors import UserError
 from tfscale.optimizers.capabilities import DeclaresTableState, TableState, wrapped_optimizers
@@ -15,18 +15,18 @@ from tfscale.optimizers.row_sparse_adam import two_slot_names
 
 
 def describe(model):
-    """How `model`'s embedding tables are held, with their rows and bytes (tables and their
-    optimizer state, which this builds) on this rank."""
+    """How `model`'s embedding tables are held (their strategies' descriptions), with their rows
+    and bytes (tables and their optimizer state, which this builds) on this rank."""
     model.optimizer.build(model.trainable_variables)
     tables = [v for v in model.trainable_variables if is_embedding_table(v)]
     held = tables + optimizer_state(model.optimizer, tables)
     megabytes = sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in held) / 1e6
     rows = sum(int(v.shape[0]) for v in tables)
-    shards = [shard_of(v) for v in tables if shard_of(v) is not None]
+    described = tables_of(tables)
+    how = ", ".join(dict.fromkeys(t.strategy.description for t in described)) or "replicated"
+    shards = [t.shard for t in described if t.partitioned]
     if not shards:
-        return f"tables replicated: {rows:,} rows, {megabytes:,.0f} MB with optimizer state"
-    how = ("dynamic (rows given to ids as they arrive)" if row_indexes_of(tables)
-           else "row-sharded")
+        return f"tables {how}: {rows:,} rows, {megabytes:,.0f} MB with optimizer state"
     return (f"tables {how} over {shards[0].num_shards} ranks: {rows:,} rows, "
             f"{megabytes:,.0f} MB with optimizer state per rank")
 
@@ -39,14 +39,16 @@ def local_variables(model):
     local = []
     for index in row_indexes_of(model.variables):
         local += index.state
-    for shard in (v for v in model.variables if shard_of(v) is not None):
+    for table in (t for t in tables_of(model.variables) if t.partitioned):
+        shard = table.variable
         state = table_state(model.optimizer, shard)
         declared = {id(slot) for slot in state.per_row + state.whole}
         for slot in optimizer_state(model.optimizer, [shard]):
             if len(slot.shape) and id(slot) not in declared:
                 raise UserError(
                     f"{type(model.optimizer).__name__} keeps {slot.path} of shape "
-                    f"{tuple(slot.shape)} for the row-sharded table {shard.path}: state that is "
+                    f"{tuple(slot.shape)} for the {table.strategy.description} table "
+                    f"{shard.path}: state that is "
                     "neither per row nor summed over the shards by the optimizer; use an "
                     "optimizer tfscale shards (Adam, RowSparseAdam, CowClip, CAME, SGD), or "
                     "replicated tables")

@@ -1,7 +1,8 @@
-"""Embedding tables and their optimizer state in checkpoints, by global row (docs/sharding.md);
-dynamic tables go by id instead (tfscale.training.dynamic_checkpoints).
+"""The by-row checkpoint format (`BY_ROW`, a TableCheckpoint: tfscale.embedding.strategy) of the
+tables whose strategy holds fixed rows (replicated, row-sharded) and of a user's Keras Embedding
+tables (docs/sharding.md).
 
-Every 2-D embedding table, and each optimizer variable of it with one entry per table row
+Every such table, and each optimizer variable of it with one entry per table row
 (Adam's moments, CAME's row factors), is written apart from the rest of the checkpoint: each
 rank that holds rows writes them to `tables-<i>-of-<n>.npz` in the checkpoint directory (rank r
 of P with row-sharded tables: its shard, rows r, r + P, ...; with replicated tables rank 0 alone,
@@ -18,10 +19,9 @@ import re
 import numpy as np
 
 from tfscale import distributed
-from tfscale.embedding import table_names
-from tfscale.embedding.table import RowShard, shard_of, table_of
+from tfscale.embedding.table import RowShard, shard_of
 from tfscale.errors import UserError
-from tfscale.optimizers.table_state import per_row_state, stored_rows
+from tfscale.optimizers.table_state import stored_rows
 
 _FILE = "tables-{}-of-{}.npz"
 _FILE_PATTERN = re.compile(r"tables-(\d+)-of-(\d+)\.npz$")
@@ -36,22 +36,39 @@ class TableVariable:
     shard: RowShard  # the rows this rank holds (all of them: shard 0 of 1)
 
 
-def table_variables(model, optimizer=None):
-    """The TableVariables of `model`'s embedding tables and of their state in `optimizer`."""
-    entries = []
-    for table in model.variables:
-        if not table_names.is_row_table(table) or _is_dynamic(table):
-            continue
-        shard = shard_of(table) or RowShard(int(table.shape[0]), 1, 0)
-        slots = [] if optimizer is None else per_row_state(optimizer, table)
-        entries += [TableVariable(v.path, v, shard) for v in [table] + slots]
-    return entries
+class ByRow:
+    """The by-row TableCheckpoint (module docstring); its parts are TableVariables."""
+
+    def parts(self, variables, per_row_state):
+        """The TableVariables of the tables `variables` and of their state (`per_row_state`:
+        table variable -> the optimizer's variables with one entry per row of it)."""
+        entries = []
+        for table in variables:
+            shard = shard_of(table) or RowShard(int(table.shape[0]), 1, 0)
+            entries += [TableVariable(v.path, v, shard) for v in [table] + per_row_state(table)]
+        return entries
+
+    def variables(self, parts):
+        return [entry.variable for entry in parts]
+
+    def check_matches(self, parts, directory):
+        """Nothing: `restore` names what is missing."""
+
+    def save(self, parts, directory):
+        save(parts, directory)
+
+    def restore(self, parts, directory):
+        restore(parts, directory)
+
+    def restore_rank_local(self, parts, directory):
+        """The rows of the sharded tables among `parts` (the others come with rank 0's
+        broadcast)."""
+        sharded = [entry for entry in parts if entry.shard.num_shards > 1]
+        if sharded:
+            restore(sharded, directory)
 
 
-def _is_dynamic(variable):
-    """Whether `variable` is a dynamic table (checkpointed by id: dynamic_checkpoints)."""
-    table = table_of(variable)
-    return table is not None and table.row_index is not None
+BY_ROW = ByRow()
 
 
 def save(entries, directory):

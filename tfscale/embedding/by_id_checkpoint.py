@@ -1,4 +1,5 @@
-"""Dynamic tables in checkpoints, by id (docs/dynamic.md).
+"""The by-id checkpoint format (`BY_ID`, a TableCheckpoint: tfscale.embedding.strategy) of
+tables whose rows are given to ids, with a row index (docs/dynamic.md).
 
 Every rank writes `dynamic-<rank>-of-<ranks>.npz` into the checkpoint directory, per row index
 (one per FieldEmbedding with dynamic tables, its arrays named "<index path>:<name>"): for each row
@@ -20,7 +21,7 @@ from tfscale import distributed
 from tfscale.embedding.id_rows import NO_ROW
 from tfscale.embedding.table import tables_of
 from tfscale.errors import UserError
-from tfscale.optimizers.table_state import per_row_state, stored_rows
+from tfscale.optimizers.table_state import stored_rows
 
 _FILE = "dynamic-{}-of-{}.npz"
 _FILE_PATTERN = re.compile(r"dynamic-(\d+)-of-(\d+)\.npz$")
@@ -39,16 +40,40 @@ class DynamicGroup:
         return [*self.per_row, *self.index.state, self.index.step]
 
 
-def groups(model, optimizer=None):
-    """The DynamicGroups of `model`'s dynamic tables (with `optimizer`'s state of them)."""
+def groups(variables, per_row_state):
+    """The DynamicGroups of the tables `variables` (with their state: `per_row_state`, table
+    variable -> the optimizer's variables with one entry per row of it)."""
     by_index = {}
-    for table in tables_of(model.variables):
-        if table.row_index is None:
-            continue
-        slots = [] if optimizer is None else per_row_state(optimizer, table.variable)
+    for table in tables_of(variables):
         by_index.setdefault(id(table.row_index), (table.row_index, []))[1].extend(
-            [table.variable, *slots])
+            [table.variable, *per_row_state(table.variable)])
     return [DynamicGroup(index, tuple(per_row)) for index, per_row in by_index.values()]
+
+
+class ById:
+    """The by-id TableCheckpoint (module docstring); its parts are DynamicGroups."""
+
+    def parts(self, variables, per_row_state):
+        return groups(variables, per_row_state)
+
+    def variables(self, parts):
+        return [variable for group in parts for variable in group.variables()]
+
+    def check_matches(self, parts, directory):
+        check_matches(parts, directory)
+
+    def save(self, parts, directory):
+        save(parts, directory)
+
+    def restore(self, parts, directory):
+        restore(parts, directory)
+
+    def restore_rank_local(self, parts, directory):
+        """Every rank's rows are its own: all of them."""
+        restore(parts, directory)
+
+
+BY_ID = ById()
 
 
 def check_matches(dynamic_groups, directory):
