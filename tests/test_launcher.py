@@ -193,7 +193,7 @@ BAD_FLAGS = [
      "--embedding_sharding=row and --embedding_staleness=2 need the tables' gradients as rows, "
      "and --l2=0.001 with --optimizer=sgd is"),
     (["--optimizer=adagrad", "--l2=0", "--embedding_sharding=row", "--embedding_update=dense"],
-     "Adagrad would update the row-sharded table deep_fm/field_embedding/deep_embedding/"
+     "Adagrad would update the row-sharded table deepfm/field_embedding/deep_embedding/"
      "embeddings whole every step: give it an optimizer that updates it by row "
      "(--embedding_update=row: "),
     (["--optimizer=cowclip", "--scaling_rule=sqrt"],

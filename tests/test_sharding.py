@@ -259,10 +259,14 @@ def test_a_keras_optimizer_that_would_update_a_shard_whole_is_refused():
     refused naming the table; tfscale's dense update (FusedAdam) is allowed."""
     model = SubclassedSharded()
     model.compile(keras.optimizers.Adam(1e-3), "mse")
-    with pytest.raises(UserError, match=r"Adam would update the row-sharded table "
-                                        r".*embeddings whole every step; compile with a tfscale "
-                                        r"optimizer that updates it by row \(RowSparseAdam"):
+    refused = (r"Adam would update the row-sharded table .*embeddings whole every step: give "
+               r"it an optimizer that updates it by row \(`embedding_update=row`: RowSparseAdam")
+    with pytest.raises(UserError, match=refused):
         model.fit(np.array([[1, 2], [3, 6]]), np.ones((2, 1)), verbose=0)
+    built = SubclassedSharded()  # built: refused at compile
+    built(np.array([[1, 2]]))
+    with pytest.raises(UserError, match=refused):
+        built.compile(keras.optimizers.Adam(1e-3), "mse")
     model = SubclassedSharded()
     model.compile(FusedAdam(1e-3), "mse")
     model.fit(np.array([[1, 2], [3, 6]]), np.ones((2, 1)), verbose=0)

@@ -9,7 +9,7 @@ carry: CowClip, which clips each id by its count. Every other optimizer gets den
 train step densifies them once; see tfscale.training.train_step). `DeclaresTableState` marks
 optimizers that say which of their variables hold state of an embedding table, and how
 (`TableState`): how its rows are sharded and checkpointed with the table's
-(tfscale.embedding.row_sharding, tfscale.training.table_checkpoints)."""
+(tfscale.embedding.row_sharding, tfscale.embedding.by_row_checkpoint)."""
 
 import dataclasses
 

@@ -95,17 +95,17 @@ class TrainStep:
                             f"`sharding={late[0].strategy.name}` ({late[0].name}): a row can be "
                             "given to another id before a late gradient reaches it; use "
                             "`embedding_staleness=0`, or tables of another `sharding`")
-        for table in tables:  # said at compile when the model is built, else at the first step
-            if table.variable is not None and not updates_rows_in_place(self.optimizer,
-                                                                        table.variable):
-                _refuse_whole_update_of_partitioned(
-                    table, optimizer_for(self.optimizer, table.variable))
         if any(table.partitioned for table in tables):
             exchange = exchanges.RowShardedExchange(exchange)
         if staleness:
             exchange = exchanges.StaleExchange(exchange, staleness, with_counts=with_counts)
         self._embedding_exchange = exchange
         self._step_scalars = StepScalars()
+        for table in tables:  # said at compile when the model is built, else at the first step
+            if table.variable is not None and not updates_rows_in_place(self.optimizer,
+                                                                        table.variable):
+                _refuse_whole_update_of_partitioned(
+                    table, optimizer_for(self.optimizer, table.variable))
 
     @property
     def embedding_exchange(self):
