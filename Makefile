@@ -20,7 +20,7 @@ STAMP := $(VENV)/.tfscale-installed
 # with (docs/row_updates.md, "AUC"). ARGS follow and win.
 MAIN_JOB := --batch_size=32768 --epochs=5
 
-.PHONY: setup train test bench
+.PHONY: setup train test bench docs
 
 setup: $(STAMP)
 
@@ -36,3 +36,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.throughput
+
+# The documentation site (mkdocs.yml) into site/; warnings are errors, as in tests/test_docs.py.
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict

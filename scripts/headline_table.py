@@ -1,0 +1,166 @@
+"""README.md's headline table, written from the raw results in benchmarks/results/.
+
+Every number in the table is read from a results file (a line of a markdown table, a record of a
+.jsonl file) named in HEADLINE below; benchmarks/results/provenance.json says on which machine,
+on which date and by which command each file was recorded. `python scripts/headline_table.py`
+prints the table; `--write` puts it into README.md between the two markers; `--check` exits 1
+when README.md's table differs from what the files give (tests/test_docs.py runs it).
+No TensorFlow is imported."""
+
+import argparse
+import json
+import pathlib
+import statistics
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+README = ROOT / "README.md"
+BEGIN = "<!-- headline table: written by scripts/headline_table.py from benchmarks/results -->"
+END = "<!-- end of headline table -->"
+
+
+def cell(name, line, column):
+    """Cell `column` (0-based, after the leading `|`) of line `line` (1-based) of markdown file
+    `name`, a row of a table."""
+    row = (RESULTS / name).read_text(encoding="utf-8").splitlines()[line - 1]
+    cells = [part.strip() for part in row.strip().strip("|").split("|")]
+    return cells[column]
+
+
+def number(name, line, column):
+    return float(cell(name, line, column).replace(",", "").rstrip("x%").lstrip("+"))
+
+
+def record(name, line, **expected):
+    """Record `line` (1-based) of .jsonl file `name`; a ValueError unless its fields hold the
+    `expected` values (so a line that moved is not read for another run)."""
+    run = json.loads((RESULTS / name).read_text(encoding="utf-8").splitlines()[line - 1])
+    wrong = {key: run.get(key) for key, value in expected.items() if run.get(key) != value}
+    if wrong:
+        raise ValueError(f"{name} line {line}: {wrong}, expected {expected}")
+    return run
+
+
+def best_epoch_auc(name, lines):
+    """The mean over the runs on `lines` of the test AUC at each run's best validation epoch."""
+    aucs = []
+    for line in lines:
+        run = record(name, line)
+        aucs.append(run["epochs"][run["best_epoch"] - 1]["test_auc"])
+    return statistics.mean(aucs)
+
+
+def auc_from_log(name, line):
+    """The test AUC of a launcher's `final test AUC 0.7412, ...` line."""
+    text = (RESULTS / name).read_text(encoding="utf-8").splitlines()[line - 1]
+    return float(text.split("final test AUC", 1)[1].split(",")[0])
+
+
+FULL_SIZE = {"scale": 1.0, "optimizer": "adam", "batch_size": 8192}
+TUNED = "cowclip_tuned_runs.jsonl"  # lines 5, 19: batch 1,024, no rule, seeds 0 and 1
+BASE_1K = best_epoch_auc(TUNED, [5, 19])
+
+# (what, tfscale's number, against, results file); each value computed from the file.
+HEADLINE = [
+    ("AUC at batch 64K, Adam, sqrt scaling (2 seeds)",
+     f"{best_epoch_auc(TUNED, [12, 21]):.4f}", f"{BASE_1K:.4f} at 1K", TUNED),
+    ("AUC at batch 64K, CowClip's rule (2 seeds)",
+     f"{best_epoch_auc(TUNED, [14, 23]):.4f}", f"{BASE_1K:.4f} at 1K", TUNED),
+    ("CAME state, small transformer",
+     f"{number('came.md', 13, 2):.3f}x", "Adam 1x", "came.md"),
+    ("CAME val. loss after 600 steps",
+     cell("came.md", 24, 4), "best Adam", "came.md"),
+    ("CAME, DeepFM, 1 epoch: AUC", cell("came.md", 31, 2),
+     f"Adam {cell('came.md', 30, 2)}", "came.md"),
+    ("CAME, DeepFM: state, train time",
+     f"{number('came.md', 31, 5):.3f}x, "
+     f"{number('came.md', 31, 6) / number('came.md', 30, 6):.1f}x", "Adam 1x", "came.md"),
+    ("gTop-k, 4M floats, density 0.001, P 2-8",
+     f"{min(number('gtopk_collective.md', line, 7) for line in (14, 32, 50)):.0f}-"
+     f"{max(number('gtopk_collective.md', line, 7) for line in (14, 32, 50)):.0f}x",
+     "dense allreduce 1x", "gtopk_collective.md"),
+    ("gTop-k, DeepFM, 4 ranks, density 0.01: AUC",
+     f"{auc_from_log('gtopk_convergence.md', 21):.4f}",
+     f"allgather {auc_from_log('gtopk_convergence.md', 27):.4f}", "gtopk_convergence.md"),
+    ("De-duplicated lookups, P 4: bytes, step",
+     f"{cell('hybrid_steps.md', 44, 10)}x, {cell('hybrid_steps.md', 44, 6)}x",
+     "plain 1x", "hybrid_steps.md"),
+    ("Row-sharded, P 4: tables + Adam per rank",
+     f"{cell('sharding_memory.md', 15, 5)} GB", f"{cell('sharding_memory.md', 9, 5)} GB replicated",
+     "sharding_memory.md"),
+    ("Row-sharded, P 4: bytes per rank",
+     f"{cell('sharding_steps.md', 48, 11)}x ({cell('sharding_steps.md', 49, 11)}x bf16)",
+     "replicated 1x", "sharding_steps.md"),
+    # Lines 23-24: the default (rows caught up) against the dense update; lines 11-12 are an
+    # earlier update that left absent rows behind (lazy).
+    ("Adam step, 33.8M ids: by row (default)",
+     f"{record('table_scaling.jsonl', 23, **FULL_SIZE, embedding_update='row')['median_step_ms']:,.0f} ms",
+     f"whole {record('table_scaling.jsonl', 24, **FULL_SIZE, embedding_update='dense')['median_step_ms']:,.0f} ms",
+     "table_scaling.jsonl"),
+]
+
+
+def provenance():
+    return json.loads((RESULTS / "provenance.json").read_text(encoding="utf-8"))
+
+
+def table():
+    """The headline table and its notes on the runs and machines, as README.md lines."""
+    known = provenance()
+    machines, files = known["machines"], known["files"]
+    lines = ["| result | tfscale | baseline | run |", "|---|---|---|---|"]
+    cited = []
+    for what, ours, against, name in HEADLINE:
+        files[name]  # a KeyError: the file has no provenance
+        if name not in cited:
+            cited.append(name)
+        lines.append(f"| {what} | {ours} | {against} | [{cited.index(name) + 1}] |")
+    lines += ["", "Runs: raw file, machine, date (the commands: "
+              "[provenance.json](benchmarks/results/provenance.json)).", ""]
+    for index, name in enumerate(cited, 1):
+        entry = files[name]
+        lines.append(f"{index}. [{name}][{index}]: {machines[entry['machine']]['label']}, "
+                     f"{entry['date']}")
+    lines.append("")
+    used = sorted({files[name]["machine"] for name in cited}, key=list(machines).index)
+    for key in used:
+        machine = machines[key]
+        lines.append(f"- {machine['label']}: {machine['cpu']}, {machine['cores']}; "
+                     f"CPU flags {machine['cpu_flags']}.")
+    lines.append("")
+    for index, name in enumerate(cited, 1):
+        lines.append(f"[{index}]: benchmarks/results/{name}")
+    return lines
+
+
+def readme_table(text):
+    """The lines between the markers of README.md's `text`."""
+    lines = text.splitlines()
+    start, end = lines.index(BEGIN), lines.index(END)
+    return lines[start + 1:end]
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="rewrite README.md's table")
+    parser.add_argument("--check", action="store_true", help="exit 1 if README.md differs")
+    args = parser.parse_args(argv)
+    lines = table()
+    if args.write:
+        text = README.read_text(encoding="utf-8").splitlines()
+        start, end = text.index(BEGIN), text.index(END)
+        README.write_text("\n".join(text[:start + 1] + lines + text[end:]) + "\n",
+                          encoding="utf-8")
+    elif args.check:
+        if readme_table(README.read_text(encoding="utf-8")) != lines:
+            print("README.md's headline table differs from benchmarks/results; run "
+                  "python scripts/headline_table.py --write")
+            return 1
+    else:
+        print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
