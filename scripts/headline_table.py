@@ -112,17 +112,13 @@ def table():
     lines = ["| result | tfscale | baseline | run |", "|---|---|---|---|"]
     cited = []
     for what, ours, against, name in HEADLINE:
-        files[name]  # a KeyError: the file has no provenance
+        entry = files[name]  # a KeyError: the file has no provenance
         if name not in cited:
             cited.append(name)
-        lines.append(f"| {what} | {ours} | {against} | [{cited.index(name) + 1}] |")
-    lines += ["", "Runs: raw file, machine, date (the commands: "
-              "[provenance.json](benchmarks/results/provenance.json)).", ""]
-    for index, name in enumerate(cited, 1):
-        entry = files[name]
-        lines.append(f"{index}. [{name}][{index}]: {machines[entry['machine']]['label']}, "
-                     f"{entry['date']}")
-    lines.append("")
+        lines.append(f"| {what} | {ours} | {against} "
+                     f"| [{cited.index(name) + 1}], {machines[entry['machine']]['label']} |")
+    lines += ["", f"The machine, date and command of each raw file [1]-[{len(cited)}]:",
+              "[provenance.json](benchmarks/results/provenance.json).", ""]
     used = sorted({files[name]["machine"] for name in cited}, key=list(machines).index)
     for key in used:
         machine = machines[key]
