@@ -47,8 +47,9 @@ flags.DEFINE_float("zeta", None, "CowClip's lower bound on the row weight norm, 
 flags.DEFINE_float("clip_r", None, "CowClip's clip ratio r (default 1; at least twice --l2).")
 flags.DEFINE_float("warmup_epochs", None, "Linear warm-up of the dense learning rate, in epochs "
                    "(default: the rule's 1, else 0).", lower_bound=0.0)
-flags.DEFINE_integer("warmup_steps", None, "The same in steps (overrides --warmup_epochs; needed "
-                     "with file data, whose epoch length is unknown).", lower_bound=0)
+flags.DEFINE_integer("warmup_steps", None, "The same in steps (overrides --warmup_epochs; a "
+                     "file's epoch length is counted in one pass over it before training).",
+                     lower_bound=0)
 flags.DEFINE_float("embedding_init_stddev", None, "Stddev of the normal embedding initialiser "
                    "(default: the preset's).", lower_bound=0.0)
 
