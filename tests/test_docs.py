@@ -1,8 +1,16 @@
 """The documentation holds together: every relative link in README.md and docs/ leads to a file,
-every launcher flag in README.md's example commands exists, and README.md stays an entry point
-of at most 250 lines. No TensorFlow in this process (the launchers' --helpfull runs in their own)."""
+every launcher flag in README.md's example commands exists, README.md stays an entry point (at
+most 120 lines of at most 100 characters), the documentation site builds with warnings as errors
+(`mkdocs build --strict`: links, anchors, the API reference), the API reference covers every
+public name, README.md's headline table and docs/concepts.md's compatibility tables are what
+their scripts write from the results files and the library, and no page speaks of how it was
+developed. No TensorFlow in this process (the launchers' --helpfull and the compatibility
+script run in their own)."""
 
+import ast
 import functools
+import importlib.util
+import json
 import os
 import pathlib
 import re
@@ -13,7 +21,8 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-MAX_README_LINES = 250
+MAX_README_LINES = 120
+MAX_README_LINE_CHARS = 100
 LAUNCHERS = ("train", "predict", "export", "build_vocab")
 
 FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.M | re.S)
@@ -21,6 +30,8 @@ INLINE_CODE = re.compile(r"`[^`\n]*`")
 # [text](target) and ![alt](target); the target ends at whitespace or the closing bracket
 # (an optional "title" after a space is left out).
 LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+[\"'][^)]*)?\)")
+# A reference-style link's definition: `[label]: target` at the start of a line.
+DEFINITION = re.compile(r"^ {0,3}\[[^\]]+\]:\s*<?([^\s>]+)", re.M)
 LAUNCH = re.compile(r"(?:^|[\s/'\"])-m\s+launch\.(" + "|".join(LAUNCHERS) + r")\b")
 FLAG = re.compile(r"(?<![\w-])--([A-Za-z][\w-]*)")
 DEFINED = re.compile(r"^\s*--(\[no\])?([\w-]+):", re.M)
@@ -33,7 +44,7 @@ def markdown_files():
 def relative_links(text):
     """The link targets of `text` outside code, that are paths in this repository."""
     prose = INLINE_CODE.sub("", FENCE.sub("", text))
-    for target in LINK.findall(prose):
+    for target in LINK.findall(prose) + DEFINITION.findall(prose):
         if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I) or target.startswith("#"):
             continue  # http(s), mailto, ...; an anchor in the same page
         yield target
@@ -55,8 +66,9 @@ def test_the_link_check_catches_a_broken_link(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("[ok](page.md) [gone](missing.md#part) ![plot](img/none.png) "
                     "[web](https://example.com/x.md) [here](#anchor) `[code](nope.md)`\n"
-                    "```\n[in a block](nope.md)\n```\n")
-    assert [target for target, _ in broken_links(page)] == ["missing.md#part", "img/none.png"]
+                    "```\n[in a block](nope.md)\n```\n[1]: page.md\n[2]: lost.jsonl\n")
+    assert [target for target, _ in broken_links(page)] == ["missing.md#part", "img/none.png",
+                                                            "lost.jsonl"]
 
 
 @pytest.mark.parametrize("path", markdown_files(), ids=lambda p: str(p.relative_to(ROOT)))
@@ -119,5 +131,170 @@ def test_readme_commands_use_only_defined_flags():
 
 
 def test_readme_is_an_entry_point():
-    lines = len(README.read_text(encoding="utf-8").splitlines())
-    assert lines <= MAX_README_LINES, f"README.md has {lines} lines (at most {MAX_README_LINES})"
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= MAX_README_LINES, (
+        f"README.md has {len(lines)} lines (at most {MAX_README_LINES})")
+    long = [number for number, line in enumerate(lines, 1) if len(line) > MAX_README_LINE_CHARS]
+    assert not long, (f"README.md lines over {MAX_README_LINE_CHARS} characters: {long}")
+    text = "\n".join(lines)
+    for command in ("make train", "make test"):
+        assert f"\n{command} " in text, f"README.md no longer shows `{command}`"
+
+
+# ----------------------------------------------------------------------------- the site
+
+
+def python_env():
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
+        NO_MKDOCS_2_WARNING="1", TF_CPP_MIN_LOG_LEVEL="3")
+
+
+def test_the_site_builds_with_warnings_as_errors(tmp_path):
+    """`mkdocs build --strict` (what `make docs` runs): a broken link or anchor in docs/, a
+    link out of docs/ to a file that is not there (scripts/docs_hooks.py), a page missing
+    from the navigation or an API reference entry that does not resolve fails it."""
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT, env=python_env(), capture_output=True, text=True, timeout=600)
+    problems = [line for line in result.stderr.splitlines()
+                if line.startswith(("WARNING", "ERROR")) and "Location 'file:" not in line]
+    assert result.returncode == 0, "mkdocs build --strict failed:\n" + "\n".join(
+        problems or result.stderr.splitlines()[-30:])
+    assert (tmp_path / "site" / "reference" / "optimizers" / "index.html").exists()
+
+
+def exported_names(module_path):
+    """The names in `__all__` of the module file `module_path` (read, not imported)."""
+    tree = ast.parse(module_path.read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return list(ast.literal_eval(node.value))
+    return []
+
+
+# The public packages and the page of the API reference that renders their names; the names
+# `tfscale` exports that are packages have pages of their own.
+PUBLIC = {"tfscale": "tfscale", "tfscale.optimizers": "optimizers",
+          "tfscale.exchanges": "exchanges", "tfscale.distributed": "distributed",
+          "tfscale.training": "training", "tfscale.serving": "serving"}
+SUBPACKAGE_PAGES = {"callbacks": "callbacks", "data": "data", "distributed": "distributed",
+                    "exchanges": "exchanges", "initializers": "tfscale", "optimizers": "optimizers",
+                    "serving": "serving"}
+
+
+def test_the_api_reference_covers_every_public_name():
+    missing = []
+    for package, page in PUBLIC.items():
+        text = (ROOT / "docs" / "reference" / f"{page}.md").read_text(encoding="utf-8")
+        init = ROOT / package.replace(".", "/") / "__init__.py"
+        for name in exported_names(init):
+            if package == "tfscale" and name in SUBPACKAGE_PAGES:
+                target = ROOT / "docs" / "reference" / f"{SUBPACKAGE_PAGES[name]}.md"
+                if not target.exists():
+                    missing.append(f"{package}.{name} (no page)")
+                continue
+            if not re.search(rf"^::: {re.escape(package)}\.{re.escape(name)}\s*$", text, re.M):
+                missing.append(f"{package}.{name} (docs/reference/{page}.md)")
+    assert not missing, "public names the API reference does not render: " + ", ".join(missing)
+
+
+def test_every_public_name_has_a_docstring():
+    """What the reference renders for each public name is its docstring (griffe reads the
+    source; nothing is imported)."""
+    griffe = pytest.importorskip("griffe")
+    loaded = griffe.load("tfscale", search_paths=[str(ROOT)], resolve_aliases=True,
+                         resolve_external=False)
+    bare = []
+    for package in PUBLIC:
+        module = loaded if package == "tfscale" else loaded[package[len("tfscale."):]]
+        for name in exported_names(ROOT / package.replace(".", "/") / "__init__.py"):
+            member = module[name]
+            target = member.final_target if member.is_alias else member
+            if target.kind.value == "attribute":
+                continue  # constants: described where they are defined, by their comment
+            if not (target.docstring and target.docstring.value.strip()):
+                bare.append(f"{package}.{name}")
+    assert not bare, "public names without a docstring: " + ", ".join(bare)
+
+
+def test_the_index_lists_every_page():
+    """docs/README.md (the site's home page) links every other page of docs/."""
+    index = (ROOT / "docs" / "README.md").read_text(encoding="utf-8")
+    linked = {(ROOT / "docs" / target.split("#")[0]).resolve()
+              for target in relative_links(index)}
+    pages = [p for p in (ROOT / "docs").rglob("*.md")
+             if p.name != "README.md" or p.parent != ROOT / "docs"]
+    missing = [str(p.relative_to(ROOT)) for p in pages
+               if p.resolve() not in linked and p.parent.name != "reference"]
+    assert not missing, "pages docs/README.md does not link: " + ", ".join(sorted(missing))
+
+
+# ----------------------------------------------------------------------------- numbers
+
+
+def load_script(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_headline_table_is_what_the_results_files_give():
+    headline = load_script("headline_table")
+    readme = headline.readme_table(README.read_text(encoding="utf-8"))
+    assert readme == headline.table(), (
+        "README.md's headline table differs from benchmarks/results; run "
+        "python scripts/headline_table.py --write")
+
+
+def test_every_headline_results_file_records_machine_date_and_command():
+    headline = load_script("headline_table")
+    known = json.loads((ROOT / "benchmarks" / "results" / "provenance.json").read_text())
+    for _, _, _, name in headline.HEADLINE:
+        assert (ROOT / "benchmarks" / "results" / name).is_file(), name
+        entry = known["files"][name]
+        assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", entry["date"]), (name, entry)
+        assert entry["command"].strip(), name
+        machine = known["machines"][entry["machine"]]
+        for field in ("label", "cpu", "cpu_flags", "cores"):
+            assert machine[field].strip(), (name, field)
+
+
+def test_the_compatibility_tables_are_what_the_library_declares():
+    result = subprocess.run([sys.executable, "scripts/compatibility_table.py", "--check"],
+                            cwd=ROOT, env=python_env(), capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+
+
+# ----------------------------------------------------------------------------- wording
+
+# How the product was developed is not the product: issue numbers, branch and commit names,
+# the sessions and people who worked on it. ("round" alone is the butterfly's and the
+# benchmarks' word; "this round" and "previous round" are the development log's.)
+DEVELOPMENT_LOG = re.compile(
+    r"\bissue #?\d+|(?<![\w&/])#\d+\b|\bmain's\b|\bthis branch\b|\bworktree of main\b"
+    r"|(?<![\w-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b(?!\.\.\.)"
+    r"|\b(?:this|last|next|earlier|previous) session\b|\b(?:this|previous) round\b"
+    r"|\bfiled\b|\bhelpers?\b|\bengineer's\b|\bagents?'\b|\bagents?\b",
+    re.I)
+
+
+def development_log_wording(text):
+    prose = FENCE.sub("", text)
+    return sorted({match.group(0) for match in DEVELOPMENT_LOG.finditer(prose)})
+
+
+def test_the_wording_check_catches_development_log_wording():
+    assert development_log_wording(
+        "Fixed in issue 48 (#48) at 5dc73fd, main's code, this session, filed by a helper. "
+        "After the last round of the butterfly; sha256 6c3952fb3b8f8bbf...; 2026-11-21.") == [
+        "#48", "5dc73fd", "filed", "helper", "issue 48", "main's", "this session"]
+
+
+@pytest.mark.parametrize("path", markdown_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_development_log_wording(path):
+    found = development_log_wording(path.read_text(encoding="utf-8"))
+    assert not found, f"{path.relative_to(ROOT)} speaks of its development: {found}"

@@ -9,6 +9,17 @@ from tfscale.exchanges.averaging import AveragingExchange
 
 
 class AllgatherExchange(AveragingExchange):
+    """Table gradients as rows (one per unique id of each rank's batch, with the ids' counts),
+    allgathered; the other gradients allreduced. The default exchange: its bytes follow the
+    batch, and it carries the per-id counts CowClip clips by. It can run stale.
+
+    Example:
+        ```python
+        model.compile(optimizer=tfscale.optimizers.CowClip(), loss="binary_crossentropy",
+                      embedding_exchange="allgather")  # or AllgatherExchange()
+        ```
+    """
+
     name = "allgather"
     carries_counts = True
 

@@ -8,6 +8,17 @@ from tfscale.row_gradients import densify
 
 
 class DenseExchange(AveragingExchange):
+    """Table gradients summed into whole-table tensors and allreduced with the other gradients
+    (Horovod's sparse_as_dense): the bytes follow the table's rows, and no per-id counts reach
+    the optimizer (not with CowClip). It can run stale.
+
+    Example:
+        ```python
+        model.compile(optimizer=tfscale.optimizers.RowSparseAdam(1e-3),
+                      loss="binary_crossentropy", embedding_exchange="dense")
+        ```
+    """
+
     name = "dense"
 
     def _prepare(self, gradient):
