@@ -179,17 +179,27 @@ def exported_names(module_path):
 PUBLIC = {"tfscale": "tfscale", "tfscale.optimizers": "optimizers",
           "tfscale.exchanges": "exchanges", "tfscale.distributed": "distributed",
           "tfscale.training": "training", "tfscale.serving": "serving"}
+# Modules without `__all__`: their public names, as their docstrings name them.
+NAMED = {"tfscale.data": ("rank_batches", "CriteoTSV", "AvazuCSV", "FILE_FORMATS"),
+         "tfscale.callbacks": ("CatchUpRows", "Checkpoint", "TrainingMonitor",
+                               "PeriodicCheckpoint", "StopAfterSteps", "NonFiniteGuard")}
+PUBLIC.update({"tfscale.data": "data", "tfscale.callbacks": "callbacks"})
 SUBPACKAGE_PAGES = {"callbacks": "callbacks", "data": "data", "distributed": "distributed",
                     "exchanges": "exchanges", "initializers": "tfscale", "optimizers": "optimizers",
                     "serving": "serving"}
+
+
+def public_names(package):
+    if package in NAMED:
+        return list(NAMED[package])
+    return exported_names(ROOT / package.replace(".", "/") / "__init__.py")
 
 
 def test_the_api_reference_covers_every_public_name():
     missing = []
     for package, page in PUBLIC.items():
         text = (ROOT / "docs" / "reference" / f"{page}.md").read_text(encoding="utf-8")
-        init = ROOT / package.replace(".", "/") / "__init__.py"
-        for name in exported_names(init):
+        for name in public_names(package):
             if package == "tfscale" and name in SUBPACKAGE_PAGES:
                 target = ROOT / "docs" / "reference" / f"{SUBPACKAGE_PAGES[name]}.md"
                 if not target.exists():
@@ -200,23 +210,40 @@ def test_the_api_reference_covers_every_public_name():
     assert not missing, "public names the API reference does not render: " + ", ".join(missing)
 
 
-def test_every_public_name_has_a_docstring():
+def reference_example(package, name):
+    """Whether the API reference page shows an example of its own right after `::: package.name`
+    (for names whose docstrings live in files this page does not own)."""
+    for page in (ROOT / "docs" / "reference").glob("*.md"):
+        text = page.read_text(encoding="utf-8")
+        match = re.search(rf"^::: {re.escape(package)}\.{re.escape(name)}\s*$(.*?)(?=^:::|\Z)",
+                          text, re.M | re.S)
+        if match and "```python" in match.group(1):
+            return True
+    return False
+
+
+def test_every_public_name_has_a_docstring_and_an_example():
     """What the reference renders for each public name is its docstring (griffe reads the
-    source; nothing is imported)."""
+    source; nothing is imported), with an `Example:` section (or, on the reference page, an
+    example right after it)."""
     griffe = pytest.importorskip("griffe")
     loaded = griffe.load("tfscale", search_paths=[str(ROOT)], resolve_aliases=True,
                          resolve_external=False)
-    bare = []
+    bare, without_example = [], []
     for package in PUBLIC:
         module = loaded if package == "tfscale" else loaded[package[len("tfscale."):]]
-        for name in exported_names(ROOT / package.replace(".", "/") / "__init__.py"):
+        for name in public_names(package):
             member = module[name]
             target = member.final_target if member.is_alias else member
-            if target.kind.value == "attribute":
-                continue  # constants: described where they are defined, by their comment
-            if not (target.docstring and target.docstring.value.strip()):
+            if target.kind.value in ("attribute", "module"):
+                continue  # constants (described by their comment) and packages (their pages)
+            docstring = target.docstring.value.strip() if target.docstring else ""
+            if not docstring:
                 bare.append(f"{package}.{name}")
+            elif "Example" not in docstring and not reference_example(package, name):
+                without_example.append(f"{package}.{name}")
     assert not bare, "public names without a docstring: " + ", ".join(bare)
+    assert not without_example, "public names without an example: " + ", ".join(without_example)
 
 
 def test_the_index_lists_every_page():

@@ -11,7 +11,17 @@ DATA_ERROR_MARKER = "[tfscale data error] "
 class UserError(ValueError):
     """Bad input from the user (a file, a line in it, or a flag); the message says which and what
     to do. A ValueError, so a caller catching bad values catches it too. The launcher prints it
-    as one paragraph and exits non-zero."""
+    as one paragraph and exits non-zero.
+
+    Example:
+        ```python
+        try:
+            model.compile(optimizer=RowSparseAdam(1e-3), loss="binary_crossentropy",
+                          embedding_exchange="gtopk", embedding_staleness=1)
+        except tfscale.UserError as error:
+            print(error)  # `embedding_staleness=1` cannot be used with `embedding_exchange=gtopk` ...
+        ```
+    """
 
 
 class NonFiniteTraining(UserError):

@@ -93,6 +93,13 @@ def _day_of_week(year, month, day):
 class AvazuCSV(DelimitedTextSource):
     """Avazu CSV files (plain or .gz) as a CTRSource: zero dense fields (features["dense"] is
     [batch, 0]); features["categorical"] holds the 21 string fields (hashing or a vocabulary, see
-    DelimitedTextSource) then hour_of_day and day_of_week."""
+    DelimitedTextSource) then hour_of_day and day_of_week.
+
+    Example:
+        ```python
+        source = tfscale.data.AvazuCSV("avazu/train.gz", hash_buckets=1_000_000)
+        train = tfscale.data.rank_batches(source, 65536)
+        ```
+    """
 
     FORMAT = AvazuFormat()

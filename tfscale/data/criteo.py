@@ -48,6 +48,13 @@ class CriteoTSV(DelimitedTextSource):
     features["dense"]: the 13 integers, by default sign(x) * log1p(|x|) (I2 has negatives), or
     min-max scaled with the ranges of a vocabulary; missing -> 0. features["categorical"]: C1..C26
     as ids, row 0 = missing, by hashing or a vocabulary (see DelimitedTextSource for every option).
+
+    Example:
+        ```python
+        source = tfscale.data.CriteoTSV("train.txt.gz", test_fraction=0.1, hash_buckets=1_000_000)
+        features, labels = next(iter(source.train_batches(1024)))
+        source.schema.vocabulary_sizes  # rows per categorical field, for FieldEmbedding
+        ```
     """
 
     FORMAT = CriteoFormat()

@@ -48,6 +48,12 @@ def rank_batches(data, global_batch_size, *, drop_remainder=True, shuffle_seed=N
             every rank (so the ranks still split one global batch); None keeps their order.
         split, epoch: a CTRSource's split ("train" or "test") and the epoch its training order
             is drawn for.
+
+    Example:
+        ```python
+        train = tfscale.data.rank_batches((features, labels), 65536, shuffle_seed=0)
+        model.fit(train, epochs=5)  # the same line in one process and under horovodrun
+        ```
     """
     batch = local_batch_size(global_batch_size)
     rank, ranks = runtime.rank(), runtime.size()

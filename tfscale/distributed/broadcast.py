@@ -12,7 +12,13 @@ from tfscale.errors import UserError
 def broadcast_model_and_optimizer(model, local=()):
     """Overwrites every variable of `model` and of its (built) optimizer with rank 0's values,
     except those in `local` (each rank's own, e.g. row-sharded tables and their optimizer
-    state); does nothing outside Horovod."""
+    state); does nothing outside Horovod.
+
+    Example:
+        ```python
+        tfscale.distributed.broadcast_model_and_optimizer(model)  # every rank starts as rank 0
+        ```
+    """
     hvd = runtime.horovod()
     if hvd is None:
         return
@@ -45,7 +51,13 @@ def broadcast_from_chief(compute, name):
     """`compute()` as rank 0 computes it, on every rank (the other ranks do not call it); a
     UserError it raises is raised on every rank, so all of them stop with the same message.
     `name` identifies the broadcast and must be the same on every rank. Outside Horovod this is
-    just `compute()`."""
+    just `compute()`.
+
+    Example:
+        ```python
+        vocabulary = tfscale.distributed.broadcast_from_chief(count_vocabulary, name="vocabulary")
+        ```
+    """
     hvd = runtime.horovod()
     if hvd is None:
         return compute()
@@ -64,14 +76,27 @@ def broadcast_from_chief(compute, name):
 
 
 def barrier(name):
-    """Returns once every rank has called it with `name` (at once outside Horovod)."""
+    """Returns once every rank has called it with `name` (at once outside Horovod).
+
+    Example:
+        ```python
+        tfscale.distributed.barrier(name="files_written")
+        ```
+    """
     hvd = runtime.horovod()
     if hvd is not None:
         hvd.allreduce(tf.constant(0.0), name=name)
 
 
 def any_rank(flag, name):
-    """Whether `flag` is true on at least one rank (`flag` itself outside Horovod)."""
+    """Whether `flag` is true on at least one rank (`flag` itself outside Horovod).
+
+    Example:
+        ```python
+        if tfscale.distributed.any_rank(not ok, name="check"):
+            raise SystemExit("a rank failed its check")
+        ```
+    """
     hvd = runtime.horovod()
     if hvd is None:
         return bool(flag)

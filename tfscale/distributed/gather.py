@@ -8,7 +8,13 @@ from tfscale.distributed import runtime
 
 def allgather_array(array, name):
     """The concatenation of every rank's `array` (first dimensions may differ between ranks);
-    `array` itself outside Horovod. `name` must be the same on every rank."""
+    `array` itself outside Horovod. `name` must be the same on every rank.
+
+    Example:
+        ```python
+        labels = tfscale.distributed.allgather_array(my_labels, name="test_labels")  # every rank's
+        ```
+    """
     hvd = runtime.horovod()
     if hvd is None:
         return array

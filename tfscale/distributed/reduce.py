@@ -7,12 +7,24 @@ from tfscale.distributed import runtime
 
 
 def allreduce_sum(tensor, name):
-    """`tensor` summed over the ranks (every rank calls it with the same `name`)."""
+    """`tensor` summed over the ranks (every rank calls it with the same `name`).
+
+    Example:
+        ```python
+        total = tfscale.distributed.allreduce_sum(tf.constant(my_examples), name="examples")
+        ```
+    """
     return _allreduce(tensor, name, "Sum")
 
 
 def allreduce_max(tensor, name):
-    """The element-wise maximum of `tensor` over the ranks."""
+    """The element-wise maximum of `tensor` over the ranks.
+
+    Example:
+        ```python
+        longest = tfscale.distributed.allreduce_max(tf.constant(my_steps), name="steps")
+        ```
+    """
     return _allreduce(tensor, name, "Max")
 
 

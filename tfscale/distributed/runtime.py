@@ -33,7 +33,13 @@ _settings = {"gradient_compression": "none"}
 
 
 def launched_by_horovodrun():
-    """True when `horovodrun` started this process (it sets HOROVOD_RANK and HOROVOD_SIZE)."""
+    """True when `horovodrun` started this process (it sets HOROVOD_RANK and HOROVOD_SIZE).
+
+    Example:
+        ```python
+        tfscale.distributed.launched_by_horovodrun()  # False under plain `python`
+        ```
+    """
     return "HOROVOD_RANK" in os.environ and "HOROVOD_SIZE" in os.environ
 
 
@@ -41,7 +47,14 @@ def init(gradient_compression="none"):
     """Starts Horovod (`hvd.init()`) when `horovodrun` launched this process, and does nothing
     otherwise; `gradient_compression` ("none" or "fp16") is applied to the dense gradient
     allreduce of every train step. Call it first, before building the model: under horovodrun
-    tfscale refuses to build tables or compile a model until it has run."""
+    tfscale refuses to build tables or compile a model until it has run.
+
+    Example:
+        ```python
+        import tfscale
+        tfscale.distributed.init()  # first line of the script, before any model is built
+        ```
+    """
     if gradient_compression not in COMPRESSIONS:
         raise ValueError(f"`gradient_compression={gradient_compression!r}`: give one of "
                          f"{', '.join(COMPRESSIONS)}")
@@ -58,7 +71,13 @@ def init(gradient_compression="none"):
 def require_started(what):
     """Raises a UserError under `horovodrun` when Horovod has not been started by `init()`:
     `what` (e.g. "building FieldEmbedding 'x'") would otherwise size itself for one process and
-    the ranks would train separate models."""
+    the ranks would train separate models.
+
+    Example:
+        ```python
+        tfscale.distributed.require_started("building my tables")  # a UserError before init()
+        ```
+    """
     if launched_by_horovodrun() and not _initialized():
         raise UserError(
             f"{what} under horovodrun before Horovod started: add `tfscale.distributed.init()` "
@@ -80,24 +99,50 @@ def horovod():
 
 
 def is_active():
-    """True in a rank of a Horovod job of two or more processes."""
+    """True in a rank of a Horovod job of two or more processes.
+
+    Example:
+        ```python
+        if tfscale.distributed.is_active():
+            print(f"rank {tfscale.distributed.rank()} of {tfscale.distributed.size()}")
+        ```
+    """
     return horovod() is not None
 
 
 def rank():
-    """This process's rank (0 outside Horovod)."""
+    """This process's rank (0 outside Horovod).
+
+    Example:
+        ```python
+        shard = tfscale.distributed.rank()  # 0 .. size() - 1
+        ```
+    """
     hvd = horovod()
     return 0 if hvd is None else hvd.rank()
 
 
 def size():
-    """The number of ranks (1 outside Horovod)."""
+    """The number of ranks (1 outside Horovod).
+
+    Example:
+        ```python
+        per_rank = 65536 // tfscale.distributed.size()
+        ```
+    """
     hvd = horovod()
     return 1 if hvd is None else hvd.size()
 
 
 def is_chief():
-    """True on rank 0, the rank that prints, logs and checkpoints (and outside Horovod)."""
+    """True on rank 0, the rank that prints, logs and checkpoints (and outside Horovod).
+
+    Example:
+        ```python
+        if tfscale.distributed.is_chief():
+            model.save("model.keras")  # once, not once per rank
+        ```
+    """
     return rank() == 0
 
 
@@ -109,6 +154,13 @@ def gradient_compression():
 
 
 def gradient_compression_name():
-    """"none" or "fp16", as chosen at `init`."""
+    """"none" or "fp16", as chosen at `init`.
+
+    Example:
+        ```python
+        tfscale.distributed.init(gradient_compression="fp16")
+        tfscale.distributed.gradient_compression_name()  # "fp16"
+        ```
+    """
     return _settings["gradient_compression"]
 

@@ -45,7 +45,14 @@ def gtopk_allreduce(indices, values, k, name):
         values: float [n] (element-wise) or [n, d] (rows, ranked by their L2 norm).
         k: the number of entries to keep, an int or int32 scalar tensor equal on every rank.
         name: a name unique to this exchange, equal on every rank.
-    Returns a SparseSum of at most k entries (fewer when fewer distinct indices exist)."""
+    Returns a SparseSum of at most k entries (fewer when fewer distinct indices exist).
+
+    Example:
+        ```python
+        indices, sums, mask = tfscale.distributed.gtopk_allreduce(my_indices, my_values, k=100,
+                                                                  name="table_0")
+        ```
+    """
     hvd = runtime.horovod()
     num_ranks = 1 if hvd is None else hvd.size()
     rank = 0 if hvd is None else hvd.rank()
@@ -99,7 +106,14 @@ def gtopk_allreduce(indices, values, k, name):
 
 def topk_allgather(indices, values, name):
     """Every rank's candidates allgathered and summed per index (TopKAllReduce): all of them
-    reach the sum, so `mask` is all true. Same arguments as `gtopk_allreduce`, without k."""
+    reach the sum, so `mask` is all true. Same arguments as `gtopk_allreduce`, without k.
+
+    Example:
+        ```python
+        indices, sums, mask = tfscale.distributed.topk_allgather(my_indices, my_values,
+                                                                 name="table_0")
+        ```
+    """
     hvd = runtime.horovod()
     indices, rows, flat = _as_rows(indices, values)
     packed = _pack(indices, rows)

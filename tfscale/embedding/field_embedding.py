@@ -60,6 +60,14 @@ class FieldEmbedding(keras.layers.Layer):
 
     Call: int ids [B, n_fields] -> embeddings [B, n_fields, embedding_dim], and with `use_wide`
     the tuple (embeddings, linear term [B, 1]).
+
+    Example:
+        ```python
+        ids = keras.Input((3,), dtype="int64")                   # 3 categorical fields
+        vectors, linear = tfscale.FieldEmbedding([40, 30, 50], embedding_dim=4, use_wide=True)(ids)
+        logit = keras.layers.Dense(1)(keras.layers.Flatten()(vectors)) + linear
+        model = tfscale.FunctionalTrainStepModel(ids, keras.layers.Activation("sigmoid")(logit))
+        ```
     """
 
     def __init__(

@@ -28,7 +28,13 @@ DEFAULT = "allgather"
 
 
 def get(exchange):
-    """An EmbeddingExchange from a registered name (with its default settings) or an instance."""
+    """An EmbeddingExchange from a registered name (with its default settings) or an instance.
+
+    Example:
+        ```python
+        tfscale.exchanges.get("dense")  # a DenseExchange with its default settings
+        ```
+    """
     if isinstance(exchange, EmbeddingExchange):
         return exchange
     if exchange not in EXCHANGES:

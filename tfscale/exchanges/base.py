@@ -36,6 +36,12 @@ class EmbeddingExchange(abc.ABC):
             (tfscale.exchanges.stale.StaleExchange wraps it).
         acts_in_one_process: it changes the gradients without Horovod too (e.g. top-k
             sparsification), so the train step needs it (and runs without XLA) in one process.
+
+    Example:
+        ```python
+        exchange = tfscale.exchanges.get("allgather")
+        exchange.carries_counts, exchange.can_run_stale, exchange.acts_in_one_process  # True True False
+        ```
     """
 
     name: ClassVar[str]
@@ -64,7 +70,13 @@ class EmbeddingExchange(abc.ABC):
 
 
 class StepExchange(abc.ABC):
-    """One train step's exchange, as `begin_step` started it."""
+    """One train step's exchange, as `begin_step` started it.
+
+    Example:
+        ```python
+        step = exchange.begin_step(model.trainable_variables, model.optimizer)  # a StepExchange
+        ```
+    """
 
     @abc.abstractmethod
     def exchange(self, gradients, variables):
@@ -76,7 +88,16 @@ class StepExchange(abc.ABC):
 
 
 class SynchronousExchange(EmbeddingExchange):
-    """An exchange that does all its work once the step's gradients are known."""
+    """An exchange that does all its work once the step's gradients are known.
+
+    Example:
+        ```python
+        class Mine(tfscale.exchanges.SynchronousExchange):
+            name = "mine"
+            def exchange(self, gradients, variables, optimizer):
+                return gradients  # average over tfscale.distributed.size() ranks here
+        ```
+    """
 
     def begin_step(self, variables, optimizer):
         del variables

@@ -160,7 +160,16 @@ class StaleExchange(EmbeddingExchange):
     which already hold every rank's rows, and applies them `staleness` steps later while that
     step looks up and computes; they need no exchange. Their finite decision is global (one
     4-byte allreduce), and a step whose shard gradients are non-finite on any rank hands the
-    optimizer NaN gradients, so that every rank skips it and keeps its queues."""
+    optimizer NaN gradients, so that every rank skips it and keeps its queues.
+
+    Example:
+        ```python
+        # compile builds it from `embedding_staleness`:
+        model.compile(optimizer=tfscale.optimizers.RowSparseAdam(1e-3), loss="binary_crossentropy",
+                      embedding_exchange="allgather", embedding_staleness=1)
+        model.embedding_exchange  # StaleExchange over the allgather exchange
+        ```
+    """
 
     acts_in_one_process = True
 

@@ -70,6 +70,12 @@ class TopKExchange(SynchronousExchange):
             uses 0.004 for the first epoch, then 0.001); None for no warm-up.
         warmup_steps: optimizer steps at `warmup_density`.
         dense_gradients: also sparsify the non-embedding gradients, element-wise.
+
+    Example:
+        ```python
+        exchange = tfscale.exchanges.GTopKExchange(density=0.001, warmup_density=0.004,
+                                                   warmup_steps=1000)
+        ```
     """
 
     acts_in_one_process = True
@@ -210,7 +216,14 @@ class TopKExchange(SynchronousExchange):
 
 
 class TopKAllgatherExchange(TopKExchange):
-    """"topk": every rank's top-k candidates allgathered and summed (bytes grow with P)."""
+    """"topk": every rank's top-k candidates allgathered and summed (bytes grow with P).
+
+    Example:
+        ```python
+        model.compile(optimizer=tfscale.optimizers.RowSparseAdam(1e-3), loss="binary_crossentropy",
+                      embedding_exchange="topk")  # or TopKAllgatherExchange(density=0.01)
+        ```
+    """
 
     name = "topk"
 
@@ -219,7 +232,14 @@ class TopKAllgatherExchange(TopKExchange):
 
 
 class GTopKExchange(TopKExchange):
-    """"gtopk": the global top-k of the sum in log2(P) pairwise rounds (gTop-k's butterfly)."""
+    """"gtopk": the global top-k of the sum in log2(P) pairwise rounds (gTop-k's butterfly).
+
+    Example:
+        ```python
+        model.compile(optimizer=tfscale.optimizers.RowSparseAdam(1e-3), loss="binary_crossentropy",
+                      embedding_exchange=tfscale.exchanges.GTopKExchange(density=0.01))
+        ```
+    """
 
     name = "gtopk"
 

@@ -50,6 +50,11 @@ class CAME(RefusesUnaveragedGradients, DeclaresTableState, keras.optimizers.Opti
         epsilon_2: added to the instability.
         clip_threshold: the update is scaled down to RMS <= clip_threshold (per variable).
         weight_decay and the other keyword arguments: as `keras.optimizers.Optimizer`.
+
+    Example:
+        ```python
+        model.compile(optimizer=tfscale.optimizers.CAME(2e-4), loss="binary_crossentropy")
+        ```
     """
 
     def __init__(self, learning_rate=2e-4, beta_1=0.9, beta_2=0.999, beta_3=0.9999,

@@ -17,7 +17,13 @@ import keras
 
 
 class TakesRowSlices:
-    """Mixin of optimizers whose `apply` takes embedding-table gradients as row slices."""
+    """Mixin of optimizers whose `apply` takes embedding-table gradients as row slices.
+
+    Example:
+        ```python
+        isinstance(tfscale.optimizers.RowSparseAdam(1e-3), tfscale.optimizers.TakesRowSlices)  # True
+        ```
+    """
 
     def updates_rows_in_place(self, variable):
         """Whether row slices of `variable` update only their rows (scatters), not the whole
@@ -27,7 +33,13 @@ class TakesRowSlices:
 
 class TakesCountedSlices(TakesRowSlices):
     """Mixin of optimizers whose `apply` takes embedding-table gradients as row slices with
-    per-id occurrence counts over the global batch."""
+    per-id occurrence counts over the global batch.
+
+    Example:
+        ```python
+        isinstance(tfscale.optimizers.CowClip(), tfscale.optimizers.TakesCountedSlices)  # True
+        ```
+    """
 
 
 @dataclasses.dataclass(frozen=True)

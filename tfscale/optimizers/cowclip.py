@@ -91,6 +91,16 @@ class CowClip(RefusesUnaveragedGradients, TakesCountedSlices, keras.optimizers.M
     as tf.gather's gradient does) or as CountedSlices (one row per unique id with its count, from
     de-duplicated lookups), which is how the per-id counts are known; under Horovod they must be
     the global batch's.
+
+    Example:
+        ```python
+        settings = tfscale.optimizers.large_batch_settings(65536, rule="cowclip")
+        model.compile(optimizer=tfscale.optimizers.CowClip(
+                          keras.optimizers.Adam(settings.embedding_learning_rate),
+                          keras.optimizers.Adam(settings.dense_learning_rate),
+                          r=settings.r, zeta=settings.zeta, l2=settings.l2),
+                      loss="binary_crossentropy", embedding_exchange="allgather")
+        ```
     """
 
     def __init__(self, embedding_optimizer=None, dense_optimizer=None, r=1.0, zeta=1e-5, l2=0.0,

@@ -15,7 +15,13 @@ from tfscale.row_gradients import densify
 @keras.saving.register_keras_serializable(package="tfscale")
 class FusedAdam(RefusesUnaveragedGradients, keras.optimizers.Adam):
     """Drop-in `keras.optimizers.Adam` (same arguments, same update); amsgrad falls back to
-    Keras's implementation."""
+    Keras's implementation.
+
+    Example:
+        ```python
+        model.compile(optimizer=tfscale.optimizers.FusedAdam(1e-3), loss="binary_crossentropy")
+        ```
+    """
 
     def update_step(self, gradient, variable, learning_rate):
         if self.amsgrad:

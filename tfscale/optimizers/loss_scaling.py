@@ -38,6 +38,13 @@ class LossScaleOptimizer(RefusesUnaveragedGradients, keras.optimizers.LossScaleO
         initial_scale: the first scale (2^15), or the fixed scale when `dynamic=False`.
         dynamic_growth_steps: finite steps in a row after which a dynamic scale doubles.
         dynamic: False keeps the scale fixed (a non-finite step is still skipped).
+
+    Example:
+        ```python
+        keras.mixed_precision.set_dtype_policy("mixed_float16")
+        optimizer = tfscale.optimizers.LossScaleOptimizer(tfscale.optimizers.RowSparseAdam(1e-3))
+        model.compile(optimizer=optimizer, loss="binary_crossentropy")
+        ```
     """
 
     def __init__(self, inner_optimizer, initial_scale=DEFAULT_INITIAL_SCALE,

@@ -18,7 +18,15 @@ RULES = ("cowclip", "none", "sqrt", "linear")
 
 @dataclasses.dataclass(frozen=True)
 class Preset:
-    """A data set's base (batch 1024) hyper-parameters and the rule to scale them with."""
+    """A data set's base (batch 1024) hyper-parameters and the rule to scale them with.
+
+    Example:
+        ```python
+        mine = tfscale.optimizers.Preset(dense_learning_rate=2.5e-3, embedding_learning_rate=1e-3,
+                                         l2=1e-5, rule="sqrt")  # tuned at batch 1,024 on your data
+        tfscale.optimizers.large_batch_settings(65536, preset=mine).dense_learning_rate  # 0.02
+        ```
+    """
 
     dense_learning_rate: float
     embedding_learning_rate: float = 1e-4
@@ -53,7 +61,14 @@ PRESETS = {
 
 @dataclasses.dataclass(frozen=True)
 class LargeBatchSettings:
-    """Every hyper-parameter a run at `batch_size` needs under one rule."""
+    """Every hyper-parameter a run at `batch_size` needs under one rule.
+
+    Example:
+        ```python
+        settings = tfscale.optimizers.large_batch_settings(65536, rule="sqrt", preset="synthetic")
+        settings.dense_learning_rate, settings.embedding_learning_rate, settings.warmup_epochs
+        ```
+    """
 
     rule: str
     batch_size: int
@@ -74,7 +89,14 @@ def large_batch_settings(batch_size, rule=None, preset="criteo"):
 
     "cowclip" is CowClip's rule (module docstring). "none", "sqrt" and "linear" are the
     baselines: no clipping, the base L2, and both learning rates multiplied by 1, sqrt(s) or s.
-    None: the preset's rule (cowclip for criteo and avazu, sqrt for synthetic)."""
+    None: the preset's rule (cowclip for criteo and avazu, sqrt for synthetic).
+
+    Example:
+        ```python
+        settings = tfscale.optimizers.large_batch_settings(65536)  # CowClip's rule, Criteo's base
+        settings.dense_learning_rate  # 8e-4 * sqrt(64) = 0.0064
+        ```
+    """
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     base = preset if isinstance(preset, Preset) else PRESETS.get(preset)

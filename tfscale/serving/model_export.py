@@ -32,6 +32,12 @@ def export_model(model, path, checkpoint_dir=None, input_signature=None):
         input_signature: a list with one tf.TensorSpec (or a structure of them) per argument
             of the model's call, as `keras.Model.export` takes it; needed for a subclassed model
             (Keras reads a functional model's from its inputs).
+
+    Example:
+        ```python
+        model = build_my_model()  # in one process, as training built it
+        tfscale.serving.export_model(model, "served/1", checkpoint_dir="run/checkpoints")
+        ```
     """
     if distributed.is_active():
         raise UserError("export_model runs in one process: after the horovodrun job, build the "

@@ -46,7 +46,15 @@ class TrainingMonitor(keras.callbacks.Callback):
     learning rates, examples/s, step time and the optimizer's and the model's
     `summary_scalars()` if they have them. Throughput excludes each `fit` call's first step,
     which includes tracing. `unit` names what a `fit` call's epoch is in the progress line
-    ("day" when each is one day of online training)."""
+    ("day" when each is one day of online training).
+
+    Example:
+        ```python
+        writer = tf.summary.create_file_writer("run/logs/train")
+        model.fit(train, epochs=5, callbacks=[
+            tfscale.callbacks.TrainingMonitor(65536, every_steps=100, writer=writer)])
+        ```
+    """
 
     def __init__(self, global_batch_size, every_steps, writer=None, steps_per_epoch=None,
                  print_fn=print, unit="epoch"):
@@ -110,7 +118,15 @@ class TrainingMonitor(keras.callbacks.Callback):
 class PeriodicCheckpoint(keras.callbacks.Callback):
     """Saves a checkpoint through `store` (a CheckpointStore) every `every_steps` global steps,
     with the data position needed to resume exactly there. Call `start_epoch` before each
-    `fit` so it knows which epoch is running and how many of its batches were skipped."""
+    `fit` so it knows which epoch is running and how many of its batches were skipped.
+
+    Example:
+        ```python
+        periodic = tfscale.callbacks.PeriodicCheckpoint(store, every_steps=1000)  # store: CheckpointStore
+        periodic.start_epoch(0, 0)
+        model.fit(train, epochs=1, callbacks=[periodic])
+        ```
+    """
 
     def __init__(self, store, every_steps):
         super().__init__()
@@ -140,7 +156,15 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
 
 class StopAfterSteps(keras.callbacks.Callback):
     """Stops training once the optimizer has taken `max_steps` global steps (as an interrupted
-    run would stop), setting `stopped` so the caller can tell."""
+    run would stop), setting `stopped` so the caller can tell.
+
+    Example:
+        ```python
+        stop = tfscale.callbacks.StopAfterSteps(100)
+        model.fit(train, epochs=5, callbacks=[stop])
+        stop.stopped  # True once 100 steps were taken
+        ```
+    """
 
     def __init__(self, max_steps):
         super().__init__()
@@ -157,7 +181,13 @@ class NonFiniteGuard(keras.callbacks.Callback):
     """Raises NonFiniteTraining (before any later callback, such as a checkpoint, runs) when
     training stops being finite: with a loss scaler (tfscale.optimizers.LossScaleOptimizer) after
     `max_skipped_in_a_row` skipped steps in a row; without one at the first non-finite loss,
-    since the optimizer has already applied those gradients."""
+    since the optimizer has already applied those gradients.
+
+    Example:
+        ```python
+        model.fit(train, epochs=5, callbacks=[tfscale.callbacks.NonFiniteGuard(max_skipped_in_a_row=50)])
+        ```
+    """
 
     def __init__(self, max_skipped_in_a_row=50):
         super().__init__()
@@ -188,7 +218,13 @@ class NonFiniteGuard(keras.callbacks.Callback):
 class CatchUpRows(keras.callbacks.Callback):
     """At each epoch's end and before each evaluation, brings every table row a RowSparseAdam
     (with `catch_up`, its default) has left behind up to date: one pass over each table per
-    call, skipped when no step ran since the last (RowSparseAdam.catch_up_every_row)."""
+    call, skipped when no step ran since the last (RowSparseAdam.catch_up_every_row).
+
+    Example:
+        ```python
+        model.fit(train, epochs=5, callbacks=[tfscale.callbacks.CatchUpRows()])
+        ```
+    """
 
     def __init__(self):
         super().__init__()
@@ -219,7 +255,13 @@ class Checkpoint(keras.callbacks.Callback):
 
     `resume=False` refuses a directory that already holds a checkpoint, so a new run never
     replaces an old one; `keep`: how many checkpoints to keep. The directory is also what
-    tfscale.serving.export_model and `restore_trained_weights` read."""
+    tfscale.serving.export_model and `restore_trained_weights` read.
+
+    Example:
+        ```python
+        model.fit(train, epochs=5, callbacks=[tfscale.callbacks.Checkpoint("run/checkpoints")])
+        ```
+    """
 
     def __init__(self, directory, resume=True, keep=2):
         super().__init__()

@@ -48,7 +48,14 @@ def _in_step_with_other_ranks(model, dataset):
 
 
 def evaluate_exact(model, dataset):
-    """{"auc", "logloss", "examples"} of `model` on every example of `dataset`."""
+    """{"auc", "logloss", "examples"} of `model` on every example of `dataset`.
+
+    Example:
+        ```python
+        test = tfscale.data.rank_batches(source, 65536, split="test", drop_remainder=False)
+        tfscale.training.evaluate_exact(model, test)  # {"auc": ..., "logloss": ..., "examples": ...}
+        ```
+    """
     labels, predictions = predict_with_labels(model, dataset)
     return {
         "auc": metrics.exact_auc(labels, predictions),

@@ -38,7 +38,14 @@ _IN_PROGRESS = "day_in_progress"  # progress key: the score of the day being tra
 
 @dataclasses.dataclass
 class ProgressiveConfig:
-    """How to run `train_progressively`: one pass over each day, so no epochs."""
+    """How to run `train_progressively`: one pass over each day, so no epochs.
+
+    Example:
+        ```python
+        config = tfscale.training.ProgressiveConfig(batch_size=16384, logdir="run/logs",
+                                                    checkpoint_dir="run/checkpoints")
+        ```
+    """
 
     batch_size: int  # global: the ranks of a Horovod job share it
     log_every_steps: int = 100
@@ -54,7 +61,14 @@ class ProgressiveResult:
     """What a run did: one dict per day done, in order (day: its number from 1, name, and the
     progressive validation's auc, logloss and examples, measured before training on the day;
     steps, train_seconds, examples_per_second of its training), the final global step, whether
-    it stopped early, and whether its checkpoint had done every day already."""
+    it stopped early, and whether its checkpoint had done every day already.
+
+    Example:
+        ```python
+        result = tfscale.training.train_progressively(model, days, config)
+        [day["auc"] for day in result.days]  # progressive AUC, day by day
+        ```
+    """
 
     days: list
     global_step: int
@@ -78,7 +92,15 @@ def train_progressively(model, days, config, print_fn=print):
     """Trains the compiled `model` day by day on `days` ((name, CTRSource) pairs in order) as
     `config` (a ProgressiveConfig) says, scoring each day before training on it, and returns a
     ProgressiveResult. Every day is checked (its rows, its schema) before anything is trained
-    or written."""
+    or written.
+
+    Example:
+        ```python
+        days = [(path, tfscale.data.CriteoTSV([path], test_fraction=None)) for path in day_files]
+        config = tfscale.training.ProgressiveConfig(batch_size=16384)
+        result = tfscale.training.train_progressively(model, days, config)
+        ```
+    """
     days, steps_per_day = check_days(days, config.batch_size)
     chief = distributed.is_chief()
     if not chief:
@@ -207,7 +229,13 @@ def check_days(days, batch_size):
     `batch_size`), refused with a UserError unless there is at least one day, each named once,
     all of one schema, each with a labelled test split and at least one full batch on every
     rank. `train_progressively` checks its days so; call it first to check them before writing
-    anything else."""
+    anything else.
+
+    Example:
+        ```python
+        days, steps_per_day = tfscale.training.check_days(days, batch_size=16384)
+        ```
+    """
     days = [(str(name), source) for name, source in days]
     if not days:
         raise UserError("`days` is empty: give at least one (name, source) pair")

@@ -34,7 +34,14 @@ DAYS_DONE = "days_done"
 
 @dataclasses.dataclass
 class TrainingConfig:
-    """How to run training; see `train`."""
+    """How to run training; see `train`.
+
+    Example:
+        ```python
+        config = tfscale.training.TrainingConfig(batch_size=65536, epochs=5, logdir="run/logs",
+                                                 checkpoint_dir="run/checkpoints", resume=True)
+        ```
+    """
 
     batch_size: int  # global: the ranks of a Horovod job share it
     epochs: int
@@ -50,7 +57,14 @@ class TrainingConfig:
 class TrainingResult:
     """What a run did: per-epoch test metrics (dicts with epoch, auc, logloss, examples,
     train_seconds, examples_per_second), the final global step, whether it stopped early, and
-    whether its checkpoint had finished every epoch already (nothing was trained)."""
+    whether its checkpoint had finished every epoch already (nothing was trained).
+
+    Example:
+        ```python
+        result = tfscale.training.train(model, source, config)
+        result.final  # the last epoch's {"auc", "logloss", ...}
+        ```
+    """
 
     epochs: list
     global_step: int
@@ -64,7 +78,13 @@ class TrainingResult:
 
 def build_model_and_optimizer(model, schema):
     """Creates every model and optimizer variable by calling the model on a one-row batch of
-    `schema` and building the optimizer, so checkpoints can be restored into them."""
+    `schema` and building the optimizer, so checkpoints can be restored into them.
+
+    Example:
+        ```python
+        tfscale.training.build_model_and_optimizer(model, source.schema)  # before restoring weights
+        ```
+    """
     dummy = {
         "dense": tf.zeros([1, schema.num_dense], tf.float32),
         "categorical": tf.zeros([1, schema.num_categorical], tf.int64),
@@ -92,7 +112,16 @@ def restore_trained_weights(model, checkpoint_dir):
 
 
 def train(model, source, config, print_fn=print):
-    """Trains the compiled `model` on `source` as `config` says and returns a TrainingResult."""
+    """Trains the compiled `model` on `source` as `config` says and returns a TrainingResult.
+
+    Example:
+        ```python
+        source = tfscale.data.CriteoTSV("train.txt", hash_buckets=1_000_000)
+        config = tfscale.training.TrainingConfig(batch_size=65536, epochs=5,
+                                                 checkpoint_dir="run/checkpoints")
+        result = tfscale.training.train(model, source, config)  # model: compiled, takes the features
+        ```
+    """
     check_test_split_is_labelled(source)
     chief = distributed.is_chief()
     if not chief:
