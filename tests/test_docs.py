@@ -9,6 +9,7 @@ script run in their own)."""
 
 import ast
 import functools
+import html
 import importlib.util
 import json
 import os
@@ -161,7 +162,14 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path):
                 if line.startswith(("WARNING", "ERROR")) and "Location 'file:" not in line]
     assert result.returncode == 0, "mkdocs build --strict failed:\n" + "\n".join(
         problems or result.stderr.splitlines()[-30:])
-    assert (tmp_path / "site" / "reference" / "optimizers" / "index.html").exists()
+    reference = tmp_path / "site" / "reference"
+    assert (reference / "optimizers" / "index.html").exists()
+    # The reference renders docstrings: they too speak of the product only.
+    for page in reference.rglob("*.html"):
+        text = re.sub(r"<[^>]+>", " ", re.sub(r"<script.*?</script>", "", page.read_text(
+            encoding="utf-8"), flags=re.S))
+        found = development_log_wording(html.unescape(text))
+        assert not found, f"{page.relative_to(tmp_path)} speaks of its development: {found}"
 
 
 def exported_names(module_path):
