@@ -49,6 +49,10 @@ class TableStrategy:
         to `table` (Table.attach)."""
         raise NotImplementedError
 
+    def updated_whole(self, table):
+        """The train step found `table` (built) updated whole, every row read every step:
+        nothing by default (dynamic tables write the rows they have not handed out)."""
+
     def lookup(self, tables, rows, embedding, training=False):
         """The rows `rows` (int64 table ids, any shape) of each of `tables` (one layer's, of one
         size), as [*rows.shape, width] float32 tensors, each table's de-duplicated lookup

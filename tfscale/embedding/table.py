@@ -11,7 +11,12 @@ still alive at the scatter is copied too. A variable updated whole (a fused Adam
 must be read whole: an in-place row read would put it in copy-on-read mode and the whole update
 would copy it. Either mismatch costs a copy of the table per step, more than a 1K batch's
 arithmetic. The train step sets each table's update (`set_updated_by_row`) before tracing the
-forward pass."""
+forward pass.
+
+A table whose rows are written only when given to ids (a dynamic table: `hands_out_rows`) and its
+per-row optimizer state are created `unwritten`: allocated, not written, so not resident until
+rows are written (docs/dynamic.md). Nothing reads a row of them before it was written:
+`written_rows` says how many leading rows have been."""
 
 import dataclasses
 import weakref
@@ -98,8 +103,11 @@ class Table:
                                  self)
 
     def set_updated_by_row(self, by_row):
-        """Whether the optimizer updates this table row by row (read by `read_rows`)."""
+        """Whether the optimizer updates this table row by row (read by `read_rows`); a table
+        updated whole is told to its strategy (TableStrategy.updated_whole)."""
         self.updated_by_row = bool(by_row)
+        if not by_row:
+            self.strategy.updated_whole(self)
 
     def read_rows(self, local_rows):
         """Rows `local_rows` (int, any shape) of this rank's variable, read as the optimizer
@@ -153,6 +161,30 @@ def row_indexes_of(variables):
     indexes = {id(t.row_index): t.row_index for t in tables_of(variables)
                if t.row_index is not None}
     return list(indexes.values())
+
+
+def unwritten(shape, dtype=None):
+    """An initializer that allocates without writing: a large host buffer then takes no memory
+    until its pages are written. Its values are undefined; nothing may read them."""
+    return tf.raw_ops.Empty(shape=shape, dtype=tf.as_dtype(dtype or "float32"), init=False)
+
+
+def hands_out_rows(variable):
+    """Whether `variable` is a table whose rows are written when given to ids (a dynamic
+    table's: the strategy's row index hands them out), so its per-row state can start
+    `unwritten` too: it is reset when a row is handed out (Table.record_lookup's
+    `fresh_rows`)."""
+    table = table_of(variable)
+    return table is not None and table.row_index is not None
+
+
+def written_rows(variable):
+    """How many leading rows of table `variable` have been written (eagerly): all of them, but
+    for a table that hands out rows (`hands_out_rows`), the rows handed out so far."""
+    table = table_of(variable)
+    if table is None or table.row_index is None:
+        return int(variable.shape[0])
+    return int(table.row_index.next_row.numpy())
 
 
 def shard_of(variable):

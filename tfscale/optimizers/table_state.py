@@ -1,17 +1,24 @@
 """What each rank holds of a model's embedding tables: the optimizer's state of each table
 (`table_state`, from the optimizers' declarations), the variables that differ between ranks
 (`local_variables`, never broadcast), the one-line description the launcher prints, and how a
-checkpoint's per-row arrays are read (`stored_rows`)."""
+checkpoint's per-row arrays are read (`stored_rows`), and the warning when dynamic tables
+once full would not fit in the machine's memory (`warn_when_beyond_memory`)."""
+
+import logging
+import os
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tfscale.embedding.table import row_indexes_of, shard_of
+from tfscale import distributed
+from tfscale.embedding.table import row_indexes_of, shard_of, tables_of
 from tfscale.embedding.tables import is_embedding_table
 from tfscale.errors import UserError
 from tfscale.optimizers.capabilities import DeclaresTableState, TableState, wrapped_optimizers
 from tfscale.optimizers.row_sparse_adam import two_slot_names
+
+LOG = logging.getLogger("tfscale")
 
 
 def describe(model):
@@ -29,6 +36,37 @@ def describe(model):
            else "row-sharded")
     return (f"tables {how} over {shards[0].num_shards} ranks: {rows:,} rows, "
             f"{megabytes:,.0f} MB with optimizer state per rank")
+
+
+def warn_when_beyond_memory(model):
+    """Logs a warning (once per row index, on the first rank of each machine) when `model`'s
+    dynamic tables, once every row is handed out, would take more than this machine's memory:
+    the ranks on it x rows per rank x bytes per row (the tables, their per-row optimizer state
+    and the id map's per-row state; the map's hash table comes on top). `model.optimizer` is
+    built."""
+    runtime = distributed.runtime
+    local_ranks = runtime.horovod().local_size() if distributed.is_active() else 1
+    local_rank = runtime.horovod().local_rank() if distributed.is_active() else 0
+    machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    by_index = {}
+    for table in tables_of(model.variables):
+        if table.row_index is not None:
+            by_index.setdefault(id(table.row_index), (table.row_index, []))[1].extend(
+                [table.variable, *per_row_state(model.optimizer, table.variable)])
+    for index, per_row in by_index.values():
+        if index.memory_checked:
+            continue
+        index.memory_checked = True
+        row_bytes = sum(int(np.prod(v.shape[1:])) * tf.as_dtype(v.dtype).size
+                        for v in per_row + index.state if len(v.shape))
+        full = local_ranks * index.rows * row_bytes
+        if full > machine and local_rank == 0:
+            LOG.warning(
+                "dynamic tables of capacity %s: once full, %d rank(s) on this machine hold %s "
+                "rows x %d bytes per row (tables, optimizer state, id map) = %.1f GB, more than "
+                "its %.1f GB of memory; give a smaller `capacity` or more machines",
+                f"{index.capacity:,}", local_ranks, f"{index.rows:,}", row_bytes, full / 1e9,
+                machine / 1e9)
 
 
 def local_variables(model):
