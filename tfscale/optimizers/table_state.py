@@ -38,27 +38,32 @@ def describe(model):
             f"{megabytes:,.0f} MB with optimizer state per rank")
 
 
-def warn_when_beyond_memory(model):
-    """Logs a warning (once per row index, on the first rank of each machine) when `model`'s
-    dynamic tables, once every row is handed out, would take more than this machine's memory:
-    the ranks on it x rows per rank x bytes per row (the tables, their per-row optimizer state
-    and the id map's per-row state; the map's hash table comes on top). `model.optimizer` is
-    built."""
-    runtime = distributed.runtime
-    local_ranks = runtime.horovod().local_size() if distributed.is_active() else 1
-    local_rank = runtime.horovod().local_rank() if distributed.is_active() else 0
-    machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+def dynamic_row_bytes(model):
+    """(row index, bytes per row) of each row index of `model`'s dynamic tables (its optimizer
+    built): the bytes of a row of its tables, of their per-row optimizer state and of the
+    index's per-row state (the id map's hash table comes on top)."""
     by_index = {}
     for table in tables_of(model.variables):
         if table.row_index is not None:
             by_index.setdefault(id(table.row_index), (table.row_index, []))[1].extend(
                 [table.variable, *per_row_state(model.optimizer, table.variable)])
-    for index, per_row in by_index.values():
+    return [(index, sum(int(np.prod(v.shape[1:])) * tf.as_dtype(v.dtype).size
+                        for v in per_row + index.state if len(v.shape)))
+            for index, per_row in by_index.values()]
+
+
+def warn_when_beyond_memory(model):
+    """Logs a warning (once per row index, on the first rank of each machine) when `model`'s
+    dynamic tables, once every row is handed out, would take more than this machine's memory:
+    the ranks on it x rows per rank x bytes per row (`dynamic_row_bytes`). `model.optimizer`
+    is built."""
+    hvd = distributed.runtime.horovod() if distributed.is_active() else None
+    local_ranks, local_rank = (hvd.local_size(), hvd.local_rank()) if hvd else (1, 0)
+    machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for index, row_bytes in dynamic_row_bytes(model):
         if index.memory_checked:
             continue
         index.memory_checked = True
-        row_bytes = sum(int(np.prod(v.shape[1:])) * tf.as_dtype(v.dtype).size
-                        for v in per_row + index.state if len(v.shape))
         full = local_ranks * index.rows * row_bytes
         if full > machine and local_rank == 0:
             LOG.warning(
