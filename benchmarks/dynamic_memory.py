@@ -1,6 +1,6 @@
 """Memory per rank of dynamic tables (docs/dynamic.md) against their capacity: DeepFM (the
 launcher's default model and optimizer: embedding 10, DNN 400-400-400, RowSparseAdam) on the
-synthetic data (vocabulary scale 1/20, 1.69M ids), 20 steps at a global batch of 8,192, a new
+synthetic data (vocabulary scale 1/20, 1.80M ids), 20 steps at a global batch of 8,192, a new
 batch every step, with dynamic tables of capacity 3.4M, 33.8M and 135M ids and, beside them,
 fixed row-sharded tables at the data's vocabulary:
 
@@ -8,12 +8,12 @@ fixed row-sharded tables at the data's vocabulary:
     python -m benchmarks.dynamic_memory --report      # the table of --results
 
 Each run is a process of its own (under `horovodrun -np 4 -H localhost:4 --gloo` at P = 4),
-started by this script, which kills it when the processes it started pass --max_total_gb of
-resident memory together. A run measures, per rank: the peak resident set size (VmHWM), the
-resident set after the model and optimizer are built (before the first step), the seconds from
-its launch to then and to the end of its first step, the median step time of steps 2-20, the rows in use
-(summed over the ranks) and the bytes a row takes with its optimizer state and IdRows' per-row
-state; rank 0 appends one JSON line per rank to --results and prints it."""
+started by this script, which kills it when its processes pass --max_total_gb of resident
+memory together. A run measures, per rank: the peak resident set size (VmHWM), the resident
+set after the model and optimizer are built (before the first step), the seconds from its
+launch to then and to the end of its first step, the median step time of steps 2-20, the rows in use (summed over
+the ranks) and the bytes a row takes with its optimizer state and IdRows' per-row state; rank 0
+appends one JSON line per rank to --results and prints it."""
 
 import json
 import os
@@ -52,7 +52,6 @@ def status_bytes(field):
 def measure():
     """This rank's measurements of the run FLAGS.run."""
     import keras
-    import numpy as np
 
     import models
     from benchmarks.timing import machine_description

@@ -1,8 +1,8 @@
 """Child of tests/test_dynamic_memory.py: a dynamic table of CAPACITY ids (RowSparseAdam), a few
 training steps of a few hundred ids, a checkpoint written and restored into a second model of the
-same capacity, a step there (rows not seen before). Prints one JSON line: the growth of the peak resident memory (MB)
-over the whole, the bytes the full tables would take, the rows in use and the checkpoint's
-rows."""
+same capacity, a step there (rows not seen before). Prints one JSON line: the growth of the peak
+resident memory (MB) over the whole, the bytes both models' full tables would take, the rows in
+use, the rows handed out after the restore and the checkpoint's rows per array."""
 
 import json
 import sys
@@ -28,11 +28,12 @@ def peak_mb():
 
 def model():
     inputs = keras.Input((2,), dtype="int64")
-    layer = FieldEmbedding([10, 10], embedding_dim=8, sharding=DynamicTables(capacity=CAPACITY),
-                           name="field_embedding")
+    layer = FieldEmbedding([10, 10], embedding_dim=8, name="field_embedding",
+                           sharding=DynamicTables(capacity=CAPACITY))
     outputs = keras.layers.Dense(1, activation="sigmoid")(keras.layers.Flatten()(layer(inputs)))
     built = FunctionalTrainStepModel(inputs, outputs)
-    built.compile(optimizer=RowSparseAdam(learning_rate=0.01, name="adam"), loss="binary_crossentropy")
+    built.compile(optimizer=RowSparseAdam(learning_rate=0.01, name="adam"),
+                  loss="binary_crossentropy")
     built.optimizer.build(built.trainable_variables)
     return built, layer
 

@@ -21,6 +21,7 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 from tfscale import distributed  # noqa: E402
 from tfscale.embedding.dynamic import DynamicTables  # noqa: E402

@@ -1,8 +1,9 @@
 """What each rank holds of a model's embedding tables: the optimizer's state of each table
 (`table_state`, from the optimizers' declarations), the variables that differ between ranks
 (`local_variables`, never broadcast), the one-line description the launcher prints, and how a
-checkpoint's per-row arrays are read (`stored_rows`), and the warning when dynamic tables
-once full would not fit in the machine's memory (`warn_when_beyond_memory`)."""
+checkpoint's per-row arrays are read (`stored_rows`), and a dynamic table's bytes per row
+(`dynamic_row_bytes`) with the warning when its tables once full would not fit in the machine's
+memory (`warn_when_beyond_memory`)."""
 
 import logging
 import os
@@ -32,9 +33,11 @@ def describe(model):
     shards = [shard_of(v) for v in tables if shard_of(v) is not None]
     if not shards:
         return f"tables replicated: {rows:,} rows, {megabytes:,.0f} MB with optimizer state"
-    how = ("dynamic (rows given to ids as they arrive)" if row_indexes_of(tables)
-           else "row-sharded")
-    return (f"tables {how} over {shards[0].num_shards} ranks: {rows:,} rows, "
+    if row_indexes_of(tables):
+        return (f"tables dynamic (rows given to ids as they arrive) over {shards[0].num_shards} "
+                f"ranks: up to {rows:,} rows, {megabytes:,.0f} MB with optimizer state per rank "
+                "once full (memory follows the rows in use)")
+    return (f"tables row-sharded over {shards[0].num_shards} ranks: {rows:,} rows, "
             f"{megabytes:,.0f} MB with optimizer state per rank")
 
 
