@@ -11,9 +11,9 @@ Each run is a process of its own (under `horovodrun -np 4 -H localhost:4 --gloo`
 started by this script, which kills it when its processes pass --max_total_gb of resident
 memory together. A run measures, per rank: the peak resident set size (VmHWM), the resident
 set after the model and optimizer are built (before the first step), the seconds from its
-launch to then and to the end of its first step, the median step time of steps 2-20, the rows in use (summed over
-the ranks) and the bytes a row takes with its optimizer state and IdRows' per-row state; rank 0
-appends one JSON line per rank to --results and prints it."""
+launch to then and to the end of its first step, the median step time of steps 2-20, the rows
+in use (summed over the ranks) and the bytes a row takes with its optimizer state and IdRows'
+per-row state; rank 0 appends one JSON line per rank to --results and prints it."""
 
 import json
 import os
