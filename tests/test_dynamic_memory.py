@@ -2,7 +2,8 @@
 tables, optimizer state and IdRows' per-row state start unwritten; rows are handed out from the
 high-water mark, then from the freed rows; a row handed out (after an eviction, after a restore)
 starts from its initializer row and fresh optimizer state; checkpoints hold the rows in use only;
-a capacity whose full tables pass the machine's memory is warned about."""
+a table updated whole has its other rows written with zeros; a capacity whose full tables pass
+the machine's memory is warned about."""
 
 import json
 import logging
@@ -11,11 +12,12 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tests.test_dynamic_tables import embedding, held, lookup, small_model
 from tfscale.embedding.initializers import keyed_rows
-from tfscale.optimizers import table_state
+from tfscale.optimizers import FusedAdam, table_state
 from tfscale.training.checkpoints import CheckpointStore
 
 
@@ -114,3 +116,15 @@ def test_a_capacity_beyond_the_machines_memory_is_warned_about_with_the_numbers(
         table_state.warn_when_beyond_memory(model)
     assert f"1,000 rows x {row_bytes} bytes per row" in caplog.text, caplog.text
     assert "0.0 GB of memory" in caplog.text
+
+
+def test_a_dynamic_table_updated_whole_has_its_rows_not_handed_out_written_with_zeros():
+    """FusedAdam updates a table whole, reading every row: the rows no id was given read zero,
+    as an Adam step with a zero gradient keeps them."""
+    model, layer = small_model(capacity=12)
+    model.compile(optimizer=FusedAdam(learning_rate=0.01), loss="binary_crossentropy")
+    with pytest.warns(UserWarning, match="updated whole"):
+        model.train_on_batch(np.array([[1, 11], [2, 12]]), np.array([[1.0], [0.0]]))
+    table = layer.tables[0].variable.numpy()
+    assert int(layer.row_index.next_row.numpy()) == 4
+    assert (table[4:] == 0).all() and (table[:4] != 0).all()
