@@ -43,7 +43,7 @@ class DynamicTables(TableStrategy):
     Args:
         capacity: rows in use at most, summed over the ranks (None: the sum of the
             FieldEmbedding's `vocabulary_sizes`). Memory follows the rows handed out: per row,
-            width x 4 bytes per table, the optimizer's state of the row and 24 bytes of IdRows
+            width x 4 bytes per table, the optimizer's state of the row and 32 bytes of IdRows
             (plus its id map), up to capacity rows (10% more at P > 1: IdRows).
         min_count: occurrences in training batches before an id gets a row (1: at once).
         evict_fraction: the share of capacity one eviction frees (evictions are batched).
