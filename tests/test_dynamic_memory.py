@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from tests.test_dynamic_tables import embedding, held, lookup, small_model
 from tfscale.embedding.initializers import keyed_rows
-from tfscale.optimizers import FusedAdam, table_state
+from tfscale.optimizers import FusedAdam, RowSparseAdagrad, table_state
 from tfscale.training.checkpoints import CheckpointStore
 
 
@@ -128,3 +128,23 @@ def test_a_dynamic_table_updated_whole_has_its_rows_not_handed_out_written_with_
     table = layer.tables[0].variable.numpy()
     assert int(layer.row_index.next_row.numpy()) == 4
     assert (table[4:] == 0).all() and (table[:4] != 0).all()
+
+
+def test_a_row_handed_out_starts_from_adagrads_initial_accumulator():
+    """RowSparseAdagrad's fresh rows start at `initial_accumulator_value`, as a fixed table's:
+    after one step, accumulator = 0.1 + g**2 and the row moved by lr * |g| / sqrt(accumulator)."""
+    model, layer = small_model(capacity=8)
+    model.compile(optimizer=RowSparseAdagrad(learning_rate=0.5, initial_accumulator_value=0.1),
+                  loss="binary_crossentropy")
+    model.optimizer.build(model.trainable_variables)
+    spoil_state(model, layer)
+    model.train_on_batch(np.array([[3, 13]]), np.array([[1.0]]))
+    row = held(layer)[3]
+    table = layer.tables[0].variable
+    (accumulator,) = table_state.table_state(model.optimizer, table).per_row
+    accumulated = accumulator.numpy()[row]
+    initial = keyed_rows(layer.tables[0].layer.initializer, tf.constant([3], tf.int64),
+                         3).numpy()[0]
+    assert (accumulated > 0.1).all() and (accumulated < 1).all()
+    np.testing.assert_allclose(np.abs(table.numpy()[row] - initial),
+                               0.5 * np.sqrt((accumulated - 0.1) / accumulated), rtol=1e-3)
