@@ -1,5 +1,6 @@
 """What a TrainStep model's `fit`, `evaluate` and `load_weights` add in a Horovod job of two or
-more ranks (tfscale.training.train_step calls these; outside Horovod they change nothing):
+more ranks (tfscale.training.train_step calls these; outside Horovod they change nothing but
+the memory warning of dynamic tables, logged in any process):
 
 - before `fit`'s first update: the model built (called on the data's first row) and its
   optimizer built (a warning when its dynamic tables once full would not fit in memory), then
