@@ -21,7 +21,6 @@ from tfscale import distributed
 from tfscale.embedding.id_rows import NO_ROW
 from tfscale.embedding.table import tables_of
 from tfscale.errors import UserError
-from tfscale.optimizers.table_state import stored_rows
 
 _FILE = "dynamic-{}-of-{}.npz"
 _FILE_PATTERN = re.compile(r"dynamic-(\d+)-of-(\d+)\.npz$")
@@ -34,27 +33,29 @@ class DynamicGroup:
 
     index: object
     per_row: tuple
+    stored_rows: object  # (arrays, name) -> its array in a checkpoint file, or None
 
     def variables(self):
         """Every variable of the group (kept out of the rest of the checkpoint)."""
         return [*self.per_row, *self.index.state, self.index.step]
 
 
-def groups(variables, per_row_state):
-    """The DynamicGroups of the tables `variables` (with their state: `per_row_state`, table
-    variable -> the optimizer's variables with one entry per row of it)."""
+def groups(variables, state):
+    """The DynamicGroups of the tables `variables` (with their optimizer state: `state`, a
+    TableStateSource, tfscale.embedding.strategy)."""
     by_index = {}
     for table in tables_of(variables):
         by_index.setdefault(id(table.row_index), (table.row_index, []))[1].extend(
-            [table.variable, *per_row_state(table.variable)])
-    return [DynamicGroup(index, tuple(per_row)) for index, per_row in by_index.values()]
+            [table.variable, *state.per_row(table.variable)])
+    return [DynamicGroup(index, tuple(per_row), state.stored_rows)
+            for index, per_row in by_index.values()]
 
 
 class ById:
     """The by-id TableCheckpoint (module docstring); its parts are DynamicGroups."""
 
-    def parts(self, variables, per_row_state):
-        return groups(variables, per_row_state)
+    def parts(self, variables, state):
+        return groups(variables, state)
 
     def variables(self, parts):
         return [variable for group in parts for variable in group.variables()]
@@ -137,7 +138,7 @@ def restore(dynamic_groups, directory):
 def _restore_in_place(group, arrays):
     """Every row back at its position (the checkpoint's rank is this one)."""
     index = group.index
-    named = _named(arrays, index)
+    named = _named(arrays, group)
     rows = named("rows")
     _assign_rows(index.row_ids, rows, named("keys"), NO_ROW)
     _assign_rows(index.last_seen, rows, named("last_seen"), 0)
@@ -153,7 +154,7 @@ def _restore_in_place(group, arrays):
 def _restore_by_key(group, every_rank):
     """The keys this rank owns now, from every rank's arrays, in rows 0, 1, ... by key."""
     index = group.index
-    parts = [_named(arrays, index) for arrays in every_rank]
+    parts = [_named(arrays, group) for arrays in every_rank]
     keys = np.concatenate([named("keys") for named in parts])
     mine = np.flatnonzero(keys % distributed.size() == distributed.rank())
     mine = mine[np.argsort(keys[mine], kind="stable")]
@@ -179,11 +180,12 @@ def _restore_by_key(group, every_rank):
         _assign_rows(variable, rows, gathered(variable.path), 0)
 
 
-def _named(arrays, index):
-    """name -> the checkpoint's array of `index`'s `name`; a UserError when it is missing."""
+def _named(arrays, group):
+    """name -> the checkpoint's array of `group`'s index's `name`; a UserError when it is
+    missing."""
     def named(name):
-        key = f"{index.path}:{name}"
-        values = stored_rows(arrays, key)
+        key = f"{group.index.path}:{name}"
+        values = group.stored_rows(arrays, key)
         if values is None:
             raise UserError(f"the checkpoint's dynamic tables have no {key}: resume with the "
                             "model and optimizer it was written with")

@@ -13,8 +13,11 @@ only (one may serve several layers).
 A TableCheckpoint (the `checkpoint_format` of a strategy: tfscale.embedding.by_row_checkpoint's
 BY_ROW, tfscale.embedding.by_id_checkpoint's BY_ID) writes and reads its tables and their
 optimizer state apart from the rest of a checkpoint, every rank its own rows:
-  parts(variables, per_row_state)  what it stores of those table variables (`per_row_state`:
-                                   variable -> the optimizer's per-row variables of it);
+  parts(variables, state)          what it stores of those table variables and their optimizer
+                                   state (`state`, a TableStateSource: `per_row(table)`, the
+                                   optimizer's variables with one entry per row of it;
+                                   `stored_rows(arrays, name)`, how a checkpoint file's array of
+                                   such a variable is read, older layouts included);
   variables(parts)                 every variable it stores (the rest of the checkpoint skips
                                    them);
   check_matches(parts, directory)  a UserError when the checkpoint holds tables of this format

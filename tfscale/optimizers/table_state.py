@@ -86,6 +86,22 @@ def stored_rows(arrays, name):
     return None
 
 
+class OptimizerTableState:
+    """The TableStateSource the checkpoint formats read an optimizer's table state through
+    (tfscale.embedding.strategy): `optimizer`'s per-row variables of a table (none without an
+    optimizer) and how a stored one is read."""
+
+    def __init__(self, optimizer):
+        self._optimizer = optimizer
+
+    def per_row(self, table):
+        return [] if self._optimizer is None else per_row_state(self._optimizer, table)
+
+    @staticmethod
+    def stored_rows(arrays, name):
+        return stored_rows(arrays, name)
+
+
 def per_row_state(optimizer, table):
     """The variables of `optimizer` with one entry per row of `table` (TableState.per_row)."""
     return list(table_state(optimizer, table).per_row)
