@@ -9,7 +9,7 @@ ids are drawn):
     horovodrun -np P -H localhost:P --gloo python -m benchmarks.sharding_memory --sharding=row
 
 Every rank measures the bytes of the embedding tables and their optimizer state it holds
-(tfscale.training.table_checkpoints.table_variables: tables, Adam moments) and its peak resident set
+(the tables and Adam moments their checkpoint format stores) and its peak resident set
 size (getrusage) after the steps; rank 0 appends one JSON line per rank to --results and prints
 them. `--report` prints the markdown table of every line in --results, with sharded state as a
 fraction of the replicated state at the same P."""
@@ -32,7 +32,8 @@ from tfscale import distributed  # noqa: E402
 from tfscale.data.schema import FeatureSchema  # noqa: E402
 from tfscale.data.synthetic import scaled_cardinalities  # noqa: E402
 from tfscale.optimizers import FusedAdam  # noqa: E402
-from tfscale.training import table_checkpoints  # noqa: E402
+from tfscale.embedding.table import tables_of  # noqa: E402
+from tfscale.optimizers.table_state import per_row_state  # noqa: E402
 from tfscale.training.run import build_model_and_optimizer  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -67,12 +68,13 @@ def measure():
         started = time.perf_counter()
         model.train_on_batch(features, rng.integers(0, 2, (local, 1)).astype(np.float32))
         step_seconds.append(time.perf_counter() - started)
-    held = table_checkpoints.table_variables(model, model.optimizer)
+    tables = [table.variable for table in tables_of(model.variables)]
+    held = tables + [slot for table in tables for slot in per_row_state(model.optimizer, table)]
     return {
         "sharding": FLAGS.sharding, "ranks": ranks, "rank": rank,
         "embedding_dim": FLAGS.embedding_dim, "ids": int(sum(sizes)),
-        "ids_held": int(max(entry.variable.shape[0] for entry in held)),
-        "table_and_slot_bytes": int(sum(np.prod(e.variable.shape) * 4 for e in held)),
+        "ids_held": int(max(variable.shape[0] for variable in held)),
+        "table_and_slot_bytes": int(sum(np.prod(variable.shape) * 4 for variable in held)),
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "build_seconds": build_seconds, "median_step_seconds": statistics.median(step_seconds),
         "batch_size": FLAGS.batch_size, "machine": machine_description(),

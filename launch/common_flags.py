@@ -213,6 +213,7 @@ def file_preprocessing(recorded, counted_paths, test_fraction):
     run's recorded_encoding), that encoding; else --vocabulary, or the automatic vocabulary of
     the training lines of `counted_paths` (with `test_fraction`, those its split trains on),
     and with --categorical_encoding=hash the buckets fitted to it."""
+    from launch import hybrid_flags
     from tfscale.data.preprocessing import Preprocessing
     from tfscale.errors import UserError
 
@@ -224,9 +225,10 @@ def file_preprocessing(recorded, counted_paths, test_fraction):
     fingerprint = FLAGS.categorical_encoding == "fingerprint"
     if hashing and FLAGS.vocabulary:
         raise UserError("--vocabulary goes with --categorical_encoding=vocabulary (the default)")
-    if fingerprint and FLAGS.embedding_sharding != "dynamic":
+    if fingerprint and not hybrid_flags.strategy().takes_any_ids:
         raise UserError("--categorical_encoding=fingerprint gives every value an id of its own "
-                        "(up to 2**56): it needs tables that grow, --embedding_sharding=dynamic")
+                        "(up to 2**56): it needs tables that grow, --embedding_sharding="
+                        f"{hybrid_flags.any_id_strategies()}")
     if FLAGS.integer_transform == "minmax" and hashing:
         raise UserError("--integer_transform=minmax needs the ranges a vocabulary records: use "
                         "--categorical_encoding=vocabulary")

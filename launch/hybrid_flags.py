@@ -4,7 +4,7 @@ reported by `describe`."""
 
 from absl import flags
 
-from tfscale.embedding.strategies import STRATEGIES
+from tfscale.embedding.strategies import names
 from tfscale.errors import UserError
 
 FLAGS = flags.FLAGS
@@ -19,7 +19,7 @@ flags.DEFINE_integer("embedding_staleness", 0,
                      "synchronous. Not with --embedding_comm=topk or gtopk.", lower_bound=0)
 
 
-flags.DEFINE_enum("embedding_sharding", "replicated", list(STRATEGIES),
+flags.DEFINE_enum("embedding_sharding", "replicated", names(),
                   "replicated: every rank holds every embedding table whole; row: each rank holds "
                   "the rows id mod P == rank of every table and their optimizer state, and looks "
                   "the others up by alltoall (docs/sharding.md); dynamic: rows are given to ids "
@@ -42,33 +42,50 @@ flags.DEFINE_integer("dynamic_expire_after_steps", None,
                      "used first).", lower_bound=1)
 
 
-def table_strategy():
-    """FieldEmbedding's `sharding` for the flags: a name, or the row or dynamic tables'
-    settings."""
-    from tfscale.embedding.dynamic import DynamicTables
-    from tfscale.embedding.row_sharding import RowSharded
+# Flags that set a table strategy's settings: flag -> (the registered name of the strategy it
+# goes with, its argument). Every other question about a strategy goes to the registry.
+STRATEGY_SETTINGS = {
+    "sharded_wire_dtype": ("row", "wire_dtype"),
+    "dynamic_capacity": ("dynamic", "capacity"),
+    "dynamic_min_count": ("dynamic", "min_count"),
+    "dynamic_expire_after_steps": ("dynamic", "expire_after_steps"),
+}
 
-    dynamic_flags = [f"--{name}" for name in ("dynamic_capacity", "dynamic_expire_after_steps")
-                     if FLAGS[name].value is not None]
-    if FLAGS.dynamic_min_count != 1:
-        dynamic_flags.append("--dynamic_min_count")
-    if dynamic_flags and FLAGS.embedding_sharding != "dynamic":
-        raise UserError(f"{', '.join(dynamic_flags)} go with --embedding_sharding=dynamic")
-    if FLAGS.sharded_wire_dtype != "float32":
-        if FLAGS.embedding_sharding != "row":
-            raise UserError(f"--sharded_wire_dtype={FLAGS.sharded_wire_dtype} goes with "
-                            "--embedding_sharding=row")
-        return RowSharded(wire_dtype=FLAGS.sharded_wire_dtype)
-    if FLAGS.embedding_sharding != "dynamic":
+
+def table_strategy():
+    """FieldEmbedding's `sharding` for the flags: the registered name, or its config with the
+    settings the flags give (TableStrategy.get_config)."""
+    given = [flag for flag in STRATEGY_SETTINGS if FLAGS[flag].value != FLAGS[flag].default]
+    misplaced = [f"--{flag}={FLAGS[flag].value} goes with --embedding_sharding={STRATEGY_SETTINGS[flag][0]}"
+                 for flag in given if STRATEGY_SETTINGS[flag][0] != FLAGS.embedding_sharding]
+    if misplaced:
+        raise UserError(f"{'; '.join(misplaced)} (not --embedding_sharding="
+                        f"{FLAGS.embedding_sharding})")
+    if not given:
         return FLAGS.embedding_sharding
-    return DynamicTables(capacity=FLAGS.dynamic_capacity, min_count=FLAGS.dynamic_min_count,
-                         expire_after_steps=FLAGS.dynamic_expire_after_steps)
+    return {"name": FLAGS.embedding_sharding,
+            **{STRATEGY_SETTINGS[flag][1]: FLAGS[flag].value for flag in given}}
+
+
+def strategy():
+    """The TableStrategy --embedding_sharding names (from the registry)."""
+    from tfscale.embedding import strategies
+
+    return strategies.get(FLAGS.embedding_sharding)
+
+
+def any_id_strategies():
+    """The names of the strategies whose ids may be any ints (TableStrategy.takes_any_ids), as
+    --embedding_sharding's values: "a|b"."""
+    from tfscale.embedding import strategies
+
+    return "|".join(name for name in strategies.names() if strategies.get(name).takes_any_ids)
 
 
 def check_dynamic_capacity(source, local_batch_size):
     """Refuses a --dynamic_capacity below the distinct ids of this rank's first training batch
     (the first step could not give them rows), before anything is written."""
-    if FLAGS.embedding_sharding != "dynamic":
+    if FLAGS.embedding_sharding != STRATEGY_SETTINGS["dynamic_capacity"][0]:
         return
     import numpy as np
 
@@ -87,7 +104,7 @@ def check_dynamic_capacity(source, local_batch_size):
 def row_gradient_flags():
     """The flags given that need the tables' gradients as rows (IndexedSlices)."""
     given = []
-    if FLAGS.embedding_sharding in ("row", "dynamic"):
+    if strategy().partitioned:
         given.append(f"--embedding_sharding={FLAGS.embedding_sharding}")
     if FLAGS.embedding_staleness:
         given.append(f"--embedding_staleness={FLAGS.embedding_staleness}")

@@ -134,21 +134,6 @@ def check_table_l2(settings, row_gradient_flags):
             "rows) or --l2=0")
 
 
-def check_sharded_dense_update():
-    """Refuses --embedding_sharding=row or dynamic with a dense update by Keras's Adagrad or SGD, which
-    the train step would refuse at the first step (only tfscale's own dense updates keep a
-    shard correct): said here, in flags, before anything is built."""
-    from tfscale.errors import UserError
-
-    optimizer = optimizer_name()
-    if (FLAGS.embedding_sharding in ("row", "dynamic") and FLAGS.embedding_update == "dense"
-            and optimizer in ("adagrad", "sgd")):
-        raise UserError(f"--embedding_sharding={FLAGS.embedding_sharding} with "
-                        f"--optimizer={optimizer} and "
-                        "--embedding_update=dense would update every rank's shard whole every "
-                        "step with Keras's optimizer; give --embedding_update=row")
-
-
 def describe(settings):
     """One line naming every resolved hyper-parameter."""
     text = (f"rule {settings.rule}: embedding lr {settings.embedding_learning_rate:g}, dense lr "

@@ -8,7 +8,7 @@ import os
 
 from absl import flags
 
-from launch import common_flags
+from launch import common_flags, hybrid_flags
 
 FLAGS = flags.FLAGS
 
@@ -29,8 +29,6 @@ flags.DEFINE_float("drift_half_life_days", 7.0,
                    "large field gets (1 - 2^(-1/half-life)) x its cardinality new ids a day.",
                    lower_bound=0.1)
 
-# The table strategy that keys rows by raw (field, id), which --categorical_encoding=raw needs.
-DYNAMIC_TABLES = "dynamic"
 _DRIFTING_FLAGS = ("days", "rows_per_day", "drift_half_life_days")
 
 
@@ -46,10 +44,10 @@ def check_flags():
         if FLAGS[name].present and FLAGS.data != "drifting":
             raise UserError(f"--{name} shapes the drifting stream's days: it goes with "
                             "--data=drifting")
-    if FLAGS.categorical_encoding == "raw" and FLAGS.embedding_sharding != DYNAMIC_TABLES:
+    if FLAGS.categorical_encoding == "raw" and not hybrid_flags.strategy().takes_any_ids:
         raise UserError(f"--categorical_encoding=raw gives ids up to 2^56 in every field, which "
                         f"only tables keyed by id can hold: give --embedding_sharding="
-                        f"{DYNAMIC_TABLES} (not {FLAGS.embedding_sharding})")
+                        f"{hybrid_flags.any_id_strategies()} (not {FLAGS.embedding_sharding})")
     if not FLAGS.progressive:
         return
     if FLAGS.data == "synthetic":

@@ -50,7 +50,6 @@ def run():
     settings = optimization_flags.resolve_settings()
     optimizer_name = optimization_flags.optimizer_name()
     optimization_flags.check_table_l2(settings, hybrid_flags.row_gradient_flags())
-    optimization_flags.check_sharded_dense_update()
     resumed_run = checkpoint_dir if FLAGS.resume else None
     if FLAGS.progressive:
         days, _ = check_days(progressive_flags.build_days(resumed_run), FLAGS.batch_size)

@@ -12,6 +12,9 @@ import tempfile
 import time
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Installed plugins for the launched processes: the test table strategy's entry point
+# (tests/partitioned_strategy.py).
+PLUGINS = os.path.join(REPO_ROOT, "tests", "plugins")
 
 
 def horovodrun(num_ranks, args, timeout=240):
@@ -102,9 +105,10 @@ def _read(stream):
 
 
 def _start(command, stdout, stderr=None):
-    """The Popen of `command` from the repository root, in a session of its own, its stderr
-    merged into `stdout` unless a `stderr` is given."""
-    env = dict(os.environ, PYTHONPATH=REPO_ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    """The Popen of `command` from the repository root (and the test plugins) on the path, in a
+    session of its own, its stderr merged into `stdout` unless a `stderr` is given."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO_ROOT, PLUGINS]),
+               TF_CPP_MIN_LOG_LEVEL="2")
     return subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=stdout,
                             stderr=subprocess.STDOUT if stderr is None else stderr, text=True,
                             start_new_session=True)

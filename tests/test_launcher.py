@@ -193,9 +193,9 @@ BAD_FLAGS = [
      "--embedding_sharding=row and --embedding_staleness=2 need the tables' gradients as rows, "
      "and --l2=0.001 with --optimizer=sgd is"),
     (["--optimizer=adagrad", "--l2=0", "--embedding_sharding=row", "--embedding_update=dense"],
-     "--embedding_sharding=row with --optimizer=adagrad and --embedding_update=dense would "
-     "update every rank's shard whole every step with Keras's optimizer; give "
-     "--embedding_update=row"),
+     "Adagrad would update the row-sharded table deepfm/field_embedding/deep_embedding/"
+     "embeddings whole every step: give it an optimizer that updates it by row "
+     "(--embedding_update=row: "),
     (["--optimizer=cowclip", "--scaling_rule=sqrt"],
      "--optimizer=cowclip and --scaling_rule=cowclip go together (got --optimizer=cowclip, "
      "--scaling_rule=sqrt)"),

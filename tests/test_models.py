@@ -14,7 +14,7 @@ from models.dcn_v2 import MixtureCross
 from models.deepfm import FactorizationMachine
 from tfscale.data.schema import FeatureSchema
 from tfscale.embedding.field_embedding import FieldEmbedding
-from tfscale.embedding.tables import (DEEP_TABLE_PATTERN, WIDE_TABLE_PATTERN, is_deep_table,
+from tfscale.embedding.table_names import (DEEP_TABLE_PATTERN, WIDE_TABLE_PATTERN, is_deep_table,
                                       is_wide_table)
 from tfscale.errors import UserError, user_error_from_tf
 

@@ -3,7 +3,7 @@
 (tfscale.embedding.row_sharding) and dynamic ones (tfscale.embedding.dynamic), with P ranks
 simulated by threads sharing an in-process alltoall and allreduce (SimulatedRanks); and where a
 checkpoint's table rows land when it is resumed at another number of ranks
-(tfscale.training.table_checkpoints)."""
+(tfscale.embedding.by_row_checkpoint)."""
 
 import concurrent.futures
 import sys
@@ -19,8 +19,8 @@ from tfscale.embedding.dynamic import FIELD_BITS, DynamicTables
 from tfscale.embedding.field_embedding import FieldEmbedding
 from tfscale.embedding.table import RowShard
 from tfscale.row_gradients import densify
-from tfscale.training import table_checkpoints
-from tfscale.training.table_checkpoints import TableVariable
+from tfscale.embedding import by_row_checkpoint
+from tfscale.embedding.by_row_checkpoint import TableVariable
 
 
 class SimulatedRanks(types.ModuleType):
@@ -264,9 +264,9 @@ def test_restored_rows_go_to_the_rank_that_holds_them_at_the_new_number_of_ranks
         entries = _shard_entries(written, index)
         entries[0].variable.assign(whole[index::written])
         entries[1].variable.assign(moments[index::written])
-        table_checkpoints.save(entries, str(tmp_path))
+        by_row_checkpoint.save(entries, str(tmp_path))
     for index in range(resumed):
         entries = _shard_entries(resumed, index)
-        table_checkpoints.restore(entries, str(tmp_path))
+        by_row_checkpoint.restore(entries, str(tmp_path))
         np.testing.assert_array_equal(entries[0].variable.numpy(), whole[index::resumed])
         np.testing.assert_array_equal(entries[1].variable.numpy(), moments[index::resumed])

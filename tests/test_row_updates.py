@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.test_row_sparse_adam import _data, _model, _ops_on, _tables
-from tfscale.embedding import tables
+from tests.test_row_sparse_adam import _data, _model, _tables
+from tfscale.embedding import table_names
 from tfscale.optimizers import (CowClip, FusedAdam, RowSparseAdagrad, RowSparseAdam,
                                 RowSparseSGD, factory, large_batch_settings)
 from tfscale.optimizers.loss_scaling import LossScaleOptimizer
@@ -198,7 +198,7 @@ def test_multioptimizer_tables_move_only_where_looked_up_and_dense_weights_every
     seen[(ids + np.array([0, 40, 70])).ravel()] = True
     for variable, before in zip(model.trainable_variables, initial):
         after = variable.numpy()
-        if tables.is_row_table(variable):
+        if table_names.is_row_table(variable):
             np.testing.assert_array_equal(after[~seen], before[~seen])
             assert (after[seen] != before[seen]).any(axis=1).all(), variable.path
         else:

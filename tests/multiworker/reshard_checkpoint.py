@@ -1,5 +1,5 @@
 """Checkpoints of embedding tables by global row, at any number of ranks
-(tfscale.training.checkpoints, tfscale.training.table_checkpoints). A job of
+(tfscale.training.checkpoints, tfscale.embedding.by_row_checkpoint). A job of
 tests/multiworker/jobs.py, in one process or under horovodrun:
 
     main("write", SHARDING, DIR)   for each optimizer of OPTIMIZERS, trains a small

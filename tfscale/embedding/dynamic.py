@@ -23,11 +23,12 @@ import tensorflow as tf
 
 from tfscale import distributed
 from tfscale.embedding import placement
+from tfscale.embedding.by_id_checkpoint import BY_ID
 from tfscale.embedding.id_rows import IdRows, write_rows_from
 from tfscale.embedding.initializers import keyed_rows, with_rank_0_seed
 from tfscale.embedding.row_sharding import check_partitioned_arguments, gradient_divided_by
 from tfscale.embedding.strategy import TableStrategy
-from tfscale.embedding.table import RowShard, Table, tables_of, unwritten
+from tfscale.embedding.table import RowShard, Table, unwritten
 from tfscale.errors import UserError
 
 FIELD_BITS = 56  # a key is field << FIELD_BITS | id
@@ -59,7 +60,12 @@ class DynamicTables(TableStrategy):
     sketch_width: int = 1 << 20
 
     name = "dynamic"
+    description = "dynamic (rows given to ids as they arrive)"
     partitioned = True
+    lookups_span_ranks = True
+    takes_any_ids = True
+    checkpoint_format = BY_ID
+    hands_out_rows = True
     # A row evicted and given to another id within the staleness window would take the old
     # id's late gradient.
     takes_late_gradients = False
@@ -121,8 +127,20 @@ class DynamicTables(TableStrategy):
         updating it whole reads every row."""
         if not table.layer.written_whole:
             with tf.init_scope():
-                write_rows_from(table.variable, int(table.row_index.next_row.numpy()), 0.0)
+                write_rows_from(table.variable, self.written_rows(table), 0.0)
             table.layer.written_whole = True
+
+    def written_rows(self, table):
+        return int(table.row_index.next_row.numpy())
+
+    def write_unwritten_rows(self, tables):
+        """Zeros in the tables' rows never handed out, ids -1 in their row indexes'."""
+        indexes = {}
+        for table in tables:
+            indexes[id(table.row_index)] = table.row_index
+            write_rows_from(table.variable, self.written_rows(table), 0.0)
+        for index in indexes.values():
+            index.write_unused_rows()
 
     def lookup(self, tables, keys, embedding, training=False):
         return lookup(tables, keys, embedding.row_index, training,
@@ -151,18 +169,6 @@ class DynamicTable(keras.layers.Layer):
                 shape=(num_fields, self.dim), dtype="float32", autocast=False, name="unknown",
                 initializer=lambda shape, dtype=None: keyed_rows(
                     self.initializer, tf.range(shape[0], dtype=tf.int64) | (1 << 62), shape[1]))
-
-
-def write_unused_rows(model):
-    """Writes the rows of `model`'s dynamic tables and id maps that no id was ever given (zeros,
-    ids -1; eagerly), for a writer of whole variables (a SavedModel export, in one process)."""
-    indexes = {}
-    for table in tables_of(model.variables):
-        if table.row_index is not None:
-            indexes[id(table.row_index)] = table.row_index
-            write_rows_from(table.variable, int(table.row_index.next_row.numpy()), 0.0)
-    for index in indexes.values():
-        index.write_unused_rows()
 
 
 def lookup(tables, keys, row_index, training, name, scalars=None):

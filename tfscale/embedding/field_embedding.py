@@ -6,7 +6,7 @@ per-field row offsets, an in-graph range check of the ids, tables and lookups in
 with `sharding="dynamic"` tables whose rows are given to ids as they arrive
 (tfscale.embedding.dynamic). Each
 table is a tfscale.embedding.table.Table, held by the strategy `sharding` names
-(tfscale.embedding.strategies). The tables' names are tfscale.embedding.tables', by which optimizers
+(tfscale.embedding.strategies). The tables' names are tfscale.embedding.table_names', by which optimizers
 tell the two kinds apart."""
 
 import keras
@@ -16,7 +16,7 @@ import tensorflow as tf
 from tfscale import distributed
 from tfscale.embedding import placement, strategies
 from tfscale.embedding.initializers import RowSeededNormal
-from tfscale.embedding.tables import DEEP_TABLE_NAME, WIDE_TABLE_NAME
+from tfscale.embedding.table_names import DEEP_TABLE_NAME, WIDE_TABLE_NAME
 from tfscale.errors import DATA_ERROR_MARKER
 from tfscale.step_scalars import StepScalars
 
@@ -113,7 +113,7 @@ class FieldEmbedding(keras.layers.Layer):
             self.tables.append(self.strategy.make_table(WIDE_TABLE_NAME, total, 1,
                                                         self.wide_initializer,
                                                         self.wide_regularizer))
-        # The Keras layers owning the tables' variables (their paths: tfscale.embedding.tables).
+        # The Keras layers owning the tables' variables (their paths: tfscale.embedding.table_names).
         self.deep_table = self.tables[0].layer
         self.wide_table = self.tables[1].layer if self.use_wide else None
 

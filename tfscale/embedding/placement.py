@@ -5,7 +5,7 @@ model's variables actually are."""
 
 import tensorflow as tf
 
-from tfscale.embedding import tables
+from tfscale.embedding import table_names
 
 HOST_DEVICE = "/CPU:0"
 
@@ -28,7 +28,7 @@ def describe(model):
     table_devices, dense_devices = set(), set()
     for variable in model.variables:
         device = _short_device(variable.value.device)
-        (table_devices if tables.is_embedding_table(variable) else dense_devices).add(device)
+        (table_devices if table_names.is_embedding_table(variable) else dense_devices).add(device)
     accelerator = "" if dense_device() != HOST_DEVICE else " (no accelerator found)"
     return (f"placement: embedding tables on {', '.join(sorted(table_devices)) or 'none'}, dense "
             f"model on {', '.join(sorted(dense_devices)) or 'none'}{accelerator}")

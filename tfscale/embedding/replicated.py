@@ -12,6 +12,7 @@ from tfscale.embedding.table import RowShard, Table
 
 class Replicated(TableStrategy):
     name = "replicated"
+    description = "replicated"
 
     def make_table(self, name, rows, width, initializer, regularizer):
         layer = keras.layers.Embedding(rows, width, embeddings_initializer=initializer,

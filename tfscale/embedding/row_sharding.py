@@ -40,7 +40,9 @@ class RowSharded(TableStrategy):
     """
 
     name = "row"
+    description = "row-sharded"
     partitioned = True
+    lookups_span_ranks = True
 
     def __init__(self, wire_dtype="float32"):
         row_wire.check_wire_dtype(wire_dtype)

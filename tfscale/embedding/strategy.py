@@ -2,20 +2,62 @@
 strategy turns a field's ids into table ids, makes each Table (with the Keras layer owning its
 variable) and, where its tables need one, the layer's row index (state shared by its tables, e.g.
 the id map of dynamic tables), builds them, and looks a step's rows up in all of a layer's tables
-at once (they share their rows). Strategies are named in the registry,
+at once (they share their rows). It also answers every other question that depends on how
+tables are held (the class attributes below): training, exchanges, optimizers, checkpoints,
+evaluation and the launcher ask the strategy of a table (Table.strategy, found by
+`table_of(variable)`), never its name. Strategies are named in the registry,
 tfscale.embedding.strategies: a new one is a module with a TableStrategy subclass plus one line
-there. A strategy object holds settings only (one may serve several layers)."""
+there (or an entry point, for a strategy in another package). A strategy object holds settings
+only (one may serve several layers).
+
+A TableCheckpoint (the `checkpoint_format` of a strategy: tfscale.embedding.by_row_checkpoint's
+BY_ROW, tfscale.embedding.by_id_checkpoint's BY_ID) writes and reads its tables and their
+optimizer state apart from the rest of a checkpoint, every rank its own rows:
+  parts(variables, state)          what it stores of those table variables and their optimizer
+                                   state (`state`, a TableStateSource: `per_row(table)`, the
+                                   optimizer's variables with one entry per row of it;
+                                   `stored_rows(arrays, name)`, how a checkpoint file's array of
+                                   such a variable is read, older layouts included);
+  variables(parts)                 every variable it stores (the rest of the checkpoint skips
+                                   them);
+  check_matches(parts, directory)  a UserError when the checkpoint holds tables of this format
+                                   the model lacks, or the reverse, before anything is read;
+  save(parts, directory)           on every rank;
+  restore(parts, directory)        everything, on the rank restoring (rank 0, or the only one);
+  restore_rank_local(parts, directory)  after rank 0's restore and broadcast, on the others:
+                                   the rows that differ between ranks."""
+
+from tfscale.embedding.by_row_checkpoint import BY_ROW
 
 
 class TableStrategy:
-    """Base class: `name` (FieldEmbedding's `sharding`), `partitioned` (whether ranks hold
-    different rows, which are then never broadcast, averaged or written whole by one rank),
-    `takes_late_gradients` (whether a row's gradient may be applied steps after its lookup, as
-    stale embedding updates do: not where a row can change hands between ids meanwhile)."""
+    """Base class. Its answers (class attributes; a subclass sets those that differ):
+
+    name: FieldEmbedding's `sharding`.
+    description: a few words on how the tables are held, for logs and errors.
+    partitioned: whether ranks hold different rows, which are then never broadcast, averaged
+        or written whole by one rank; their gradients come back through the lookup and stay on
+        the rank (tfscale.exchanges.sharded).
+    lookups_span_ranks: whether a lookup is a collective, so every rank must look up as many
+        batches (evaluation pads a shorter rank's part with empty batches).
+    takes_late_gradients: whether a row's gradient may be applied steps after its lookup, as
+        stale embedding updates do (not where a row can change hands between ids meanwhile).
+    takes_any_ids: whether a field's ids may be any ints in [0, 2**56) (rows given to ids as
+        they come) rather than [0, vocabulary size).
+    checkpoint_format: the TableCheckpoint of its tables (module docstring).
+    hands_out_rows: whether a table's rows are written only when the strategy gives them to
+        ids, so the table and its per-row optimizer state start unwritten (not resident:
+        tfscale.embedding.table.unwritten) and a row's state is reset when it is handed out
+        (Table.record_lookup's `fresh_rows`)."""
 
     name = None
+    description = None
     partitioned = False
+    lookups_span_ranks = False
     takes_late_gradients = True
+    takes_any_ids = False
+    checkpoint_format = BY_ROW
+    hands_out_rows = False
 
     def get_config(self):
         """What FieldEmbedding's config stores as `sharding`: the name (a strategy with
@@ -51,7 +93,17 @@ class TableStrategy:
 
     def updated_whole(self, table):
         """The train step found `table` (built) updated whole, every row read every step:
-        nothing by default (dynamic tables write the rows they have not handed out)."""
+        nothing by default (a strategy that `hands_out_rows` writes the others first)."""
+
+    def written_rows(self, table):
+        """How many leading rows of `table` (built) have been written (eagerly): all of them by
+        default (a strategy that `hands_out_rows`: the rows handed out so far)."""
+        return int(table.variable.shape[0])
+
+    def write_unwritten_rows(self, tables):
+        """Writes the rows of `tables` (built, this strategy's) and of their row indexes never
+        handed out, eagerly, for a writer of whole variables (a SavedModel export): nothing by
+        default."""
 
     def lookup(self, tables, rows, embedding, training=False):
         """The rows `rows` (int64 table ids, any shape) of each of `tables` (one layer's, of one

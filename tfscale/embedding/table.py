@@ -2,7 +2,8 @@
 shape, the strategy holding it (tfscale.embedding.strategy), the rows this rank holds, how its
 optimizer updates it, and the lookup of the step being traced. `table_of(variable)` finds the
 Table of a variable (optimizers and exchanges are handed variables, so tables are found by
-them, through a registry this module keeps), `tables_of(variables)` those of a variable list.
+them, through a registry this module keeps), `tables_of(variables)` those of a variable list,
+`model_tables(model)` those of a model's layers (also before they are built).
 
 Why a lookup is read by its update: a variable that the optimizer updates by row (scatters)
 must be read by row in place (ResourceGather): once a variable is scattered into, TensorFlow
@@ -13,7 +14,7 @@ would copy it. Either mismatch costs a copy of the table per step, more than a 1
 arithmetic. The train step sets each table's update (`set_updated_by_row`) before tracing the
 forward pass.
 
-A table whose rows are written only when given to ids (a dynamic table: `hands_out_rows`) and its
+A table whose rows are written only when given to ids (TableStrategy.hands_out_rows) and its
 per-row optimizer state are created `unwritten`: allocated, not written, so not resident until
 rows are written (docs/dynamic.md). Nothing reads a row of them before it was written:
 `written_rows` says how many leading rows have been."""
@@ -24,7 +25,7 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from tfscale.embedding import tables as table_names
+from tfscale.embedding import table_names
 
 # id(keras.Variable or the tf.Variable it holds) -> (a weak reference to it, its Table).
 _BY_VARIABLE = {}
@@ -156,6 +157,11 @@ def tables_of(variables):
     return [t for t in map(table_of, variables) if t is not None]
 
 
+def model_tables(model):
+    """The Tables of `model`'s layers (FieldEmbedding's `tables`), built or not."""
+    return [table for layer in model._flatten_layers() for table in getattr(layer, "tables", ())]
+
+
 def row_indexes_of(variables):
     """The row indexes (Table.row_index) of the Tables of `variables`, each once."""
     indexes = {id(t.row_index): t.row_index for t in tables_of(variables)
@@ -170,21 +176,27 @@ def unwritten(shape, dtype=None):
 
 
 def hands_out_rows(variable):
-    """Whether `variable` is a table whose rows are written when given to ids (a dynamic
-    table's: the strategy's row index hands them out), so its per-row state can start
-    `unwritten` too: it is reset when a row is handed out (Table.record_lookup's
-    `fresh_rows`)."""
+    """Whether `variable` is a table whose rows are written when given to ids
+    (TableStrategy.hands_out_rows), so its per-row optimizer state can start `unwritten` too."""
     table = table_of(variable)
-    return table is not None and table.row_index is not None
+    return table is not None and table.strategy.hands_out_rows
 
 
 def written_rows(variable):
-    """How many leading rows of table `variable` have been written (eagerly): all of them, but
-    for a table that hands out rows (`hands_out_rows`), the rows handed out so far."""
+    """How many leading rows of table `variable` have been written (eagerly): all of them but
+    for a table whose strategy hands out rows (TableStrategy.written_rows)."""
     table = table_of(variable)
-    if table is None or table.row_index is None:
-        return int(variable.shape[0])
-    return int(table.row_index.next_row.numpy())
+    return int(variable.shape[0]) if table is None else table.strategy.written_rows(table)
+
+
+def write_unwritten_rows(model):
+    """Writes the rows of `model`'s tables never handed out (TableStrategy.write_unwritten_rows),
+    for a writer of whole variables (a SavedModel export, in one process)."""
+    by_strategy = {}
+    for table in tables_of(model.variables):
+        by_strategy.setdefault(id(table.strategy), (table.strategy, []))[1].append(table)
+    for strategy, tables in by_strategy.values():
+        strategy.write_unwritten_rows(tables)
 
 
 def shard_of(variable):

@@ -35,7 +35,7 @@ import tensorflow as tf
 from tfscale import distributed
 from tfscale.distributed import topk
 from tfscale.distributed.per_rank import PerRankState
-from tfscale.embedding import tables
+from tfscale.embedding import table_names
 from tfscale.exchanges.allgather import AllgatherExchange
 from tfscale.exchanges.base import SynchronousExchange, loss_scale
 
@@ -106,14 +106,14 @@ class TopKExchange(SynchronousExchange):
         """One line on the residuals this rank keeps for `variables` (a model's trainable
         variables), built or not: the selected tables' rows and every residual's megabytes."""
         selected = [v for v in variables if self.is_selected(v)]
-        rows = sum(int(v.shape[0]) for v in selected if tables.is_row_table(v))
+        rows = sum(int(v.shape[0]) for v in selected if table_names.is_row_table(v))
         megabytes = sum(int(np.prod(v.shape)) for v in selected) * 4 / 1e6
         return (f"{self.name} error-feedback residuals: {rows:,} table rows, {megabytes:,.1f} MB "
                 "float32 per rank, every row passed over each step")
 
     def is_selected(self, variable):
         """Whether `variable`'s gradient is top-k sparsified (rows for embedding tables)."""
-        return tables.is_row_table(variable) or self.dense_gradients
+        return table_names.is_row_table(variable) or self.dense_gradients
 
     def density_at(self, step):
         """The density of optimizer step `step` (a scalar tensor)."""
@@ -179,7 +179,7 @@ class TopKExchange(SynchronousExchange):
 
     def _sparsify(self, accumulator, variable, density, num_ranks):
         """(mean gradient to apply, new residual, bytes sent, bytes received) of one variable."""
-        rows_mode = tables.is_row_table(variable)
+        rows_mode = table_names.is_row_table(variable)
         rows = accumulator if rows_mode else tf.reshape(accumulator, [-1])
         count = rows.shape[0]
         k = tf.cast(tf.math.ceil(density * count), tf.int32)

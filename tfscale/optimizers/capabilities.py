@@ -9,7 +9,7 @@ carry: CowClip, which clips each id by its count. Every other optimizer gets den
 train step densifies them once; see tfscale.training.train_step). `DeclaresTableState` marks
 optimizers that say which of their variables hold state of an embedding table, and how
 (`TableState`): how its rows are sharded and checkpointed with the table's
-(tfscale.embedding.row_sharding, tfscale.training.table_checkpoints)."""
+(tfscale.embedding.row_sharding, tfscale.embedding.by_row_checkpoint)."""
 
 import dataclasses
 
@@ -21,7 +21,7 @@ class TakesRowSlices:
 
     def updates_rows_in_place(self, variable):
         """Whether row slices of `variable` update only their rows (scatters), not the whole
-        variable; tfscale.embedding.tables reads the table's rows to match."""
+        variable; tfscale.embedding.table_names reads the table's rows to match."""
         raise NotImplementedError
 
 

@@ -26,8 +26,8 @@ import re
 import keras
 import tensorflow as tf
 
-from tfscale.embedding import tables
-from tfscale.embedding.tables import gather_rows
+from tfscale.embedding import table_names
+from tfscale.embedding.table_names import gather_rows
 from tfscale.optimizers.averaged import RefusesUnaveragedGradients
 from tfscale.optimizers.capabilities import (TakesCountedSlices, TakesRowSlices,
                                              updates_rows_in_place)
@@ -134,7 +134,7 @@ class CowClip(RefusesUnaveragedGradients, TakesCountedSlices, keras.optimizers.M
     def is_embedding_table(self, variable):
         if self.embedding_tables is not None:
             return any(re.fullmatch(p, variable.path) for p in self.embedding_tables)
-        return tables.is_embedding_table(variable)
+        return table_names.is_embedding_table(variable)
 
     def is_clipped_table(self, variable):
         """Embedding tables wider than 1 are clipped; 1-wide linear tables are not."""

@@ -9,7 +9,7 @@ regularizer on whole tables (CowClip's faithful mode, the official code's)."""
 
 import keras
 
-from tfscale.embedding import tables
+from tfscale.embedding import table_names
 from tfscale.optimizers.came import CAME
 from tfscale.optimizers.cowclip import CowClip
 from tfscale.optimizers.fused_adam import FusedAdam
@@ -79,7 +79,7 @@ def _tables_apart(dense_optimizer, table_optimizer):
     """A Keras MultiOptimizer: `table_optimizer` for FieldEmbedding's deep and wide tables,
     `dense_optimizer` for every other variable."""
     optimizer_map = keras.optimizers.OptimizerMap(dense_optimizer)
-    for pattern in (tables.DEEP_TABLE_PATTERN, tables.WIDE_TABLE_PATTERN):
+    for pattern in (table_names.DEEP_TABLE_PATTERN, table_names.WIDE_TABLE_PATTERN):
         optimizer_map[pattern] = table_optimizer
     return keras.optimizers.MultiOptimizer(optimizer_map)
 

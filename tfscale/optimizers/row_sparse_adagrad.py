@@ -7,7 +7,7 @@ as every row of a fixed table does."""
 import keras
 import tensorflow as tf
 
-from tfscale.embedding import tables
+from tfscale.embedding import table_names
 from tfscale.optimizers.averaged import RefusesUnaveragedGradients
 from tfscale.optimizers.capabilities import DeclaresTableState, TableState
 from tfscale.optimizers.row_updates import RowUpdates
@@ -28,7 +28,7 @@ class RowSparseAdagrad(RefusesUnaveragedGradients, DeclaresTableState, RowUpdate
     def update_rows(self, variable, ids, gradient_rows, weight_rows, learning_rate):
         gradient_rows = self.with_table_l2(gradient_rows, weight_rows)
         accumulator = self._accumulators[self._get_variable_index(variable)]
-        accumulated = (tables.gather_rows(accumulator, ids, in_place=True)
+        accumulated = (table_names.gather_rows(accumulator, ids, in_place=True)
                        + tf.square(gradient_rows))
         self.assign(accumulator, tf.IndexedSlices(accumulated, ids))
         step = learning_rate * gradient_rows / tf.sqrt(

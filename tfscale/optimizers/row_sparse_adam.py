@@ -31,7 +31,7 @@ import math
 import keras
 import tensorflow as tf
 
-from tfscale.embedding import tables
+from tfscale.embedding import table_names
 from tfscale.embedding.table import written_rows
 from tfscale.optimizers.capabilities import DeclaresTableState, TableState
 from tfscale.optimizers.fused_adam import FusedAdam
@@ -163,10 +163,10 @@ class RowSparseAdam(DeclaresTableState, RowUpdates, FusedAdam):
         """Catches rows `ids` of `variable` up to the end of step `step_number` (the last
         applied)."""
         moments = self._moments[index]
-        last = tables.gather_rows(last_steps, ids, in_place=True)
+        last = table_names.gather_rows(last_steps, ids, in_place=True)
         weight_rows, m_rows, v_rows = self._caught_up(
-            tables.gather_rows(variable, ids, in_place=True),
-            *tf.unstack(tables.gather_rows(moments, ids, in_place=True), axis=1),
+            table_names.gather_rows(variable, ids, in_place=True),
+            *tf.unstack(table_names.gather_rows(moments, ids, in_place=True), axis=1),
             tf.cast(last, variable.dtype)[:, None], local_step, learning_rate,
             tf.cast(self.epsilon, variable.dtype))
         self.assign(variable, tf.IndexedSlices(weight_rows, ids))
@@ -183,10 +183,10 @@ class RowSparseAdam(DeclaresTableState, RowUpdates, FusedAdam):
         local_step = tf.cast(step_number, dtype)
         alpha = self._corrected_rate(learning_rate, local_step)
 
-        m_rows, v_rows = tf.unstack(tables.gather_rows(moments, ids, in_place=True), axis=1)
+        m_rows, v_rows = tf.unstack(table_names.gather_rows(moments, ids, in_place=True), axis=1)
         if self.catch_up:
             last_steps = self._last_steps[index]
-            last = tf.cast(tables.gather_rows(last_steps, ids, in_place=True), dtype)[:, None]
+            last = tf.cast(table_names.gather_rows(last_steps, ids, in_place=True), dtype)[:, None]
             weight_rows, m_rows, v_rows = self._caught_up(
                 weight_rows, m_rows, v_rows, last, local_step, learning_rate, epsilon)
             self.assign(last_steps, tf.IndexedSlices(

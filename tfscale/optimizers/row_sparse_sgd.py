@@ -6,7 +6,7 @@ momentum, as PyTorch's sparse SGD), a different algorithm from momentum on every
 import keras
 import tensorflow as tf
 
-from tfscale.embedding import tables
+from tfscale.embedding import table_names
 from tfscale.optimizers.averaged import RefusesUnaveragedGradients
 from tfscale.optimizers.row_updates import RowUpdates
 
@@ -25,7 +25,7 @@ class RowSparseSGD(RefusesUnaveragedGradients, RowUpdates, keras.optimizers.SGD)
             return
         velocity = self.momentums[self._get_variable_index(variable)]
         momentum = tf.cast(self.momentum, variable.dtype)
-        velocity_rows = momentum * tables.gather_rows(velocity, ids, in_place=True) - step
+        velocity_rows = momentum * table_names.gather_rows(velocity, ids, in_place=True) - step
         self.assign(velocity, tf.IndexedSlices(velocity_rows, ids))
         change = momentum * velocity_rows - step if self.nesterov else velocity_rows
         self.assign(variable, tf.IndexedSlices(weight_rows + change, ids))

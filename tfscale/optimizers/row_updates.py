@@ -3,7 +3,7 @@ RowSparseSGD) share. Given an embedding table's gradient as rows (IndexedSlices,
 step hands them over: tfscale.optimizers.capabilities), they sum each id's rows, add the table's
 L2 to those rows only (`table_l2`: 2 * l2 * w, the gradient of a Keras L2 regularizer, on the
 batch's rows), and update only those rows of the table and of its per-row state (gathers and
-scatters, tfscale.embedding.tables), so a step costs O(rows in the batch), not O(table rows). Any
+scatters, tfscale.embedding.table_names), so a step costs O(rows in the batch), not O(table rows). Any
 other variable, or a dense gradient, takes the optimizer's own dense update.
 
 Why not a Keras regularizer or `weight_decay` on a table: both touch every row every step (the
@@ -19,7 +19,7 @@ import math
 
 import tensorflow as tf
 
-from tfscale.embedding import tables
+from tfscale.embedding import table_names
 from tfscale.embedding.table import hands_out_rows, unwritten
 from tfscale.optimizers.capabilities import TakesRowSlices
 from tfscale.row_gradients import densify, sum_duplicate_rows
@@ -41,7 +41,7 @@ class RowUpdates(TakesRowSlices):
         self.table_l2 = table_l2
 
     def updates_rows_in_place(self, variable):
-        return tables.is_row_table(variable)
+        return table_names.is_row_table(variable)
 
     def state_initializer(self, variable, initializer="zeros"):
         """How the per-row state of `variable` starts: `initializer`, or unwritten for a table
@@ -77,11 +77,11 @@ class RowUpdates(TakesRowSlices):
         if isinstance(gradient, tf.IndexedSlices) and self.updates_rows_in_place(keras_variable):
             ids, rows, _ = sum_duplicate_rows(gradient)
             rows = tf.cast(rows, variable.dtype)
-            weight_rows = tables.gather_rows(variable, ids, in_place=True)
+            weight_rows = table_names.gather_rows(variable, ids, in_place=True)
             return self.update_rows(variable, ids, rows, weight_rows,
                                     tf.cast(learning_rate, variable.dtype))
         gradient = densify(gradient)
-        if self.table_l2 and tables.is_row_table(keras_variable):  # dense: every row
+        if self.table_l2 and table_names.is_row_table(keras_variable):  # dense: every row
             gradient = (tf.cast(gradient, variable.dtype)
                         + 2 * self.table_l2 * tf.convert_to_tensor(variable))
         return self.update_whole(gradient, variable, learning_rate)
@@ -93,7 +93,7 @@ class RowUpdates(TakesRowSlices):
         return super().update_step(gradient, variable, learning_rate)
 
     def _use_weight_decay(self, variable):
-        return (not tables.is_row_table(self._built_on(variable))
+        return (not table_names.is_row_table(self._built_on(variable))
                 and super()._use_weight_decay(variable))
 
     def get_config(self):

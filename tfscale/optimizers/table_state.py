@@ -13,8 +13,8 @@ import numpy as np
 import tensorflow as tf
 
 from tfscale import distributed
-from tfscale.embedding.table import row_indexes_of, shard_of, tables_of
-from tfscale.embedding.tables import is_embedding_table
+from tfscale.embedding.table import row_indexes_of, tables_of
+from tfscale.embedding.table_names import is_embedding_table
 from tfscale.errors import UserError
 from tfscale.optimizers.capabilities import DeclaresTableState, TableState, wrapped_optimizers
 from tfscale.optimizers.row_sparse_adam import two_slot_names
@@ -23,21 +23,23 @@ LOG = logging.getLogger("tfscale")
 
 
 def describe(model):
-    """How `model`'s embedding tables are held, with their rows and bytes (tables and their
-    optimizer state, which this builds) on this rank."""
+    """How `model`'s embedding tables are held (their strategies' descriptions), with their rows
+    and bytes (tables and their optimizer state, which this builds) on this rank."""
     model.optimizer.build(model.trainable_variables)
     tables = [v for v in model.trainable_variables if is_embedding_table(v)]
     held = tables + optimizer_state(model.optimizer, tables)
     megabytes = sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in held) / 1e6
     rows = sum(int(v.shape[0]) for v in tables)
-    shards = [shard_of(v) for v in tables if shard_of(v) is not None]
+    described = tables_of(tables)
+    how = ", ".join(dict.fromkeys(t.strategy.description for t in described)) or "replicated"
+    shards = [t.shard for t in described if t.partitioned]
     if not shards:
-        return f"tables replicated: {rows:,} rows, {megabytes:,.0f} MB with optimizer state"
-    if row_indexes_of(tables):
-        return (f"tables dynamic (rows given to ids as they arrive) over {shards[0].num_shards} "
-                f"ranks: up to {rows:,} rows, {megabytes:,.0f} MB with optimizer state per rank "
-                "once full (memory follows the rows in use)")
-    return (f"tables row-sharded over {shards[0].num_shards} ranks: {rows:,} rows, "
+        return f"tables {how}: {rows:,} rows, {megabytes:,.0f} MB with optimizer state"
+    if any(t.strategy.hands_out_rows for t in described):
+        return (f"tables {how} over {shards[0].num_shards} ranks: up to {rows:,} rows, "
+                f"{megabytes:,.0f} MB with optimizer state per rank once full (memory follows "
+                "the rows in use)")
+    return (f"tables {how} over {shards[0].num_shards} ranks: {rows:,} rows, "
             f"{megabytes:,.0f} MB with optimizer state per rank")
 
 
@@ -47,7 +49,7 @@ def dynamic_row_bytes(model):
     index's per-row state (the id map's hash table comes on top)."""
     by_index = {}
     for table in tables_of(model.variables):
-        if table.row_index is not None:
+        if table.strategy.hands_out_rows:
             by_index.setdefault(id(table.row_index), (table.row_index, []))[1].extend(
                 [table.variable, *per_row_state(model.optimizer, table.variable)])
     return [(index, sum(int(np.prod(v.shape[1:])) * tf.as_dtype(v.dtype).size
@@ -85,14 +87,16 @@ def local_variables(model):
     local = []
     for index in row_indexes_of(model.variables):
         local += index.state
-    for shard in (v for v in model.variables if shard_of(v) is not None):
+    for table in (t for t in tables_of(model.variables) if t.partitioned):
+        shard = table.variable
         state = table_state(model.optimizer, shard)
         declared = {id(slot) for slot in state.per_row + state.whole}
         for slot in optimizer_state(model.optimizer, [shard]):
             if len(slot.shape) and id(slot) not in declared:
                 raise UserError(
                     f"{type(model.optimizer).__name__} keeps {slot.path} of shape "
-                    f"{tuple(slot.shape)} for the row-sharded table {shard.path}: state that is "
+                    f"{tuple(slot.shape)} for the {table.strategy.description} table "
+                    f"{shard.path}: state that is "
                     "neither per row nor summed over the shards by the optimizer; use an "
                     "optimizer tfscale shards (Adam, RowSparseAdam, CowClip, CAME, SGD), or "
                     "replicated tables")
@@ -128,6 +132,22 @@ def stored_rows(arrays, name):
     if two_slots and all(slot in arrays.files for slot in two_slots):
         return np.stack([arrays[slot] for slot in two_slots], axis=1)
     return None
+
+
+class OptimizerTableState:
+    """The TableStateSource the checkpoint formats read an optimizer's table state through
+    (tfscale.embedding.strategy): `optimizer`'s per-row variables of a table (none without an
+    optimizer) and how a stored one is read."""
+
+    def __init__(self, optimizer):
+        self._optimizer = optimizer
+
+    def per_row(self, table):
+        return [] if self._optimizer is None else per_row_state(self._optimizer, table)
+
+    @staticmethod
+    def stored_rows(arrays, name):
+        return stored_rows(arrays, name)
 
 
 def per_row_state(optimizer, table):

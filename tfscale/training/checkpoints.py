@@ -1,9 +1,10 @@
 """Atomic training checkpoints: model weights, optimizer state and the training position.
 
 Each checkpoint is a directory `step-<global step>/` holding the embedding tables and their
-optimizer state by global row (`tables-<i>-of-<n>.npz`, tfscale.training.table_checkpoints: each
-rank writes the rows it holds, so row-sharded tables are never gathered and resume at any number of
-ranks; dynamic tables by id, tfscale.training.dynamic_checkpoints), a `tf.train.Checkpoint` of
+optimizer state in their strategy's format (TableStrategy.checkpoint_format: by global row,
+`tables-<i>-of-<n>.npz`, tfscale.embedding.by_row_checkpoint; by id,
+tfscale.embedding.by_id_checkpoint; each rank writes the rows it holds, so tables spread over the
+ranks are never gathered and resume at any number of ranks), a `tf.train.Checkpoint` of
 every other model and optimizer variable (in the model's and the
 optimizer's order) and `progress.json` (epoch, batches done in that epoch, global step, ...). It is
 written under a temporary name and renamed into place, and the `latest` file is replaced atomically
@@ -26,8 +27,9 @@ import numpy as np
 import tensorflow as tf
 
 from tfscale.distributed import broadcast, per_rank, runtime
+from tfscale.embedding import strategies
 from tfscale.errors import UserError
-from tfscale.training import dynamic_checkpoints, table_checkpoints
+from tfscale.optimizers.table_state import OptimizerTableState
 
 _LATEST_FILE = "latest"
 _PROGRESS_FILE = "progress.json"
@@ -53,17 +55,21 @@ class CheckpointStore:
         self._per_rank_variables = dict(per_rank_variables or {})
         self._restored_per_rank = None
 
-    def _tables(self):
-        return table_checkpoints.table_variables(self._model, self._optimizer)
-
-    def _dynamic_groups(self):
-        return dynamic_checkpoints.groups(self._model, self._optimizer)
+    def _table_parts(self):
+        """[(TableCheckpoint, its parts)] of the model's tables: every registered format, with
+        empty parts where the model has no tables of it."""
+        by_format = {fmt: [] for fmt in strategies.checkpoint_formats()}
+        for variable in self._model.variables:
+            fmt = strategies.checkpoint_format_of(variable)
+            if fmt is not None:
+                by_format.setdefault(fmt, []).append(variable)
+        state = OptimizerTableState(self._optimizer)
+        return [(fmt, fmt.parts(variables, state)) for fmt, variables in by_format.items()]
 
     def _other_state(self):
         """A tf.train.Checkpoint of every model and optimizer variable that is not table state,
         in order."""
-        table_ids = {id(entry.variable) for entry in self._tables()}
-        table_ids |= {id(v) for group in self._dynamic_groups() for v in group.variables()}
+        table_ids = {id(v) for fmt, parts in self._table_parts() for v in fmt.variables(parts)}
         variables = list(self._model.variables)
         if self._optimizer is not None:
             variables += list(self._optimizer.variables)
@@ -78,8 +84,8 @@ class CheckpointStore:
             if self._per_rank_variables else None
         staging_dir = broadcast.broadcast_from_chief(self._new_staging_dir,
                                                      name="tfscale_checkpoint_staging")
-        table_checkpoints.save(self._tables(), staging_dir)
-        dynamic_checkpoints.save(self._dynamic_groups(), staging_dir)
+        for fmt, parts in self._table_parts():
+            fmt.save(parts, staging_dir)
         broadcast.barrier("tfscale_checkpoint_tables_written")
         if not runtime.is_chief():
             return None
@@ -147,7 +153,9 @@ class CheckpointStore:
         `weights_only` the model's alone (its variables come first in the checkpoint, the
         optimizer's after them)."""
         prefix = os.path.join(checkpoint_dir, _STATE_PREFIX)
-        dynamic_checkpoints.check_matches(self._dynamic_groups(), checkpoint_dir)
+        table_parts = self._table_parts()
+        for fmt, parts in table_parts:
+            fmt.check_matches(parts, checkpoint_dir)
         try:
             status = self._other_state().read(prefix)
             if weights_only:
@@ -159,18 +167,16 @@ class CheckpointStore:
                 f"checkpoint {prefix} does not match this model"
                 f"{'' if weights_only else ' and optimizer'} ({_first_line(error)}); use the "
                 "model, data schema and optimizer it was written with") from error
-        table_checkpoints.restore(self._tables(), checkpoint_dir)
-        dynamic_checkpoints.restore(self._dynamic_groups(), checkpoint_dir)
+        for fmt, parts in table_parts:
+            fmt.restore(parts, checkpoint_dir)
 
     def finish_restore(self):
-        """After rank 0's `restore_latest`, on every rank: the other ranks read their rows of
-        row-sharded tables (replicated ones come with rank 0's broadcast), and every rank gets
-        its slice of the per-rank state rank 0 restored."""
-        tables = self._tables()
-        if not runtime.is_chief() and tables and tables[0].shard.num_shards > 1:
-            table_checkpoints.restore(tables, self._latest_dir())
+        """After rank 0's `restore_latest`, on every rank: the other ranks read their own rows
+        of tables spread over the ranks (replicated ones come with rank 0's broadcast), and
+        every rank gets its slice of the per-rank state rank 0 restored."""
         if not runtime.is_chief():
-            dynamic_checkpoints.restore(self._dynamic_groups(), self._latest_dir())
+            for fmt, parts in self._table_parts():
+                fmt.restore_rank_local(parts, self._latest_dir())
         if self._per_rank_variables:
             per_rank.scatter_from_chief(self._per_rank_variables, self._restored_per_rank)
 

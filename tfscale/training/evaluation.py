@@ -1,8 +1,8 @@
 """Exact evaluation of a model over a whole (test) split: every prediction is kept, so AUC and
 log loss are exact rather than bucketed. Under Horovod each rank predicts its own shard of the
 split and the predictions and labels of all ranks are gathered, so the AUC is the union's (not a
-mean of per-rank AUCs). A model with row-sharded tables looks rows up from the other ranks in
-its forward pass, so there every rank runs as many passes: one whose shard has ended passes
+mean of per-rank AUCs). A model whose tables are spread over the ranks looks rows up from the
+other ranks in its forward pass, so there every rank runs as many passes: one whose shard has ended passes
 empty batches until every rank's has."""
 
 import weakref
@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from tfscale import distributed, metrics
 from tfscale.data.rank_batches import padded_to_longest
-from tfscale.embedding.table import shard_of
+from tfscale.embedding.table import model_tables
 
 _PREDICT_STEPS = weakref.WeakKeyDictionary()  # model -> its compiled prediction step
 
@@ -40,9 +40,9 @@ def predict_with_labels(model, dataset):
 
 
 def _in_step_with_other_ranks(model, dataset):
-    """`dataset`'s batches; for a row-sharded model under Horovod, followed by empty batches
-    until no rank has any left."""
-    if not any(shard_of(v) is not None for v in model.variables):
+    """`dataset`'s batches; for a model whose lookups are collectives
+    (TableStrategy.lookups_span_ranks), followed by empty batches until no rank has any left."""
+    if not any(table.strategy.lookups_span_ranks for table in model_tables(model)):
         return dataset
     return padded_to_longest(dataset)
 

@@ -26,6 +26,7 @@ import tensorflow as tf
 from tfscale import distributed
 from tfscale.data.rank_batches import padded_dataset, zero_batch
 from tfscale.distributed import runtime
+from tfscale.embedding.table import model_tables
 from tfscale.errors import UserError
 from tfscale.optimizers import table_state
 
@@ -53,16 +54,16 @@ def start_fit(model, x, callbacks, verbose):
 def evaluation_data(model, data):
     """`data` (evaluate's x, fit's validation data) as every rank must pass it in a Horovod job:
     a tf.data.Dataset is padded with empty batches to the longest rank's when the model's
-    lookups are collectives (row-sharded or dynamic tables); anything else as it is."""
+    lookups are collectives (TableStrategy.lookups_span_ranks); anything else as it is."""
     if (not distributed.is_active() or not isinstance(data, tf.data.Dataset)
-            or not table_state.local_variables(model)):
+            or not any(t.strategy.lookups_span_ranks for t in model_tables(model))):
         return data
     return padded_dataset(data)
 
 
 def broadcast_from_rank_0(model):
     """Every variable of `model` and of its built optimizer set to rank 0's, but each rank's own
-    (row-sharded and dynamic tables, their optimizer state)."""
+    (tables spread over the ranks, their optimizer state)."""
     distributed.broadcast_model_and_optimizer(model, local=table_state.local_variables(model))
 
 
@@ -71,7 +72,7 @@ def check_load_weights(model):
     ranks (a weights file holds one rank's rows of them)."""
     if distributed.is_active() and table_state.local_variables(model):
         raise UserError("`load_weights` would give every rank the rows of rank 0's shards: "
-                        "save and restore a model with row-sharded or dynamic tables with "
+                        "save and restore a model with tables spread over the ranks with "
                         "`tfscale.callbacks.Checkpoint`, which keeps each rank's rows")
 
 
@@ -137,7 +138,7 @@ def _rank_callbacks(model, callbacks):
         if isinstance(callback, keras.callbacks.ModelCheckpoint) and \
                 table_state.local_variables(model):
             raise UserError("keras.callbacks.ModelCheckpoint saves rank 0's rows only of "
-                            "row-sharded or dynamic tables: use "
+                            "tables spread over the ranks: use "
                             "`tfscale.callbacks.Checkpoint(directory)`")
     if distributed.is_chief():
         return callbacks

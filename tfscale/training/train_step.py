@@ -27,8 +27,8 @@ import tensorflow as tf
 from keras.src.models.model import functional_init_arguments
 
 from tfscale import distributed, exchanges
-from tfscale.embedding import dedup, tables
-from tfscale.embedding.table import table_of, tables_of
+from tfscale.embedding import dedup, table_names
+from tfscale.embedding.table import model_tables, table_of, tables_of
 from tfscale.errors import UserError
 from tfscale.optimizers.averaged import averaged_over_ranks
 from tfscale.optimizers.came import CAME
@@ -88,20 +88,26 @@ class TrainStep:
                             "embedding gradients carry; use `embedding_exchange=allgather`")
         # By layer, not by variable: a subclassed model compiled before its first call has no
         # variables yet, and its shards' gradients must still stay out of the averaging.
-        model_tables = [table for layer in self._flatten_layers()
-                        for table in getattr(layer, "tables", ())]
-        late = [table for table in model_tables if not table.strategy.takes_late_gradients]
+        tables = model_tables(self)
+        late = [table for table in tables if not table.strategy.takes_late_gradients]
         if staleness and late:
             raise UserError(f"`embedding_staleness={staleness}` cannot be used with tables of "
                             f"`sharding={late[0].strategy.name}` ({late[0].name}): a row can be "
                             "given to another id before a late gradient reaches it; use "
-                            "`embedding_staleness=0`, or replicated or row-sharded tables")
-        if any(table.partitioned for table in model_tables):
-            exchange = exchanges.RowShardedExchange(exchange)
+                            "`embedding_staleness=0`, or tables of another `sharding`")
+        partitioned = [table for table in tables if table.partitioned]
+        if partitioned:
+            exchange = exchanges.RowShardedExchange(exchange,
+                                                    partitioned[0].strategy.description)
         if staleness:
             exchange = exchanges.StaleExchange(exchange, staleness, with_counts=with_counts)
         self._embedding_exchange = exchange
         self._step_scalars = StepScalars()
+        for table in tables:  # said at compile when the model is built, else at the first step
+            if table.variable is not None and not updates_rows_in_place(self.optimizer,
+                                                                        table.variable):
+                _refuse_whole_update_of_partitioned(
+                    table, optimizer_for(self.optimizer, table.variable))
 
     @property
     def embedding_exchange(self):
@@ -217,7 +223,7 @@ class TrainStep:
         dense update."""
         whole = []
         for variable in self.trainable_variables:
-            if not tables.is_row_table(variable):
+            if not table_names.is_row_table(variable):
                 continue
             by_row = updates_rows_in_place(self.optimizer, variable)
             table = table_of(variable)
@@ -226,14 +232,8 @@ class TrainStep:
             if by_row:
                 continue
             optimizer = optimizer_for(self.optimizer, variable)
-            if (table is not None and table.partitioned
-                    and not isinstance(optimizer, DENSE_SHARD_OPTIMIZERS)):
-                raise UserError(
-                    f"{type(optimizer).__name__} would update the row-sharded table "
-                    f"{variable.path} whole every step; compile with a tfscale optimizer "
-                    "that updates it by row (RowSparseAdam, RowSparseAdagrad, "
-                    "RowSparseSGD, CowClip()), or replicated tables (FieldEmbedding's "
-                    "`sharding=\"replicated\"`)")
+            if table is not None:
+                _refuse_whole_update_of_partitioned(table, optimizer)
             whole.append(f"{variable.path} (by {type(optimizer).__name__})")
         if whole:
             warnings.warn(
@@ -263,6 +263,17 @@ class TrainStep:
         loss = tf.where(kept, loss, tf.zeros_like(loss))
         batch_size = tf.where(kept, batch_size, tf.zeros_like(batch_size))
         self._loss_tracker.update_state(loss, sample_weight=batch_size)
+
+
+def _refuse_whole_update_of_partitioned(table, optimizer):
+    """A UserError when `optimizer`, which updates `table` whole, would update a table spread
+    over the ranks whole (only tfscale's dense updates keep a shard correct)."""
+    if table.partitioned and not isinstance(optimizer, DENSE_SHARD_OPTIMIZERS):
+        raise UserError(
+            f"{type(optimizer).__name__} would update the {table.strategy.description} table "
+            f"{table.variable.path} whole every step: give it an optimizer that updates it by "
+            "row (`embedding_update=row`: RowSparseAdam, RowSparseAdagrad, RowSparseSGD, "
+            "CowClip()), or tables of `sharding=replicated`")
 
 
 def _batch_size(x):

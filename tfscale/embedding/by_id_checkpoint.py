@@ -1,4 +1,5 @@
-"""Dynamic tables in checkpoints, by id (docs/dynamic.md).
+"""The by-id checkpoint format (`BY_ID`, a TableCheckpoint: tfscale.embedding.strategy) of
+tables whose rows are given to ids, with a row index (docs/dynamic.md).
 
 Every rank writes `dynamic-<rank>-of-<ranks>.npz` into the checkpoint directory, per row index
 (one per FieldEmbedding with dynamic tables, its arrays named "<index path>:<name>"): for each row
@@ -24,7 +25,6 @@ from tfscale import distributed
 from tfscale.embedding.id_rows import NO_ROW
 from tfscale.embedding.table import tables_of
 from tfscale.errors import UserError
-from tfscale.optimizers.table_state import per_row_state, stored_rows
 
 _FILE = "dynamic-{}-of-{}.npz"
 _FILE_PATTERN = re.compile(r"dynamic-(\d+)-of-(\d+)\.npz$")
@@ -37,22 +37,48 @@ class DynamicGroup:
 
     index: object
     per_row: tuple
+    stored_rows: object  # (arrays, name) -> its array in a checkpoint file, or None
 
     def variables(self):
         """Every variable of the group (kept out of the rest of the checkpoint)."""
         return [*self.per_row, *self.index.state, self.index.step]
 
 
-def groups(model, optimizer=None):
-    """The DynamicGroups of `model`'s dynamic tables (with `optimizer`'s state of them)."""
+def groups(variables, state):
+    """The DynamicGroups of the tables `variables` (with their optimizer state: `state`, a
+    TableStateSource, tfscale.embedding.strategy)."""
     by_index = {}
-    for table in tables_of(model.variables):
-        if table.row_index is None:
-            continue
-        slots = [] if optimizer is None else per_row_state(optimizer, table.variable)
+    for table in tables_of(variables):
         by_index.setdefault(id(table.row_index), (table.row_index, []))[1].extend(
-            [table.variable, *slots])
-    return [DynamicGroup(index, tuple(per_row)) for index, per_row in by_index.values()]
+            [table.variable, *state.per_row(table.variable)])
+    return [DynamicGroup(index, tuple(per_row), state.stored_rows)
+            for index, per_row in by_index.values()]
+
+
+class ById:
+    """The by-id TableCheckpoint (module docstring); its parts are DynamicGroups."""
+
+    def parts(self, variables, state):
+        return groups(variables, state)
+
+    def variables(self, parts):
+        return [variable for group in parts for variable in group.variables()]
+
+    def check_matches(self, parts, directory):
+        check_matches(parts, directory)
+
+    def save(self, parts, directory):
+        save(parts, directory)
+
+    def restore(self, parts, directory):
+        restore(parts, directory)
+
+    def restore_rank_local(self, parts, directory):
+        """Every rank's rows are its own: all of them."""
+        restore(parts, directory)
+
+
+BY_ID = ById()
 
 
 def check_matches(dynamic_groups, directory):
@@ -117,7 +143,7 @@ def restore(dynamic_groups, directory):
 def _restore_in_place(group, arrays):
     """Every row back at its position (the checkpoint's rank is this one)."""
     index = group.index
-    named = _named(arrays, index)
+    named = _named(arrays, group)
     handed_out, rows = int(named("next_row")), named("rows")
     _write_rows(index.row_ids, handed_out, rows, named("keys"), NO_ROW)
     _write_rows(index.last_seen, handed_out, rows, named("last_seen"), 0)
@@ -136,7 +162,7 @@ def _restore_in_place(group, arrays):
 def _restore_by_key(group, every_rank):
     """The keys this rank owns now, from every rank's arrays, in rows 0, 1, ... by key."""
     index = group.index
-    parts = [_named(arrays, index) for arrays in every_rank]
+    parts = [_named(arrays, group) for arrays in every_rank]
     keys = np.concatenate([named("keys") for named in parts])
     mine = np.flatnonzero(keys % distributed.size() == distributed.rank())
     mine = mine[np.argsort(keys[mine], kind="stable")]
@@ -163,11 +189,12 @@ def _restore_by_key(group, every_rank):
         _write_rows(variable, count, rows, gathered(variable.path), 0)
 
 
-def _named(arrays, index):
-    """name -> the checkpoint's array of `index`'s `name`; a UserError when it is missing."""
+def _named(arrays, group):
+    """name -> the checkpoint's array of `group`'s index's `name`; a UserError when it is
+    missing."""
     def named(name):
-        key = f"{index.path}:{name}"
-        values = stored_rows(arrays, key)
+        key = f"{group.index.path}:{name}"
+        values = group.stored_rows(arrays, key)
         if values is None:
             raise UserError(f"the checkpoint's dynamic tables have no {key}: resume with the "
                             "model and optimizer it was written with")

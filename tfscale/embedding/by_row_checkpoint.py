@@ -1,7 +1,8 @@
-"""Embedding tables and their optimizer state in checkpoints, by global row (docs/sharding.md);
-dynamic tables go by id instead (tfscale.training.dynamic_checkpoints).
+"""The by-row checkpoint format (`BY_ROW`, a TableCheckpoint: tfscale.embedding.strategy) of the
+tables whose strategy holds fixed rows (replicated, row-sharded) and of a user's Keras Embedding
+tables (docs/sharding.md).
 
-Every 2-D embedding table, and each optimizer variable of it with one entry per table row
+Every such table, and each optimizer variable of it with one entry per table row
 (Adam's moments, CAME's row factors), is written apart from the rest of the checkpoint: each
 rank that holds rows writes them to `tables-<i>-of-<n>.npz` in the checkpoint directory (rank r
 of P with row-sharded tables: its shard, rows r, r + P, ...; with replicated tables rank 0 alone,
@@ -18,10 +19,8 @@ import re
 import numpy as np
 
 from tfscale import distributed
-from tfscale.embedding import tables
-from tfscale.embedding.table import RowShard, shard_of, table_of
+from tfscale.embedding.table import RowShard, shard_of
 from tfscale.errors import UserError
-from tfscale.optimizers.table_state import per_row_state, stored_rows
 
 _FILE = "tables-{}-of-{}.npz"
 _FILE_PATTERN = re.compile(r"tables-(\d+)-of-(\d+)\.npz$")
@@ -34,24 +33,49 @@ class TableVariable:
     name: str
     variable: object
     shard: RowShard  # the rows this rank holds (all of them: shard 0 of 1)
+    stored_rows: object = None  # (arrays, name) -> its array in a checkpoint file, or None
+
+    def read(self, arrays):
+        """This variable's array among a checkpoint file's `arrays`, or None."""
+        if self.stored_rows is not None:
+            return self.stored_rows(arrays, self.name)
+        return arrays[self.name] if self.name in arrays.files else None
 
 
-def table_variables(model, optimizer=None):
-    """The TableVariables of `model`'s embedding tables and of their state in `optimizer`."""
-    entries = []
-    for table in model.variables:
-        if not tables.is_row_table(table) or _is_dynamic(table):
-            continue
-        shard = shard_of(table) or RowShard(int(table.shape[0]), 1, 0)
-        slots = [] if optimizer is None else per_row_state(optimizer, table)
-        entries += [TableVariable(v.path, v, shard) for v in [table] + slots]
-    return entries
+class ByRow:
+    """The by-row TableCheckpoint (module docstring); its parts are TableVariables."""
+
+    def parts(self, variables, state):
+        """The TableVariables of the tables `variables` and of their optimizer state (`state`:
+        a TableStateSource, tfscale.embedding.strategy)."""
+        entries = []
+        for table in variables:
+            shard = shard_of(table) or RowShard(int(table.shape[0]), 1, 0)
+            entries += [TableVariable(v.path, v, shard, state.stored_rows)
+                        for v in [table] + state.per_row(table)]
+        return entries
+
+    def variables(self, parts):
+        return [entry.variable for entry in parts]
+
+    def check_matches(self, parts, directory):
+        """Nothing: `restore` names what is missing."""
+
+    def save(self, parts, directory):
+        save(parts, directory)
+
+    def restore(self, parts, directory):
+        restore(parts, directory)
+
+    def restore_rank_local(self, parts, directory):
+        """The rows of the sharded tables among `parts` (the others come with rank 0's
+        broadcast)."""
+        sharded = [entry for entry in parts if entry.shard.num_shards > 1]
+        if sharded:
+            restore(sharded, directory)
 
 
-def _is_dynamic(variable):
-    """Whether `variable` is a dynamic table (checkpointed by id: dynamic_checkpoints)."""
-    table = table_of(variable)
-    return table is not None and table.row_index is not None
+BY_ROW = ByRow()
 
 
 def save(entries, directory):
@@ -81,7 +105,7 @@ def restore(entries, directory):
         index, num_shards = map(int, _FILE_PATTERN.search(path).groups())
         with np.load(path) as stored:
             for entry in entries:
-                rows = stored_rows(stored, entry.name)
+                rows = entry.read(stored)
                 if rows is None:
                     raise UserError(f"checkpoint {path} has no {entry.name}: resume with the "
                                     "model and optimizer it was written with")
