@@ -57,6 +57,16 @@ def auc_from_log(name, line):
     return float(text.split("final test AUC", 1)[1].split(",")[0])
 
 
+def peak_rss_gb(name, lines, **expected):
+    """The largest peak RSS, in GB, of the .jsonl records on `lines` (each holding `expected`)."""
+    return max(record(name, line, **expected)["peak_rss_bytes"] for line in lines) / 1e9
+
+
+# Lines 17-20 and 9-12: the four ranks of a dynamic table of 135M and of 3.4M ids.
+DYNAMIC_135M = peak_rss_gb("dynamic_memory.jsonl", range(17, 21), tables="dynamic",
+                           capacity=135000000, ranks=4)
+DYNAMIC_3_4M = peak_rss_gb("dynamic_memory.jsonl", range(9, 13), tables="dynamic",
+                           capacity=3400000, ranks=4)
 FULL_SIZE = {"scale": 1.0, "optimizer": "adam", "batch_size": 8192}
 TUNED = "cowclip_tuned_runs.jsonl"  # lines 5, 19: batch 1,024, no rule, seeds 0 and 1
 BASE_1K = best_epoch_auc(TUNED, [5, 19])
@@ -98,6 +108,8 @@ HEADLINE = [
      f"{record('table_scaling.jsonl', 23, **FULL_SIZE, embedding_update='row')['median_step_ms']:,.0f} ms",
      f"dense update {record('table_scaling.jsonl', 24, **FULL_SIZE, embedding_update='dense')['median_step_ms']:,.0f} ms",
      "table_scaling.jsonl"),
+    ("Dynamic table, 135M ids, P 4: memory per rank", f"{DYNAMIC_135M:.2f} GB",
+     f"{DYNAMIC_3_4M:.2f} GB at 3.4M ids", "dynamic_memory.jsonl"),
 ]
 
 

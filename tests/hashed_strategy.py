@@ -3,7 +3,6 @@ table holds `BUCKETS` rows (fewer than its ids) on every rank and id i reads row
 de-duplicated. One file plus `tfscale.embedding.strategies.register`, as a new strategy costs."""
 
 import keras
-import tensorflow as tf
 
 from tfscale.embedding import dedup
 from tfscale.embedding.strategy import TableStrategy

@@ -173,8 +173,8 @@ def test_a_row_sharded_lookup_reads_each_id_from_its_owner_and_sends_its_gradien
 
 def _held_keys(layer):
     """{key: local row} of the ids a dynamic FieldEmbedding's rank holds."""
-    row_ids = layer.row_index.row_ids.numpy()
-    return {int(key): row for row, key in enumerate(row_ids) if key >= 0}
+    rows, keys = (t.numpy() for t in layer.row_index.in_use())
+    return {int(key): int(row) for row, key in zip(rows, keys)}
 
 
 def _key(field, id_):

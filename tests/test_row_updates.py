@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.test_row_sparse_adam import _data, _model, _ops_on, _tables
+from tests.test_row_sparse_adam import _data, _model, _tables
 from tfscale.embedding import table_names
 from tfscale.optimizers import (CowClip, FusedAdam, RowSparseAdagrad, RowSparseAdam,
                                 RowSparseSGD, factory, large_batch_settings)

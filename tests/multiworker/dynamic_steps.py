@@ -21,6 +21,7 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 from tfscale import distributed  # noqa: E402
 from tfscale.embedding.dynamic import DynamicTables  # noqa: E402
@@ -86,22 +87,19 @@ def run(name, out_dir, resume_from=None):
             continue
         mine = slice(rank * local, (rank + 1) * local)
         model.train_on_batch(ids[mine], labels[mine])
-        row_ids = embedding.row_index.row_ids.numpy()
-        arrays[f"held_{step}"] = np.sort(row_ids[row_ids >= 0])
+        arrays[f"held_{step}"] = np.sort(embedding.row_index.in_use()[1].numpy())
         if name == "evicting" and not resume_from and step + 1 == SAVED_STEPS:
             CheckpointStore(os.path.join(out_dir, f"checkpoint-P{size}"), model,
                             model.optimizer).save(SAVED_STEPS, {"epoch": 0})
     index = embedding.row_index
-    row_ids = index.row_ids.numpy()
-    held = np.where(row_ids >= 0)[0]
-    arrays["ids"] = row_ids[held]
-    arrays["last_seen"] = index.last_seen.numpy()[held]
-    arrays["seen_count"] = index.seen_count.numpy()[held]
+    held, arrays["ids"] = (t.numpy() for t in index.in_use())  # never-used rows are unwritten
+    arrays["last_seen"] = tf.gather(index.last_seen.value, held).numpy()
+    arrays["seen_count"] = tf.gather(index.seen_count.value, held).numpy()
     for table in embedding.tables:
-        arrays[table.name] = table.variable.numpy()[held]
+        arrays[table.name] = tf.gather(table.variable.value, held).numpy()
         state = table_state(model.optimizer, table.variable).per_row
         for i in range(2):  # both moments, in one slot
-            arrays[f"{table.name}_moment{i}"] = state[0].numpy()[held][:, i]
+            arrays[f"{table.name}_moment{i}"] = tf.gather(state[0].value, held).numpy()[:, i]
         arrays[f"{table.name}_unknown"] = table.layer.unknown.numpy()
     arrays["dense"] = np.concatenate([v.numpy().ravel() for v in model.trainable_variables
                                       if "dense" in v.path])

@@ -12,6 +12,7 @@ import numpy as np
 from tests.multiworker import launcher_run
 from tests.multiworker.sharded_steps import gathered
 from tfscale import distributed
+from tfscale.embedding.by_row_checkpoint import BY_ROW
 from tfscale.training.checkpoints import CheckpointStore
 
 
@@ -22,7 +23,9 @@ def main(out, *flags_given):
         """CheckpointStore.finish_restore, then the restored tables and their per-row state,
         whole, to `out` (every rank takes part in the gathering; rank 0 writes)."""
         finish_restore(store)
-        whole = {entry.name: gathered(entry.variable, entry.shard) for entry in store._tables()}
+        by_row = [entry for fmt, parts in store._table_parts() if fmt is BY_ROW
+                  for entry in parts]
+        whole = {entry.name: gathered(entry.variable, entry.shard) for entry in by_row}
         if distributed.is_chief():
             np.savez(out, **whole)
 

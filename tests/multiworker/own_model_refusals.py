@@ -57,6 +57,11 @@ def main():
         expect_refusal(readme_model, "building FieldEmbedding 'field_embedding' under "
                        "horovodrun before Horovod started: add `tfscale.distributed.init()` at "
                        "the top of the script")
+    for sharding in ("row", "dynamic"):  # tables sized by the ranks: built once they are known
+        with environment(HOROVOD_RANK="0", HOROVOD_SIZE="2"):
+            expect_refusal(lambda: tfscale.FieldEmbedding([5, 5], sharding=sharding).build(),
+                           "under horovodrun before Horovod started: add "
+                           "`tfscale.distributed.init()`")
     model = readme_model()
     with environment(HOROVOD_RANK="0", HOROVOD_SIZE="2"):
         expect_refusal(lambda: model.compile(optimizer=RowSparseAdam(),

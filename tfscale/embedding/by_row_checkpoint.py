@@ -21,7 +21,6 @@ import numpy as np
 from tfscale import distributed
 from tfscale.embedding.table import RowShard, shard_of
 from tfscale.errors import UserError
-from tfscale.optimizers.table_state import stored_rows
 
 _FILE = "tables-{}-of-{}.npz"
 _FILE_PATTERN = re.compile(r"tables-(\d+)-of-(\d+)\.npz$")
@@ -34,18 +33,26 @@ class TableVariable:
     name: str
     variable: object
     shard: RowShard  # the rows this rank holds (all of them: shard 0 of 1)
+    stored_rows: object = None  # (arrays, name) -> its array in a checkpoint file, or None
+
+    def read(self, arrays):
+        """This variable's array among a checkpoint file's `arrays`, or None."""
+        if self.stored_rows is not None:
+            return self.stored_rows(arrays, self.name)
+        return arrays[self.name] if self.name in arrays.files else None
 
 
 class ByRow:
     """The by-row TableCheckpoint (module docstring); its parts are TableVariables."""
 
-    def parts(self, variables, per_row_state):
-        """The TableVariables of the tables `variables` and of their state (`per_row_state`:
-        table variable -> the optimizer's variables with one entry per row of it)."""
+    def parts(self, variables, state):
+        """The TableVariables of the tables `variables` and of their optimizer state (`state`:
+        a TableStateSource, tfscale.embedding.strategy)."""
         entries = []
         for table in variables:
             shard = shard_of(table) or RowShard(int(table.shape[0]), 1, 0)
-            entries += [TableVariable(v.path, v, shard) for v in [table] + per_row_state(table)]
+            entries += [TableVariable(v.path, v, shard, state.stored_rows)
+                        for v in [table] + state.per_row(table)]
         return entries
 
     def variables(self, parts):
@@ -98,7 +105,7 @@ def restore(entries, directory):
         index, num_shards = map(int, _FILE_PATTERN.search(path).groups())
         with np.load(path) as stored:
             for entry in entries:
-                rows = stored_rows(stored, entry.name)
+                rows = entry.read(stored)
                 if rows is None:
                     raise UserError(f"checkpoint {path} has no {entry.name}: resume with the "
                                     "model and optimizer it was written with")

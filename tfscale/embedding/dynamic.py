@@ -10,8 +10,11 @@ admission after `min_count` occurrences, least-recently-used eviction at `capaci
 without a row reads its field's shared unknown row (a small replicated [fields, width] variable
 per table, averaged over the ranks as dense weights are). A row given to a new id starts from the
 initializer's row for that id (RowSeededNormal.keyed_rows) and the train step resets its
-optimizer state (Table.record_lookup's `fresh_rows`). Evaluation and prediction look ids up
-without counting or admitting them."""
+optimizer state (Table.record_lookup's `fresh_rows`). The tables start unwritten
+(tfscale.embedding.table.unwritten), so a rank's memory follows the rows handed out, not the
+capacity; a table updated whole (every row read every step) has its other rows written with
+zeros first (`updated_whole`). Evaluation and prediction look ids up without counting or
+admitting them."""
 
 import dataclasses
 
@@ -21,11 +24,11 @@ import tensorflow as tf
 from tfscale import distributed
 from tfscale.embedding import placement
 from tfscale.embedding.by_id_checkpoint import BY_ID
-from tfscale.embedding.id_rows import IdRows
+from tfscale.embedding.id_rows import IdRows, write_rows_from
 from tfscale.embedding.initializers import keyed_rows, with_rank_0_seed
 from tfscale.embedding.row_sharding import check_partitioned_arguments, gradient_divided_by
 from tfscale.embedding.strategy import TableStrategy
-from tfscale.embedding.table import RowShard, Table
+from tfscale.embedding.table import RowShard, Table, unwritten
 from tfscale.errors import UserError
 
 FIELD_BITS = 56  # a key is field << FIELD_BITS | id
@@ -40,8 +43,9 @@ class DynamicTables(TableStrategy):
 
     Args:
         capacity: rows in use at most, summed over the ranks (None: the sum of the
-            FieldEmbedding's `vocabulary_sizes`). Memory is capacity x width x 4 bytes per
-            table (10% more at P > 1: IdRows), plus the optimizer's state of as many rows.
+            FieldEmbedding's `vocabulary_sizes`). Memory follows the rows handed out: per row,
+            width x 4 bytes per table, the optimizer's state of the row and 32 bytes of IdRows
+            (plus its id map), up to capacity rows (10% more at P > 1: IdRows).
         min_count: occurrences in training batches before an id gets a row (1: at once).
         evict_fraction: the share of capacity one eviction frees (evictions are batched).
         expire_after_steps: also free rows unseen for this many training steps (checked every
@@ -61,6 +65,7 @@ class DynamicTables(TableStrategy):
     lookups_span_ranks = True
     takes_any_ids = True
     checkpoint_format = BY_ID
+    hands_out_rows = True
     # A row evicted and given to another id within the staleness window would take the old
     # id's late gradient.
     takes_late_gradients = False
@@ -117,6 +122,26 @@ class DynamicTables(TableStrategy):
                                                       distributed.size(), distributed.rank()),
                      row_index)
 
+    def updated_whole(self, table):
+        """Writes zeros into the rows of `table` never handed out (once, eagerly): an optimizer
+        updating it whole reads every row."""
+        if not table.layer.written_whole:
+            with tf.init_scope():
+                write_rows_from(table.variable, self.written_rows(table), 0.0)
+            table.layer.written_whole = True
+
+    def written_rows(self, table):
+        return int(table.row_index.next_row.numpy())
+
+    def write_unwritten_rows(self, tables):
+        """Zeros in the tables' rows never handed out, ids -1 in their row indexes'."""
+        indexes = {}
+        for table in tables:
+            indexes[id(table.row_index)] = table.row_index
+            write_rows_from(table.variable, self.written_rows(table), 0.0)
+        for index in indexes.values():
+            index.write_unused_rows()
+
     def lookup(self, tables, keys, embedding, training=False):
         return lookup(tables, keys, embedding.row_index, training,
                       name=f"tfscale_{embedding.name}", scalars=embedding.scalars)
@@ -133,11 +158,12 @@ class DynamicTable(keras.layers.Layer):
         super().__init__(**kwargs)
         self.dim = int(dim)
         self.initializer = initializer
+        self.written_whole = False  # every row written (DynamicTables.updated_whole)
 
     def build(self, rows, num_fields):
         self.initializer = with_rank_0_seed(self.initializer)
         with tf.device(placement.embedding_device()):
-            self.embeddings = self.add_weight(shape=(rows, self.dim), initializer="zeros",
+            self.embeddings = self.add_weight(shape=(rows, self.dim), initializer=unwritten,
                                               dtype="float32", autocast=False, name="embeddings")
             self.unknown = self.add_weight(
                 shape=(num_fields, self.dim), dtype="float32", autocast=False, name="unknown",

@@ -5,11 +5,16 @@ State (Keras variables of this layer, one entry per local row unless said):
   row_ids     the id a row holds, -1 when free;
   last_seen   the training step that last looked the row up;
   seen_count  the row's occurrences since its id was admitted;
-  free_rows, free_count   a stack of the free rows (rows 0, 1, 2, ... are handed out first);
+  next_row    the rows handed out so far (scalar): rows 0 .. next_row - 1 have held an id;
+  free_rows, free_count   a stack of the rows freed since (`free_count` of them);
   step        the training lookups done (scalar);
   sketch      admission counts of ids without a row (with `min_count` > 1).
-The id -> row map is a TensorFlow MutableHashTable, rebuilt from `row_ids` after a restore
-(`rebuild_map`), since checkpoints keep rows by id.
+A row is handed out from the free stack first (the lowest of the most recently freed first),
+then at `next_row`. The per-row variables start unwritten (tfscale.embedding.table.unwritten),
+so they take memory for the rows handed out only; an entry is written when its row is handed
+out (or freed, or pushed on the stack), and only entries below `next_row` (the stack's below
+`free_count`) are read. The id -> row map is a TensorFlow MutableHashTable, rebuilt from
+`row_ids` after a restore (`rebuild_map`), since checkpoints keep rows by id.
 
 Decisions depend on the global batch's ids and counts and on the rows in use, never on how ids
 are spread over the ranks, so the same ids get rows and lose them at any number of ranks:
@@ -32,6 +37,7 @@ import keras
 import tensorflow as tf
 
 from tfscale import distributed
+from tfscale.embedding.table import unwritten
 
 BINS = 1024
 NO_ROW = -1
@@ -55,26 +61,24 @@ class IdRows(keras.layers.Layer):
         self.expire_after_steps = None if expire_after_steps is None else int(expire_after_steps)
         self.sketch_primes = _two_primes_below(int(sketch_width)) if self.min_count > 1 else ()
         self.map = None
+        self.memory_checked = False  # tfscale.optimizers.table_state.warn_when_beyond_memory
 
     def build(self, input_shape=None):
         ranks = distributed.size()
         self.rows = (self.capacity if ranks == 1
                      else math.ceil(self.capacity / ranks * (1 + RANK_SLACK)))
 
-        def constant(value):
-            return lambda shape, dtype=None: tf.fill(shape, tf.constant(value, tf.int64))
-
         def weight(name, shape, initializer, dtype="int64"):
             return self.add_weight(shape=shape, initializer=initializer, dtype=dtype,
                                    trainable=False, autocast=False, name=name)
 
         with tf.device("/cpu:0"):
-            self.row_ids = weight("row_ids", (self.rows,), constant(NO_ROW))
-            self.last_seen = weight("last_seen", (self.rows,), "zeros")
-            self.seen_count = weight("seen_count", (self.rows,), "zeros")
-            self.free_rows = weight("free_rows", (self.rows,), lambda shape, dtype=None: tf.range(
-                self.rows - 1, -1, -1, dtype=tf.int64))
-            self.free_count = weight("free_count", (), constant(self.rows))
+            self.row_ids = weight("row_ids", (self.rows,), unwritten)
+            self.last_seen = weight("last_seen", (self.rows,), unwritten)
+            self.seen_count = weight("seen_count", (self.rows,), unwritten)
+            self.free_rows = weight("free_rows", (self.rows,), unwritten)
+            self.free_count = weight("free_count", (), "zeros")
+            self.next_row = weight("next_row", (), "zeros")
             self.step = weight("step", (), "zeros")
             self.sketch = (weight("sketch", (2, max(self.sketch_primes)), "zeros", "int32")
                            if self.sketch_primes else None)
@@ -85,7 +89,27 @@ class IdRows(keras.layers.Layer):
     def state(self):
         """The variables that differ between ranks (all but `step`)."""
         return [v for v in (self.row_ids, self.last_seen, self.seen_count, self.free_rows,
-                            self.free_count, self.sketch) if v is not None]
+                            self.free_count, self.next_row, self.sketch) if v is not None]
+
+    def in_use(self):
+        """(rows, ids): the rows holding an id, ascending, and their ids (int64 tensors)."""
+        row_ids = self.handed_out(self.row_ids)
+        rows = tf.where(row_ids >= 0)[:, 0]
+        return rows, tf.gather(row_ids, rows)
+
+    def handed_out(self, variable):
+        """The entries of `variable` (one of this layer's per-row variables, or a table's) of
+        the rows handed out so far, read in place."""
+        return tf.gather(variable.value, tf.range(self.next_row.value.read_value()))
+
+    def write_unused_rows(self):
+        """Writes the entries never handed out (ids -1, zeros elsewhere; eagerly): for a reader
+        of whole variables, as a SavedModel is."""
+        first = int(self.next_row.numpy())
+        for variable, fill in ((self.row_ids, NO_ROW), (self.last_seen, 0),
+                               (self.seen_count, 0)):
+            write_rows_from(variable, first, fill)
+        write_rows_from(self.free_rows, int(self.free_count.numpy()), 0)
 
 
     def rows_of(self, keys):
@@ -129,18 +153,19 @@ class IdRows(keras.layers.Layer):
         """Records the step's rows in use (after it), admitted and evicted ids and lookups of
         ids without a row, summed over the ranks."""
         totals = distributed.allreduce_sum(
-            tf.stack([self.rows - self.free_count.value, admitted, evicted, unknown_lookups]),
+            tf.stack([self._rows_in_use(), admitted, evicted, unknown_lookups]),
             name=f"{self.name}_scalars")
         for i, name in enumerate(("rows_in_use", "admitted", "evicted", "unknown_lookups")):
             scalars.record(f"dynamic/{self.name}/{name}", totals[i])
 
     def rebuild_map(self):
-        """Refills the id -> row map and the free-row count from `row_ids` (after a
-        restore)."""
+        """Refills the id -> row map from `row_ids` (after a restore)."""
         self.map.remove(self.map.export()[0])
-        held = tf.where(self.row_ids.value >= 0)[:, 0]
-        self.map.insert(tf.gather(self.row_ids.value, held), held)
-        self.free_count.assign(self.rows - tf.size(held, out_type=tf.int64))
+        rows, ids = self.in_use()
+        self.map.insert(ids, rows)
+
+    def _rows_in_use(self):
+        return self.next_row.value.read_value() - self.free_count.value.read_value()
 
     # Admission
 
@@ -165,20 +190,20 @@ class IdRows(keras.layers.Layer):
     def _make_room(self, needed, step, scalars):
         """Frees rows so that `needed` new ids fit (module docstring); returns how many it
         freed; an InvalidArgumentError naming `capacity` when one batch's new ids cannot fit."""
-        totals = distributed.allreduce_sum(
-            tf.stack([self.rows - self.free_count.value, needed]), name=f"{self.name}_totals")
+        totals = distributed.allreduce_sum(tf.stack([self._rows_in_use(), needed]),
+                                           name=f"{self.name}_totals")
         excess = totals[0] + totals[1] - self.capacity
         target = int((1 - self.evict_fraction) * self.capacity)
         evicted = tf.cond(excess > 0,
                           lambda: self._evict_least_recent(totals[0] + totals[1] - target, step),
                           lambda: tf.constant(0, tf.int64))
-        short = needed - self.free_count.value
+        short = needed - (self.rows - self._rows_in_use())
         balance = tf.cond(short > 0, lambda: self._evict_local_least_recent(short, step),
                           lambda: tf.constant(0, tf.int64))
         if scalars is not None:
             scalars.record(f"dynamic/{self.name}/balance_evictions", balance)
         check = tf.debugging.assert_less_equal(
-            needed, self.free_count.value,
+            needed, self.rows - self._rows_in_use(),
             message=f"{self.name}: one batch's new ids do not fit in the dynamic table even after "
                     "evicting every row not in the batch: give FieldEmbedding's dynamic tables a "
                     "larger `capacity` (at least the unique ids of a few batches)")
@@ -189,8 +214,8 @@ class IdRows(keras.layers.Layer):
         """Frees every row last seen before the first boundary of the global histogram of
         last-seen steps that frees at least `wanted` rows (all rows not seen this step if none
         does); the same rows at any number of ranks."""
-        last_seen = self.last_seen.value.read_value()
-        eligible = (self.row_ids.value.read_value() >= 0) & (last_seen < step)
+        last_seen = self.handed_out(self.last_seen)
+        eligible = (self.handed_out(self.row_ids) >= 0) & (last_seen < step)
         oldest = -distributed.allreduce_max(-tf.reduce_min(tf.where(eligible, last_seen, step)),
                                             name=f"{self.name}_oldest")
         width = tf.maximum((step - oldest + BINS - 1) // BINS, 1)
@@ -206,8 +231,8 @@ class IdRows(keras.layers.Layer):
     def _evict_local_least_recent(self, wanted, step):
         """Frees this rank's `wanted` least recently seen rows not seen this step (ties: lower
         row first)."""
-        last_seen = self.last_seen.value.read_value()
-        eligible = (self.row_ids.value.read_value() >= 0) & (last_seen < step)
+        last_seen = self.handed_out(self.last_seen)
+        eligible = (self.handed_out(self.row_ids) >= 0) & (last_seen < step)
         age = tf.where(eligible, tf.cast(step - last_seen, tf.float64), -1.0)
         k = tf.minimum(wanted, tf.reduce_sum(tf.cast(eligible, tf.int64)))
         return self._free(tf.math.top_k(age, tf.cast(k, tf.int32)).indices)
@@ -217,8 +242,8 @@ class IdRows(keras.layers.Layer):
         period = self.expire_after_steps
 
         def expire():
-            stale = (self.row_ids.value.read_value() >= 0) & (
-                self.last_seen.value.read_value() <= step - period)
+            stale = (self.handed_out(self.row_ids) >= 0) & (
+                self.handed_out(self.last_seen) <= step - period)
             return self._free(tf.where(stale)[:, 0])
 
         return tf.cond(step % period == 0, expire, lambda: tf.constant(0, tf.int64))
@@ -237,11 +262,17 @@ class IdRows(keras.layers.Layer):
         return count
 
     def _pop_free(self, count):
-        """`count` free rows, taken off the stack (lowest of the most recently freed first)."""
+        """`count` free rows: off the stack (lowest of the most recently freed first), then from
+        `next_row` on."""
         top = self.free_count.value.read_value()
-        rows = tf.reverse(tf.gather(self.free_rows.value, tf.range(top - count, top)), [0])
+        reused = tf.minimum(count, top)
+        first = self.next_row.value.read_value()
+        rows = tf.concat([tf.reverse(tf.gather(self.free_rows.value, tf.range(top - reused, top)),
+                                     [0]),
+                          tf.range(first, first + count - reused)], axis=0)
         with tf.control_dependencies([rows]):
-            self.free_count.value.assign_sub(count)
+            self.free_count.value.assign_sub(reused)
+            self.next_row.value.assign_add(count - reused)
         return rows
 
     @staticmethod
@@ -251,6 +282,16 @@ class IdRows(keras.layers.Layer):
             variable.value.scatter_add(update)
         else:
             variable.value.scatter_update(update)
+
+
+def write_rows_from(variable, first, fill, block_rows=1 << 20):
+    """Writes `fill` into rows `first`, `first` + 1, ... of `variable` (eagerly, in blocks)."""
+    rows = int(variable.shape[0])
+    for start in range(first, rows, block_rows):
+        indices = tf.range(start, min(start + block_rows, rows), dtype=tf.int64)
+        values = tf.fill(tf.concat([tf.shape(indices), list(variable.shape[1:])], axis=0),
+                         tf.constant(fill, variable.dtype))
+        variable.value.scatter_update(tf.IndexedSlices(values, indices))
 
 
 def _two_primes_below(limit):

@@ -13,8 +13,11 @@ only (one may serve several layers).
 A TableCheckpoint (the `checkpoint_format` of a strategy: tfscale.embedding.by_row_checkpoint's
 BY_ROW, tfscale.embedding.by_id_checkpoint's BY_ID) writes and reads its tables and their
 optimizer state apart from the rest of a checkpoint, every rank its own rows:
-  parts(variables, per_row_state)  what it stores of those table variables (`per_row_state`:
-                                   variable -> the optimizer's per-row variables of it);
+  parts(variables, state)          what it stores of those table variables and their optimizer
+                                   state (`state`, a TableStateSource: `per_row(table)`, the
+                                   optimizer's variables with one entry per row of it;
+                                   `stored_rows(arrays, name)`, how a checkpoint file's array of
+                                   such a variable is read, older layouts included);
   variables(parts)                 every variable it stores (the rest of the checkpoint skips
                                    them);
   check_matches(parts, directory)  a UserError when the checkpoint holds tables of this format
@@ -41,7 +44,11 @@ class TableStrategy:
         stale embedding updates do (not where a row can change hands between ids meanwhile).
     takes_any_ids: whether a field's ids may be any ints in [0, 2**56) (rows given to ids as
         they come) rather than [0, vocabulary size).
-    checkpoint_format: the TableCheckpoint of its tables (module docstring)."""
+    checkpoint_format: the TableCheckpoint of its tables (module docstring).
+    hands_out_rows: whether a table's rows are written only when the strategy gives them to
+        ids, so the table and its per-row optimizer state start unwritten (not resident:
+        tfscale.embedding.table.unwritten) and a row's state is reset when it is handed out
+        (Table.record_lookup's `fresh_rows`)."""
 
     name = None
     description = None
@@ -50,6 +57,7 @@ class TableStrategy:
     takes_late_gradients = True
     takes_any_ids = False
     checkpoint_format = BY_ROW
+    hands_out_rows = False
 
     def get_config(self):
         """What FieldEmbedding's config stores as `sharding`: the name (a strategy with
@@ -82,6 +90,20 @@ class TableStrategy:
         """Builds `table.layer` (one of FieldEmbedding `embedding`'s) and attaches its variable
         to `table` (Table.attach)."""
         raise NotImplementedError
+
+    def updated_whole(self, table):
+        """The train step found `table` (built) updated whole, every row read every step:
+        nothing by default (a strategy that `hands_out_rows` writes the others first)."""
+
+    def written_rows(self, table):
+        """How many leading rows of `table` (built) have been written (eagerly): all of them by
+        default (a strategy that `hands_out_rows`: the rows handed out so far)."""
+        return int(table.variable.shape[0])
+
+    def write_unwritten_rows(self, tables):
+        """Writes the rows of `tables` (built, this strategy's) and of their row indexes never
+        handed out, eagerly, for a writer of whole variables (a SavedModel export): nothing by
+        default."""
 
     def lookup(self, tables, rows, embedding, training=False):
         """The rows `rows` (int64 table ids, any shape) of each of `tables` (one layer's, of one

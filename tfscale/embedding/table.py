@@ -12,7 +12,12 @@ still alive at the scatter is copied too. A variable updated whole (a fused Adam
 must be read whole: an in-place row read would put it in copy-on-read mode and the whole update
 would copy it. Either mismatch costs a copy of the table per step, more than a 1K batch's
 arithmetic. The train step sets each table's update (`set_updated_by_row`) before tracing the
-forward pass."""
+forward pass.
+
+A table whose rows are written only when given to ids (TableStrategy.hands_out_rows) and its
+per-row optimizer state are created `unwritten`: allocated, not written, so not resident until
+rows are written (docs/dynamic.md). Nothing reads a row of them before it was written:
+`written_rows` says how many leading rows have been."""
 
 import dataclasses
 import weakref
@@ -99,8 +104,11 @@ class Table:
                                  self)
 
     def set_updated_by_row(self, by_row):
-        """Whether the optimizer updates this table row by row (read by `read_rows`)."""
+        """Whether the optimizer updates this table row by row (read by `read_rows`); a table
+        updated whole is told to its strategy (TableStrategy.updated_whole)."""
         self.updated_by_row = bool(by_row)
+        if not by_row:
+            self.strategy.updated_whole(self)
 
     def read_rows(self, local_rows):
         """Rows `local_rows` (int, any shape) of this rank's variable, read as the optimizer
@@ -159,6 +167,36 @@ def row_indexes_of(variables):
     indexes = {id(t.row_index): t.row_index for t in tables_of(variables)
                if t.row_index is not None}
     return list(indexes.values())
+
+
+def unwritten(shape, dtype=None):
+    """An initializer that allocates without writing: a large host buffer then takes no memory
+    until its pages are written. Its values are undefined; nothing may read them."""
+    return tf.raw_ops.Empty(shape=shape, dtype=tf.as_dtype(dtype or "float32"), init=False)
+
+
+def hands_out_rows(variable):
+    """Whether `variable` is a table whose rows are written when given to ids
+    (TableStrategy.hands_out_rows), so its per-row optimizer state can start `unwritten` too."""
+    table = table_of(variable)
+    return table is not None and table.strategy.hands_out_rows
+
+
+def written_rows(variable):
+    """How many leading rows of table `variable` have been written (eagerly): all of them but
+    for a table whose strategy hands out rows (TableStrategy.written_rows)."""
+    table = table_of(variable)
+    return int(variable.shape[0]) if table is None else table.strategy.written_rows(table)
+
+
+def write_unwritten_rows(model):
+    """Writes the rows of `model`'s tables never handed out (TableStrategy.write_unwritten_rows),
+    for a writer of whole variables (a SavedModel export, in one process)."""
+    by_strategy = {}
+    for table in tables_of(model.variables):
+        by_strategy.setdefault(id(table.strategy), (table.strategy, []))[1].append(table)
+    for strategy, tables in by_strategy.values():
+        strategy.write_unwritten_rows(tables)
 
 
 def shard_of(variable):

@@ -22,22 +22,24 @@ from tfscale.row_gradients import with_values
 
 
 class RowShardedExchange(SynchronousExchange):
-    """`exchange` (an AveragingExchange) for the model's other gradients; shards stay local."""
+    """`exchange` (an AveragingExchange) for the model's other gradients; shards stay local.
+    `held`: how the tables are held (their strategy's description), for messages."""
 
     can_run_stale = True
 
-    def __init__(self, exchange):
+    def __init__(self, exchange, held="row-sharded"):
         super().__init__()
         if not isinstance(exchange, AveragingExchange):
-            raise UserError(f"`embedding_exchange={exchange.name}` cannot be used with row-sharded "
+            raise UserError(f"`embedding_exchange={exchange.name}` cannot be used with {held} "
                             "tables, whose gradients stay on their owners: use "
                             "`embedding_exchange=allgather` or dense for the other gradients")
+        self.held = held
         self.inner = exchange
         self.name = exchange.name
         self.carries_counts = exchange.carries_counts
 
     def __repr__(self):
-        return f"{self.inner!r} (row-sharded tables stay on their owners)"
+        return f"{self.inner!r} ({self.held} tables stay on their owners)"
 
     def summary_scalars(self):
         return {**self.inner.summary_scalars(), **self.scalars.summary_scalars()}

@@ -1,19 +1,29 @@
 """`RowSparseAdagrad`: Keras's Adagrad whose tables' row gradients update only their rows and
 accumulators (tfscale.optimizers.row_updates). Adagrad leaves a row with a zero gradient
 unchanged, so without `table_l2` this is Adagrad on the densified gradient, at the cost of the
-batch's rows."""
+batch's rows. A row given to a new id (a dynamic table's) starts from `initial_accumulator_value`,
+as every row of a fixed table does."""
 
 import keras
 import tensorflow as tf
 
 from tfscale.embedding import table_names
 from tfscale.optimizers.averaged import RefusesUnaveragedGradients
+from tfscale.optimizers.capabilities import DeclaresTableState, TableState
 from tfscale.optimizers.row_updates import RowUpdates
 
 
 @keras.saving.register_keras_serializable(package="tfscale")
-class RowSparseAdagrad(RefusesUnaveragedGradients, RowUpdates, keras.optimizers.Adagrad):
+class RowSparseAdagrad(RefusesUnaveragedGradients, DeclaresTableState, RowUpdates,
+                       keras.optimizers.Adagrad):
     """`keras.optimizers.Adagrad` (same arguments) plus `table_l2`; tables updated by row."""
+
+    row_state = ("accumulator",)
+
+    def table_state(self, table):
+        """Per row: the accumulator, which starts at `initial_accumulator_value`."""
+        accumulator = self._accumulators[self._get_variable_index(table)]
+        return TableState(per_row=(accumulator,), fresh=(self.initial_accumulator_value,))
 
     def update_rows(self, variable, ids, gradient_rows, weight_rows, learning_rate):
         gradient_rows = self.with_table_l2(gradient_rows, weight_rows)

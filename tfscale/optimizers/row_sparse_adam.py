@@ -32,6 +32,7 @@ import keras
 import tensorflow as tf
 
 from tfscale.embedding import table_names
+from tfscale.embedding.table import written_rows
 from tfscale.optimizers.capabilities import DeclaresTableState, TableState
 from tfscale.optimizers.fused_adam import FusedAdam
 from tfscale.optimizers.row_updates import RowUpdates
@@ -89,6 +90,7 @@ class RowSparseAdam(DeclaresTableState, RowUpdates, FusedAdam):
             self._velocities += velocity
             self._moments.append(self.add_variable(
                 shape=(variable.shape[0], 2, *variable.shape[1:]), dtype=variable.dtype,
+                initializer=self.state_initializer(variable),
                 name=f"{variable.path.replace('/', '_')}{_MOMENTS}") if by_row else None)
         self._last_steps = [self._last_step_slot(variable) for variable in var_list]
 
@@ -97,6 +99,7 @@ class RowSparseAdam(DeclaresTableState, RowUpdates, FusedAdam):
         if not (self.catch_up and self.updates_rows_in_place(variable)):
             return None
         return self.add_variable(shape=(variable.shape[0],), dtype="int32",
+                                 initializer=self.state_initializer(variable),
                                  name=f"{variable.path.replace('/', '_')}_last_step")
 
     def table_state(self, table):
@@ -149,8 +152,9 @@ class RowSparseAdam(DeclaresTableState, RowUpdates, FusedAdam):
                 continue
             index = self._get_variable_index(variable)
             learning_rate = tf.cast(self._get_current_learning_rate(), variable.dtype)
-            for start in range(0, variable.shape[0], block_rows):
-                ids = tf.range(start, min(start + block_rows, variable.shape[0]), dtype=tf.int64)
+            rows = written_rows(variable)  # a dynamic table's: the rows handed out so far
+            for start in range(0, rows, block_rows):
+                ids = tf.range(start, min(start + block_rows, rows), dtype=tf.int64)
                 self._catch_up_block(variable, index, last_steps, ids, step_number,
                                      tf.cast(local_step, variable.dtype), learning_rate)
 

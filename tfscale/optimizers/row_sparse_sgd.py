@@ -15,6 +15,8 @@ from tfscale.optimizers.row_updates import RowUpdates
 class RowSparseSGD(RefusesUnaveragedGradients, RowUpdates, keras.optimizers.SGD):
     """`keras.optimizers.SGD` (same arguments) plus `table_l2`; tables updated by row."""
 
+    row_state = ("momentum",)
+
     def update_rows(self, variable, ids, gradient_rows, weight_rows, learning_rate):
         gradient_rows = self.with_table_l2(gradient_rows, weight_rows)
         step = learning_rate * gradient_rows

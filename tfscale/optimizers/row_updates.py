@@ -8,13 +8,19 @@ other variable, or a dense gradient, takes the optimizer's own dense update.
 
 Why not a Keras regularizer or `weight_decay` on a table: both touch every row every step (the
 regularizer's gradient is dense, and Keras's weight decay rewrites every variable whole), so
-tables are excluded from `weight_decay` here and take `table_l2` instead."""
+tables are excluded from `weight_decay` here and take `table_l2` instead.
+
+The per-row state of a table updated by row whose rows are written when given to ids (a dynamic
+table: tfscale.embedding.table.hands_out_rows) starts unwritten, taking memory for the rows in
+use only; the train step resets a row's state when the row is handed out
+(tfscale.optimizers.table_state.reset_rows)."""
 
 import math
 
 import tensorflow as tf
 
 from tfscale.embedding import table_names
+from tfscale.embedding.table import hands_out_rows, unwritten
 from tfscale.optimizers.capabilities import TakesRowSlices
 from tfscale.row_gradients import densify, sum_duplicate_rows
 
@@ -22,7 +28,10 @@ from tfscale.row_gradients import densify, sum_duplicate_rows
 class RowUpdates(TakesRowSlices):
     """Mixin placed before a Keras optimizer class in the bases; the subclass implements
     `update_rows`. Adds the keyword argument `table_l2` (L2 strength on the embedding tables'
-    rows a batch touches; 0 by default)."""
+    rows a batch touches; 0 by default). `row_state`: the names of the Keras slots it keeps per
+    row of a table (created through `add_variable_from_reference`)."""
+
+    row_state = ()
 
     def __init__(self, *args, table_l2=0.0, **kwargs):
         super().__init__(*args, **kwargs)
@@ -33,6 +42,18 @@ class RowUpdates(TakesRowSlices):
 
     def updates_rows_in_place(self, variable):
         return table_names.is_row_table(variable)
+
+    def state_initializer(self, variable, initializer="zeros"):
+        """How the per-row state of `variable` starts: `initializer`, or unwritten for a table
+        updated by row that hands out rows (module docstring)."""
+        if self.updates_rows_in_place(variable) and hands_out_rows(variable):
+            return unwritten
+        return initializer
+
+    def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
+        if name in self.row_state:
+            initializer = self.state_initializer(reference_variable, initializer)
+        return super().add_variable_from_reference(reference_variable, name, initializer)
 
     def _built_on(self, variable):
         """The Keras variable of `variable` (Keras hands `update_step` the tf.Variable it holds,

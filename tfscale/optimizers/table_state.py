@@ -1,17 +1,25 @@
 """What each rank holds of a model's embedding tables: the optimizer's state of each table
 (`table_state`, from the optimizers' declarations), the variables that differ between ranks
 (`local_variables`, never broadcast), the one-line description the launcher prints, and how a
-checkpoint's per-row arrays are read (`stored_rows`)."""
+checkpoint's per-row arrays are read (`stored_rows`), and a dynamic table's bytes per row
+(`dynamic_row_bytes`) with the warning when its tables once full would not fit in the machine's
+memory (`warn_when_beyond_memory`)."""
+
+import logging
+import os
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+from tfscale import distributed
 from tfscale.embedding.table import row_indexes_of, tables_of
 from tfscale.embedding.table_names import is_embedding_table
 from tfscale.errors import UserError
 from tfscale.optimizers.capabilities import DeclaresTableState, TableState, wrapped_optimizers
 from tfscale.optimizers.row_sparse_adam import two_slot_names
+
+LOG = logging.getLogger("tfscale")
 
 
 def describe(model):
@@ -27,8 +35,48 @@ def describe(model):
     shards = [t.shard for t in described if t.partitioned]
     if not shards:
         return f"tables {how}: {rows:,} rows, {megabytes:,.0f} MB with optimizer state"
+    if any(t.strategy.hands_out_rows for t in described):
+        return (f"tables {how} over {shards[0].num_shards} ranks: up to {rows:,} rows, "
+                f"{megabytes:,.0f} MB with optimizer state per rank once full (memory follows "
+                "the rows in use)")
     return (f"tables {how} over {shards[0].num_shards} ranks: {rows:,} rows, "
             f"{megabytes:,.0f} MB with optimizer state per rank")
+
+
+def dynamic_row_bytes(model):
+    """(row index, bytes per row) of each row index of `model`'s dynamic tables (its optimizer
+    built): the bytes of a row of its tables, of their per-row optimizer state and of the
+    index's per-row state (the id map's hash table comes on top)."""
+    by_index = {}
+    for table in tables_of(model.variables):
+        if table.strategy.hands_out_rows:
+            by_index.setdefault(id(table.row_index), (table.row_index, []))[1].extend(
+                [table.variable, *per_row_state(model.optimizer, table.variable)])
+    return [(index, sum(int(np.prod(v.shape[1:])) * tf.as_dtype(v.dtype).size
+                        for v in per_row + index.state if len(v.shape)))
+            for index, per_row in by_index.values()]
+
+
+def warn_when_beyond_memory(model):
+    """Logs a warning (once per row index, on the first rank of each machine) when `model`'s
+    dynamic tables, once every row is handed out, would take more than this machine's memory:
+    the ranks on it x rows per rank x bytes per row (`dynamic_row_bytes`). `model.optimizer`
+    is built."""
+    hvd = distributed.runtime.horovod() if distributed.is_active() else None
+    local_ranks, local_rank = (hvd.local_size(), hvd.local_rank()) if hvd else (1, 0)
+    machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for index, row_bytes in dynamic_row_bytes(model):
+        if index.memory_checked:
+            continue
+        index.memory_checked = True
+        full = local_ranks * index.rows * row_bytes
+        if full > machine and local_rank == 0:
+            LOG.warning(
+                "dynamic tables of capacity %s: once full, %d rank(s) on this machine hold %s "
+                "rows x %d bytes per row (tables, optimizer state, id map) = %.1f GB, more than "
+                "its %.1f GB of memory; give a smaller `capacity` or more machines",
+                f"{index.capacity:,}", local_ranks, f"{index.rows:,}", row_bytes, full / 1e9,
+                machine / 1e9)
 
 
 def local_variables(model):
@@ -84,6 +132,22 @@ def stored_rows(arrays, name):
     if two_slots and all(slot in arrays.files for slot in two_slots):
         return np.stack([arrays[slot] for slot in two_slots], axis=1)
     return None
+
+
+class OptimizerTableState:
+    """The TableStateSource the checkpoint formats read an optimizer's table state through
+    (tfscale.embedding.strategy): `optimizer`'s per-row variables of a table (none without an
+    optimizer) and how a stored one is read."""
+
+    def __init__(self, optimizer):
+        self._optimizer = optimizer
+
+    def per_row(self, table):
+        return [] if self._optimizer is None else per_row_state(self._optimizer, table)
+
+    @staticmethod
+    def stored_rows(arrays, name):
+        return stored_rows(arrays, name)
 
 
 def per_row_state(optimizer, table):

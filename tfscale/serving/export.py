@@ -23,6 +23,7 @@ import keras
 import tensorflow as tf
 
 from tfscale.data.text_lines import LineLayout, LineParser, LinesOf
+from tfscale.embedding.table import write_unwritten_rows
 
 SERVING_DEFAULT = "serving_default"
 SCORE_LINES = "score_lines"
@@ -96,6 +97,7 @@ def export_saved_model(model, preprocessing, raw_inputs, path):
     `preprocessing`) with the two signatures of the module doc to `path`."""
     scorer = RawScorer(model, preprocessing, raw_inputs)
     names = raw_inputs.field_names
+    write_unwritten_rows(model)  # a SavedModel holds whole variables
     archive = keras.export.ExportArchive()
     archive.track(model)
 

@@ -14,6 +14,7 @@ import keras
 
 from tfscale import distributed
 from tfscale.data.rank_batches import zero_batch
+from tfscale.embedding.table import write_unwritten_rows
 from tfscale.errors import UserError
 from tfscale.training.run import restore_trained_weights
 
@@ -55,6 +56,7 @@ def export_model(model, path, checkpoint_dir=None, input_signature=None):
         progress = restore_trained_weights(model, checkpoint_dir)
         if progress is None:
             raise UserError(f"`checkpoint_dir={checkpoint_dir}` holds no checkpoint")
+    write_unwritten_rows(model)  # a SavedModel holds whole variables
     kwargs = {} if input_signature is None else {"input_signature": input_signature}
     keras.Model.export(model, path, format="tf_saved_model", verbose=False, **kwargs)
     return progress

@@ -29,7 +29,7 @@ import tensorflow as tf
 from tfscale.distributed import broadcast, per_rank, runtime
 from tfscale.embedding import strategies
 from tfscale.errors import UserError
-from tfscale.optimizers.table_state import per_row_state
+from tfscale.optimizers.table_state import OptimizerTableState
 
 _LATEST_FILE = "latest"
 _PROGRESS_FILE = "progress.json"
@@ -63,10 +63,7 @@ class CheckpointStore:
             fmt = strategies.checkpoint_format_of(variable)
             if fmt is not None:
                 by_format.setdefault(fmt, []).append(variable)
-
-        def state(table):
-            return [] if self._optimizer is None else per_row_state(self._optimizer, table)
-
+        state = OptimizerTableState(self._optimizer)
         return [(fmt, fmt.parts(variables, state)) for fmt, variables in by_format.items()]
 
     def _other_state(self):

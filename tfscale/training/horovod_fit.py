@@ -1,8 +1,10 @@
 """What a TrainStep model's `fit`, `evaluate` and `load_weights` add in a Horovod job of two or
-more ranks (tfscale.training.train_step calls these; outside Horovod they change nothing):
+more ranks (tfscale.training.train_step calls these; outside Horovod they change nothing but
+the memory warning of dynamic tables, logged in any process):
 
 - before `fit`'s first update: the model built (called on the data's first row) and its
-  optimizer built, then every variable but each rank's own shards set to rank 0's;
+  optimizer built (a warning when its dynamic tables once full would not fit in memory), then
+  every variable but each rank's own shards set to rank 0's;
 - after `load_weights`: rank 0's weights on every rank;
 - the callbacks of every rank but 0 without Keras's file writers (TensorBoard, ModelCheckpoint,
   CSVLogger) and its progress bar, so files and lines are written once;
@@ -40,6 +42,7 @@ def start_fit(model, x, callbacks, verbose):
         model(_first_features(x), training=False)
     if not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
+    table_state.warn_when_beyond_memory(model)
     if not distributed.is_active():
         return callbacks, verbose
     callbacks = _rank_callbacks(model, callbacks)

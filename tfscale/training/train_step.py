@@ -95,8 +95,10 @@ class TrainStep:
                             f"`sharding={late[0].strategy.name}` ({late[0].name}): a row can be "
                             "given to another id before a late gradient reaches it; use "
                             "`embedding_staleness=0`, or tables of another `sharding`")
-        if any(table.partitioned for table in tables):
-            exchange = exchanges.RowShardedExchange(exchange)
+        partitioned = [table for table in tables if table.partitioned]
+        if partitioned:
+            exchange = exchanges.RowShardedExchange(exchange,
+                                                    partitioned[0].strategy.description)
         if staleness:
             exchange = exchanges.StaleExchange(exchange, staleness, with_counts=with_counts)
         self._embedding_exchange = exchange
