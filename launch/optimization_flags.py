@@ -26,9 +26,22 @@ flags.DEFINE_enum("scaling_rule", None, list(RULES),
                   "with --optimizer=cowclip, cowclip; with another optimizer, no rule, only the "
                   "flags below.")
 flags.DEFINE_enum("scaling_preset", None, list(PRESETS),
-                  "Batch-1024 base of the rule (default: the one named as --data: criteo and "
+                  "Base of the rule (tuned at batch 1024) (default: the one named as --data: criteo and "
                   "avazu are CowClip's published bases for the real data sets, synthetic the "
                   "base tuned on the built-in data, and --data=drifting's too).")
+flags.DEFINE_integer("base_batch_size", None,
+                     "The batch your own base was tuned at: the rule scales --base_learning_rate, "
+                     "--base_embedding_learning_rate and --base_l2 from it to --batch_size (each "
+                     "unset one: the preset's value, tuned at 1024). Default: 1024.",
+                     lower_bound=1)
+flags.DEFINE_float("base_learning_rate", None,
+                   "Your own base's dense learning rate at --base_batch_size, scaled by the rule "
+                   "(--learning_rate instead sets the rate at --batch_size, unscaled).")
+flags.DEFINE_float("base_embedding_learning_rate", None,
+                   "Your own base's embedding learning rate at --base_batch_size, scaled by the "
+                   "rule.")
+flags.DEFINE_float("base_l2", None, "Your own base's L2 strength at --base_batch_size, scaled by "
+                   "the rule (CowClip's: linearly).", lower_bound=0.0)
 flags.DEFINE_enum("embedding_update", "row", list(EMBEDDING_UPDATES),
                   "row: each step updates only the batch's rows of every table and of its "
                   "optimizer state, with --l2 on those rows (RowSparseAdam, RowSparseAdagrad, "
@@ -53,7 +66,8 @@ flags.DEFINE_integer("warmup_steps", None, "The same in steps (overrides --warmu
 flags.DEFINE_float("embedding_init_stddev", None, "Stddev of the normal embedding initialiser "
                    "(default: the preset's).", lower_bound=0.0)
 
-for _name in ("learning_rate", "embedding_learning_rate", "clip_r"):
+for _name in ("learning_rate", "embedding_learning_rate", "clip_r", "base_learning_rate",
+              "base_embedding_learning_rate"):
     flags.register_validator(_name, lambda value: value is None or value > 0,
                              message=f"--{_name} must be above 0")
 
@@ -61,6 +75,8 @@ for _name in ("learning_rate", "embedding_learning_rate", "clip_r"):
 _NO_RULE = dict(rule="flags", embedding_learning_rate=None, warmup_epochs=0.0, l2=0.0,
                 embedding_init_stddev=1e-2, clip=False, r=1.0, zeta=1e-5)
 _DEFAULT_LEARNING_RATE = {"came": 2e-4}  # else 1e-3
+_BASE = {"base_batch_size": "batch_size", "base_learning_rate": "dense_learning_rate",
+         "base_embedding_learning_rate": "embedding_learning_rate", "base_l2": "l2"}
 _OVERRIDES = {"learning_rate": "dense_learning_rate",
               "embedding_learning_rate": "embedding_learning_rate", "l2": "l2", "zeta": "zeta",
               "clip_r": "r", "warmup_epochs": "warmup_epochs",
@@ -74,6 +90,13 @@ _PRESET_OF_DATA = {"drifting": "synthetic"}
 
 def _preset():
     return FLAGS.scaling_preset or _PRESET_OF_DATA.get(FLAGS.data, FLAGS.data)
+
+
+def _base():
+    """The Preset the rule scales from: --scaling_preset's, with the --base_* flags given."""
+    given = {field: getattr(FLAGS, flag) for flag, field in _BASE.items()
+             if getattr(FLAGS, flag) is not None}
+    return dataclasses.replace(PRESETS[_preset()], **given)
 
 
 def _rule():
@@ -103,11 +126,17 @@ def resolve_settings():
         raise UserError("--optimizer=cowclip and --scaling_rule=cowclip go together (got "
                         f"--optimizer={optimizer}, --scaling_rule={rule})")
     if rule is None:
+        given = [f"--{flag}" for flag in _BASE if getattr(FLAGS, flag) is not None]
+        if given:
+            verb = "gives" if len(given) == 1 else "give"
+            raise UserError(f"{', '.join(given)} {verb} a base for a rule to scale, and "
+                            f"--optimizer={optimizer} runs without one: add --scaling_rule "
+                            "(sqrt, linear, none; cowclip with --optimizer=cowclip)")
         settings = LargeBatchSettings(
             batch_size=FLAGS.batch_size,
             dense_learning_rate=_DEFAULT_LEARNING_RATE.get(optimizer, 1e-3), **_NO_RULE)
     else:
-        settings = large_batch_settings(FLAGS.batch_size, rule, _preset())
+        settings = large_batch_settings(FLAGS.batch_size, rule, _base())
     overrides = {field: getattr(FLAGS, flag) for flag, field in _OVERRIDES.items()
                  if getattr(FLAGS, flag) is not None}
     settings = dataclasses.replace(settings, **overrides)

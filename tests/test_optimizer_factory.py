@@ -166,6 +166,20 @@ def test_the_rule_and_optimizer_for_the_batch_and_the_data(parsed, argv, rule, p
     assert optimization_flags.optimizer_name() == optimizer
 
 
+def test_your_own_base_is_scaled_from_its_batch(parsed):
+    """The --base_* flags replace the preset's base; the rest of the preset stays."""
+    settings = parsed("--batch_size=65536", "--base_batch_size=4096", "--base_learning_rate=1e-3",
+                      "--base_embedding_learning_rate=2e-3")
+    assert settings == large_batch_settings(65536, "sqrt", dataclasses.replace(
+        PRESETS["synthetic"], batch_size=4096, dense_learning_rate=1e-3,
+        embedding_learning_rate=2e-3))
+    assert (settings.dense_learning_rate, settings.embedding_learning_rate) == (
+        pytest.approx(4e-3), pytest.approx(8e-3))
+    with pytest.raises(UserError, match="--base_learning_rate gives a base for a rule to scale, "
+                       "and --optimizer=adam runs without one: add --scaling_rule"):
+        parsed("--optimizer=adam", "--base_learning_rate=1e-3")
+
+
 def test_the_presets_rule_is_what_won_on_its_data():
     """criteo and avazu: CowClip's (the paper's result on those data sets); synthetic: sqrt
     (benchmarks.cowclip_tuned on the built-in data)."""

@@ -44,6 +44,17 @@ def test_a_preset_of_your_own_is_scaled_by_the_same_rules():
         pytest.approx(12e-3), pytest.approx(4e-3), 1e-6)
 
 
+def test_a_base_tuned_at_another_batch_is_scaled_from_that_batch():
+    base = Preset(dense_learning_rate=1e-3, embedding_learning_rate=2e-3, l2=1e-6, rule="sqrt",
+                  batch_size=4096)
+    sqrt = large_batch_settings(16384, preset=base)
+    assert (sqrt.dense_learning_rate, sqrt.embedding_learning_rate, sqrt.l2) == (
+        pytest.approx(2e-3), pytest.approx(4e-3), 1e-6)
+    cowclip = large_batch_settings(16384, "cowclip", base)
+    assert (cowclip.embedding_learning_rate, cowclip.l2) == (2e-3, pytest.approx(4e-6))
+    assert large_batch_settings(4096, "linear", base).dense_learning_rate == 1e-3
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="rule"):
         large_batch_settings(1024, "cube")
@@ -51,3 +62,5 @@ def test_bad_arguments():
         large_batch_settings(1024, "cowclip", "movielens")
     with pytest.raises(ValueError, match="batch_size"):
         large_batch_settings(0)
+    with pytest.raises(ValueError, match="Preset batch_size"):
+        Preset(dense_learning_rate=1e-3, batch_size=0)

@@ -1,10 +1,10 @@
 """Large-batch hyper-parameter rules as functions of the batch size: CowClip's rule
 (docs/cowclip.md) and the plain no / sqrt / linear learning-rate scaling rules it is compared
-against, from a preset's batch-1024 base: CowClip's published Criteo and Avazu bases (for those
+against, from a preset's base (tuned at batch 1024 unless it says otherwise): CowClip's published Criteo and Avazu bases (for those
 real data sets) or the base tuned on tfscale's built-in synthetic data (benchmarks.cowclip_tuned).
 Each preset also names the rule that kept AUC best on its data at large batch, the default.
 
-With s = batch / 1024, CowClip keeps the embedding learning rate (Criteo: 1e-4), scales L2 linearly
+With s = batch / the base's batch (1024 for the presets), CowClip keeps the embedding learning rate (Criteo: 1e-4), scales L2 linearly
 (1e-5 * s), the dense learning rate by sqrt(s) (with a linear warm-up over the first epoch), and
 clips per id with r = 1 and the preset's zeta. (The official README's table lists l2 = 1e-4 * s
 while its commands use 1e-5 * s; the contract, and this module, use 1e-5 * s.)"""
@@ -36,11 +36,14 @@ class Preset:
     zeta_small_batch: float = 1e-5  # zeta below `zeta_switch_batch`
     zeta_large_batch: float = 1e-5
     zeta_switch_batch: int = 4096
-    rule: str = "cowclip"  # the default rule from this base (last: keeps the fields' positions)
+    rule: str = "cowclip"  # the default rule from this base
+    batch_size: int = BASE_BATCH_SIZE  # the batch the base was tuned at (last: keeps positions)
 
     def __post_init__(self):
         if self.rule not in RULES:
             raise ValueError(f"Preset rule must be one of {RULES}, got {self.rule!r}")
+        if self.batch_size < 1:
+            raise ValueError(f"Preset batch_size must be positive, got {self.batch_size}")
 
     def zeta(self, batch_size):
         if batch_size < self.zeta_switch_batch:
@@ -85,7 +88,7 @@ class LargeBatchSettings:
 def large_batch_settings(batch_size, rule=None, preset="criteo"):
     """The hyper-parameters of `rule` at `batch_size` from a preset's base: "criteo", "avazu"
     (CowClip's published bases for those data sets), "synthetic" (tfscale's built-in data) or a
-    `Preset` of your own (e.g. one tuned at batch 1024 on your data).
+    `Preset` of your own (one tuned on your data, at its `batch_size`).
 
     "cowclip" is CowClip's rule (module docstring). "none", "sqrt" and "linear" are the
     baselines: no clipping, the base L2, and both learning rates multiplied by 1, sqrt(s) or s.
@@ -105,7 +108,7 @@ def large_batch_settings(batch_size, rule=None, preset="criteo"):
     rule = base.rule if rule is None else rule
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES} or None, got {rule!r}")
-    s = batch_size / BASE_BATCH_SIZE
+    s = batch_size / base.batch_size
     common = dict(rule=rule, batch_size=batch_size, warmup_epochs=1.0,
                   embedding_init_stddev=base.embedding_init_stddev, r=base.r,
                   zeta=base.zeta(batch_size))
