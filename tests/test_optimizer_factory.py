@@ -175,6 +175,7 @@ def test_your_own_base_is_scaled_from_its_batch(parsed):
         embedding_learning_rate=2e-3))
     assert (settings.dense_learning_rate, settings.embedding_learning_rate) == (
         pytest.approx(4e-3), pytest.approx(8e-3))
+    FLAGS.unparse_flags()
     with pytest.raises(UserError, match="--base_learning_rate gives a base for a rule to scale, "
                        "and --optimizer=adam runs without one: add --scaling_rule"):
         parsed("--optimizer=adam", "--base_learning_rate=1e-3")
