@@ -45,12 +45,18 @@ def gtopk_allreduce(indices, values, k, name):
         values: float [n] (element-wise) or [n, d] (rows, ranked by their L2 norm).
         k: the number of entries to keep, an int or int32 scalar tensor equal on every rank.
         name: a name unique to this exchange, equal on every rank.
-    Returns a SparseSum of at most k entries (fewer when fewer distinct indices exist).
+
+    Returns:
+        A SparseSum of at most k entries (fewer when fewer distinct indices exist).
+
+    Raises:
+        ValueError: `values` is neither [n] nor [n, d].
 
     Example:
         ```python
-        indices, sums, mask = tfscale.distributed.gtopk_allreduce(my_indices, my_values, k=100,
-                                                                  name="table_0")
+        summed = tfscale.distributed.gtopk_allreduce(my_indices, my_values, k=100,
+                                                     name="table_0")
+        summed.indices, summed.values  # the same on every rank
         ```
     """
     hvd = runtime.horovod()
@@ -106,12 +112,23 @@ def gtopk_allreduce(indices, values, k, name):
 
 def topk_allgather(indices, values, name):
     """Every rank's candidates allgathered and summed per index (TopKAllReduce): all of them
-    reach the sum, so `mask` is all true. Same arguments as `gtopk_allreduce`, without k.
+    reach the sum, so `mask` is all true.
+
+    Args:
+        indices: int64 [n], this rank's candidate indices (n may differ between ranks).
+        values: float [n] (element-wise) or [n, d] (rows).
+        name: a name unique to this exchange, equal on every rank.
+
+    Returns:
+        A SparseSum of every distinct index of all ranks' candidates.
+
+    Raises:
+        ValueError: `values` is neither [n] nor [n, d].
 
     Example:
         ```python
-        indices, sums, mask = tfscale.distributed.topk_allgather(my_indices, my_values,
-                                                                 name="table_0")
+        summed = tfscale.distributed.topk_allgather(my_indices, my_values, name="table_0")
+        summed.indices, summed.values  # the same on every rank
         ```
     """
     hvd = runtime.horovod()
