@@ -30,9 +30,9 @@ EMPTY_INDEX = -1
 SparseSum = collections.namedtuple("SparseSum", "indices values mask bytes_sent bytes_received")
 SparseSum.__doc__ = """The result of a sparse allreduce, identical on every rank except `mask` and
 the byte counts: `indices` (int64 [n]) and summed `values` ([n] or [n, d]) of the kept entries,
-largest first; `mask` (bool, one per local candidate) says which of this rank's candidates are
-part of those sums (what error feedback may zero); `bytes_sent` / `bytes_received` (float64
-scalars) are the payload this rank moved."""
+largest first (topk_allgather's: in order of first appearance); `mask` (bool, one per local
+candidate) says which of this rank's candidates are part of those sums (what error feedback may
+zero); `bytes_sent` / `bytes_received` (float64 scalars) are the payload this rank moved."""
 
 
 def gtopk_allreduce(indices, values, k, name):
