@@ -19,7 +19,7 @@ class UserError(ValueError):
             model.compile(optimizer=RowSparseAdam(1e-3), loss="binary_crossentropy",
                           embedding_exchange="gtopk", embedding_staleness=1)
         except tfscale.UserError as error:
-            print(error)  # `embedding_staleness=1` cannot be used with `embedding_exchange=gtopk` ...
+            print(error)  # `embedding_staleness=1` cannot be used with ...
         ```
     """
 

@@ -95,6 +95,34 @@ class AvazuCSV(DelimitedTextSource):
     [batch, 0]); features["categorical"] holds the 21 string fields (hashing or a vocabulary, see
     DelimitedTextSource) then hour_of_day and day_of_week.
 
+    Args:
+        train_paths: a path, glob, or list of them (`.gz` files are read as gzip); labelled.
+        test_paths: the same for the test split; None holds out `test_fraction` of the train
+            lines (by a fixed hash of file and line number).
+        test_fraction: without `test_paths`, the fraction held out (0: an empty test split;
+            None: none, the test split is the train split itself).
+        vocabulary: a Vocabulary or the path of one saved by `launch.build_vocab`; categorical
+            strings are then looked up (row 0 missing, row 1 out of vocabulary).
+        hash_buckets: without a vocabulary, hash each categorical field into this many buckets
+            (one int, or one per field); ids 1..buckets, 0 = missing.
+        dense_transform: "log1p" (the default) or "minmax" (needs a vocabulary).
+        preprocessing: a Preprocessing of this format to use instead of one made from
+            `vocabulary`, `hash_buckets` and `dense_transform` (which must then be unset).
+        shuffle_buffer: 0 reads the train split in file order; otherwise the file order is
+            shuffled and rows within windows of this many, by (`seed`, epoch).
+        seed: the seed of that shuffle.
+        on_bad_line: "error" stops at the first malformed line; "skip" drops and counts them.
+        on_short_line: "missing" reads the missing trailing fields of a short line as missing
+            values; "error" treats such a line as malformed.
+        chunk_lines: lines parsed together by one vectorised step.
+
+    Raises:
+        UserError: a path or pattern matches no file, a file has no data lines or not the
+            format's columns, or the files' columns differ; the training files have no label
+            column; `preprocessing` with any of `vocabulary`, `hash_buckets` and
+            `dense_transform`, or of another format; an invalid `test_fraction`,
+            `hash_buckets`, `dense_transform`, `on_bad_line` or `on_short_line`.
+
     Example:
         ```python
         source = tfscale.data.AvazuCSV("avazu/train.gz", hash_buckets=1_000_000)

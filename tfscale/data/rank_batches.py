@@ -38,7 +38,7 @@ def rank_batches(data, global_batch_size, *, drop_remainder=True, shuffle_seed=N
             of arrays with the same first dimension), a tf.data.Dataset of single examples
             (not yet batched), or a tfscale.data CTRSource.
         global_batch_size: the batch of one step over all ranks; each rank takes
-            global_batch_size / P. Not divisible by P: a UserError with the numbers.
+            global_batch_size / P.
         drop_remainder: True (training): every rank runs the same number of steps and the rows
             that do not fill a global batch are left out. False (evaluation): every row, the
             last batch of each rank short, ranks possibly one batch apart (fine for models whose
@@ -46,8 +46,17 @@ def rank_batches(data, global_batch_size, *, drop_remainder=True, shuffle_seed=N
             tfscale.training.evaluate_exact).
         shuffle_seed: numpy arrays only: reshuffle the rows every epoch, the same permutation on
             every rank (so the ranks still split one global batch); None keeps their order.
-        split, epoch: a CTRSource's split ("train" or "test") and the epoch its training order
-            is drawn for.
+        split: a CTRSource's split, "train" or "test".
+        epoch: the epoch a CTRSource's training order is drawn for.
+
+    Returns:
+        A tf.data.Dataset of this rank's batches of global_batch_size / P rows.
+
+    Raises:
+        UserError: `global_batch_size` is not divisible by P, or (training) more than the rows
+            of `data`; `data` is not one of the kinds above, or its arrays have different
+            numbers of rows; `shuffle_seed` with a tf.data.Dataset; `split` is neither "train"
+            nor "test".
 
     Example:
         ```python
@@ -144,7 +153,13 @@ def _report_left_out(examples, steps, global_batch_size):
 
 def agreed_batches(batches):
     """`batches` (this rank's) ending on every rank at the first step where some rank has none
-    left (module docstring); unchanged outside Horovod."""
+    left (module docstring); unchanged outside Horovod.
+
+    Args:
+        batches: this rank's tf.data.Dataset of batches.
+
+    Returns:
+        A tf.data.Dataset of the same element structure."""
     if not runtime.is_active():
         return batches
     return tf.data.Dataset.from_generator(lambda: _agreed(batches),
@@ -184,7 +199,13 @@ def _report_uneven_end(hvd, step, batch):
 def padded_to_longest(batches):
     """Yields `batches` (this rank's, a tf.data.Dataset), then, in a Horovod job, empty batches
     of the same structure until no rank has a batch left: every rank runs as many forward
-    passes, which a model whose lookups are collectives needs to evaluate every row."""
+    passes, which a model whose lookups are collectives needs to evaluate every row.
+
+    Args:
+        batches: this rank's tf.data.Dataset of batches.
+
+    Yields:
+        This rank's batches, then empty batches (zero rows) of the same structure."""
     if not runtime.is_active():
         yield from batches
         return
@@ -198,14 +219,27 @@ def padded_to_longest(batches):
 
 
 def padded_dataset(batches):
-    """`padded_to_longest(batches)` as a tf.data.Dataset (for Keras's `evaluate`)."""
+    """`padded_to_longest(batches)` as a tf.data.Dataset (for Keras's `evaluate`).
+
+    Args:
+        batches: this rank's tf.data.Dataset of batches.
+
+    Returns:
+        A tf.data.Dataset of the same element structure."""
     return tf.data.Dataset.from_generator(lambda: padded_to_longest(batches),
                                           output_signature=batches.element_spec)
 
 
 def zero_batch(specs, rows):
     """A batch of `rows` rows of zeros (empty strings) for the structure of tf.TensorSpecs
-    `specs` (unknown inner sizes: 1)."""
+    `specs` (unknown inner sizes: 1).
+
+    Args:
+        specs: a structure of tf.TensorSpecs, batch dimension first.
+        rows: the batch's rows (0 for an empty batch).
+
+    Returns:
+        The structure of `specs` with a tensor of zeros for each spec."""
     def zeros(spec):
         shape = [rows, *[1 if d is None else d for d in spec.shape[1:]]]
         return tf.fill(shape, "") if spec.dtype == tf.string else tf.zeros(shape, spec.dtype)

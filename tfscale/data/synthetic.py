@@ -141,6 +141,11 @@ class SyntheticCTR(CTRSource):
         (p / p0) ** rare_id_power, so rare ids carry less signal, as on real CTR data (an
         experiment's option: docs/results/cowclip_official.md).
       rare_id_power: the exponent above (> 0).
+
+    Raises:
+      ValueError: `train_rows` or `test_rows` is negative, `vocabulary_scale` is not in (0, 1],
+        `click_rate` not in (0, 1), `rare_id_probability` neither None nor in (0, 1], or
+        `rare_id_power` not above 0.
     """
 
     def __init__(self, seed=0, train_rows=1_000_000, test_rows=200_000, vocabulary_scale=1 / 20,
@@ -189,7 +194,21 @@ class SyntheticCTR(CTRSource):
 
     def train_batches(self, batch_size, *, epoch=0, skip_batches=0, shard_index=0, num_shards=1):
         """One epoch of full batches; every epoch reads the same rows in the same order (rows are
-        iid, so `epoch` changes nothing). Shard s reads the s-th contiguous slice of the split."""
+        iid, so `epoch` changes nothing). Shard s reads the s-th contiguous slice of the split.
+
+        Args:
+            batch_size: the rows of a batch (this shard's).
+            epoch: the epoch (changes nothing).
+            skip_batches: the batches of the epoch to skip (a resumed run's).
+            shard_index: this shard's index, in [0, num_shards).
+            num_shards: the number of shards (Horovod ranks).
+
+        Returns:
+            A tf.data.Dataset of (features {"dense", "categorical"}, labels [b, 1]) batches.
+
+        Raises:
+            ValueError: `batch_size` or `num_shards` is below 1, `shard_index` not in
+                [0, num_shards), or `skip_batches` not in [0, batches per epoch]."""
         steps = self.train_steps_per_epoch(batch_size, num_shards)
         check_shard(shard_index, num_shards)
         if not 0 <= skip_batches <= steps:
@@ -200,7 +219,19 @@ class SyntheticCTR(CTRSource):
         return rows.map(_features_and_labels)
 
     def test_batches(self, batch_size, *, shard_index=0, num_shards=1):
-        """The test split once; shard s reads the s-th of num_shards near-equal contiguous slices."""
+        """The test split once; shard s reads the s-th of num_shards near-equal contiguous
+        slices.
+
+        Args:
+            batch_size: the rows of a batch (the last one may be short).
+            shard_index: this shard's index, in [0, num_shards).
+            num_shards: the number of shards (Horovod ranks).
+
+        Returns:
+            A tf.data.Dataset of (features {"dense", "categorical"}, labels [b, 1]) batches.
+
+        Raises:
+            ValueError: `batch_size` is below 1, or `shard_index` not in [0, num_shards)."""
         check_batch_size(batch_size)
         check_shard(shard_index, num_shards)
         first = self.train_rows + self.test_rows * shard_index // num_shards
@@ -208,7 +239,17 @@ class SyntheticCTR(CTRSource):
         return self.rows(first, end - first, batch_size, keys=_TRAINING_KEYS).map(_features_and_labels)
 
     def train_steps_per_epoch(self, batch_size, num_shards=1):
-        """Full batches per shard per epoch."""
+        """Full batches per shard per epoch.
+
+        Args:
+            batch_size: the rows of a batch (one shard's).
+            num_shards: the number of shards.
+
+        Returns:
+            An int.
+
+        Raises:
+            ValueError: `batch_size` or `num_shards` is below 1."""
         check_batch_size(batch_size)
         if num_shards < 1:
             raise ValueError(f"num_shards={num_shards} must be >= 1")
@@ -227,9 +268,22 @@ class SyntheticCTR(CTRSource):
     def rows(self, first_row, num_rows, batch_size, *, keys=ROW_KEYS, drop_remainder=False):
         """Rows [first_row, first_row + num_rows) as a tf.data.Dataset of dicts of batches.
 
-        Keys (choose with `keys`): "dense" float32 [b, 13] transformed, "dense_raw" int64 [b, 13]
-        raw counts (0 where missing), "dense_present" bool [b, 13], "categorical" int64 [b, 26]
-        (0 = missing), "label" float32 [b], "teacher_probability" float32 [b]."""
+        Args:
+            first_row: the first row of the stream to read.
+            num_rows: the number of rows.
+            batch_size: the rows of a batch.
+            keys: the entries of each batch, any of "dense" float32 [b, 13] transformed,
+                "dense_raw" int64 [b, 13] raw counts (0 where missing), "dense_present" bool
+                [b, 13], "categorical" int64 [b, 26] (0 = missing), "label" float32 [b],
+                "teacher_probability" float32 [b] (default: all).
+            drop_remainder: leave out a last batch shorter than `batch_size`.
+
+        Returns:
+            A tf.data.Dataset of dicts from key to batch tensor.
+
+        Raises:
+            ValueError: `batch_size` is below 1, `first_row` or `num_rows` is negative, or
+                `keys` holds an unknown key."""
         check_batch_size(batch_size)
         if first_row < 0 or num_rows < 0:
             raise ValueError(f"first_row={first_row} and num_rows={num_rows} must be >= 0")
@@ -364,7 +418,10 @@ class SyntheticCTR(CTRSource):
     # ----- the ceiling and id statistics -----
 
     def test_teacher_probabilities(self):
-        """(labels, teacher probabilities) of the test rows in order, as float numpy arrays."""
+        """(labels, teacher probabilities) of the test rows in order, as float numpy arrays.
+
+        Returns:
+            A tuple of two numpy arrays of the test split's length (computed once)."""
         if self._test_teacher is None:
             labels, probabilities = [], []
             keys = ("label", "teacher_probability")
@@ -375,15 +432,34 @@ class SyntheticCTR(CTRSource):
         return self._test_teacher
 
     def teacher_auc(self):
-        """The teacher's exact AUC on the test rows: the best AUC any model can expect."""
+        """The teacher's exact AUC on the test rows: the best AUC any model can expect.
+
+        Returns:
+            A float.
+
+        Raises:
+            ValueError: the test split is empty or its labels are all of one class."""
         return metrics.exact_auc(*self.test_teacher_probabilities())
 
     def teacher_logloss(self):
-        """The teacher's mean log loss on the test rows."""
+        """The teacher's mean log loss on the test rows.
+
+        Returns:
+            A float."""
         return metrics.log_loss(*self.test_teacher_probabilities())
 
     def id_probability(self, field_index, ids):
-        """Probability that a row's value of field `field_index` is each of `ids` (0 = missing)."""
+        """Probability that a row's value of field `field_index` is each of `ids` (0 = missing).
+
+        Args:
+            field_index: the categorical field, 0 for C1.
+            ids: ids of that field (array-like), in [0, its cardinality].
+
+        Returns:
+            A float numpy array of `ids`' shape.
+
+        Raises:
+            ValueError: an id is outside [0, the field's cardinality]."""
         ids = np.asarray(ids, dtype=np.int64)
         n = self.cardinalities[field_index]
         if ids.size and (ids.min() < 0 or ids.max() > n):
@@ -398,7 +474,14 @@ class SyntheticCTR(CTRSource):
     def write_criteo_tsv(self, path, first_row, num_rows, *, with_label=True, chunk_rows=65536):
         """Write rows [first_row, first_row + num_rows) in Criteo Kaggle format: label (if
         with_label), I1..I13 as integers, C1..C26 as 8-char hex, tab separated, empty = missing.
-        A path ending in .gz is gzip-compressed. Streams chunk by chunk."""
+        A path ending in .gz is gzip-compressed. Streams chunk by chunk.
+
+        Args:
+            path: the file to write (replaced if it exists).
+            first_row: the first row of the stream to write.
+            num_rows: the number of rows.
+            with_label: write the label column (False: a test file's 39 fields).
+            chunk_rows: the rows generated and written at a time."""
         opener = gzip.open if str(path).endswith(".gz") else open
         keys = ("dense_raw", "dense_present", "categorical", "label")
         with opener(path, "wt", newline="\n") as out:

@@ -503,6 +503,7 @@ class DelimitedTextSource(CTRSource):
       shuffle_buffer: 0 reads the train split in file order; otherwise the file order is shuffled
         and rows are shuffled within consecutive windows of this many rows (shuffle_windows),
         both by a seed derived from (seed, epoch), so each epoch is deterministic.
+      seed: the seed of that shuffle.
       on_bad_line: "error" stops at the first malformed line with a data error naming file and
         line; "skip" drops malformed lines and counts them (see bad_line_count).
       on_short_line: "missing" reads the missing trailing fields of a line that holds at least

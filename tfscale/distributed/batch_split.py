@@ -9,6 +9,15 @@ from tfscale.errors import UserError
 def local_batch_size(global_batch_size):
     """This rank's share of `global_batch_size`; a UserError if it does not divide evenly.
 
+    Args:
+        global_batch_size: the batch of one step over all ranks.
+
+    Returns:
+        `global_batch_size // size()`, an int.
+
+    Raises:
+        UserError: `global_batch_size` is not a multiple of the number of ranks.
+
     Example:
         ```python
         tfscale.distributed.local_batch_size(65536)  # 16384 on each of 4 ranks
@@ -23,6 +32,9 @@ def local_batch_size(global_batch_size):
 
 def data_shard():
     """{"shard_index", "num_shards"} of this rank, for CTRSource.train_batches/test_batches.
+
+    Returns:
+        `{"shard_index": rank(), "num_shards": size()}`, to pass as keyword arguments.
 
     Example:
         ```python

@@ -11,8 +11,16 @@ from tfscale.errors import UserError
 
 def broadcast_model_and_optimizer(model, local=()):
     """Overwrites every variable of `model` and of its (built) optimizer with rank 0's values,
-    except those in `local` (each rank's own, e.g. row-sharded tables and their optimizer
-    state); does nothing outside Horovod.
+    except those in `local`; does nothing outside Horovod.
+
+    Args:
+        model: a built Keras model with a built optimizer.
+        local: variables each rank keeps its own of (e.g. row-sharded tables and their
+            optimizer state).
+
+    Raises:
+        RuntimeError: the ranks hold different lists of variables to broadcast (names, shapes,
+            dtypes or order), on every rank.
 
     Example:
         ```python
@@ -50,8 +58,17 @@ def _check_same_variables(hvd, variables):
 def broadcast_from_chief(compute, name):
     """`compute()` as rank 0 computes it, on every rank (the other ranks do not call it); a
     UserError it raises is raised on every rank, so all of them stop with the same message.
-    `name` identifies the broadcast and must be the same on every rank. Outside Horovod this is
-    just `compute()`.
+    Outside Horovod this is just `compute()`.
+
+    Args:
+        compute: a function of no arguments returning a picklable value, called on rank 0.
+        name: identifies the broadcast; the same on every rank.
+
+    Returns:
+        What `compute()` returned on rank 0.
+
+    Raises:
+        UserError: `compute()` raised it on rank 0 (raised on every rank).
 
     Example:
         ```python
@@ -78,6 +95,9 @@ def broadcast_from_chief(compute, name):
 def barrier(name):
     """Returns once every rank has called it with `name` (at once outside Horovod).
 
+    Args:
+        name: identifies the barrier; the same on every rank.
+
     Example:
         ```python
         tfscale.distributed.barrier(name="files_written")
@@ -90,6 +110,13 @@ def barrier(name):
 
 def any_rank(flag, name):
     """Whether `flag` is true on at least one rank (`flag` itself outside Horovod).
+
+    Args:
+        flag: this rank's value, read as a bool.
+        name: identifies the collective; the same on every rank.
+
+    Returns:
+        True when `flag` is true on any rank, the same on every rank.
 
     Example:
         ```python

@@ -8,7 +8,14 @@ from tfscale.distributed import runtime
 
 def allgather_array(array, name):
     """The concatenation of every rank's `array` (first dimensions may differ between ranks);
-    `array` itself outside Horovod. `name` must be the same on every rank.
+    `array` itself outside Horovod.
+
+    Args:
+        array: this rank's numpy array; the other dimensions and the dtype equal on every rank.
+        name: identifies the collective; the same on every rank.
+
+    Returns:
+        A numpy array, the ranks' arrays joined along the first axis in rank order.
 
     Example:
         ```python

@@ -9,6 +9,13 @@ from tfscale.distributed import runtime
 def allreduce_sum(tensor, name):
     """`tensor` summed over the ranks (every rank calls it with the same `name`).
 
+    Args:
+        tensor: a tensor (or a value convertible to one) of the same shape on every rank.
+        name: identifies the collective; the same on every rank.
+
+    Returns:
+        A tensor of `tensor`'s shape: the element-wise sum (`tensor` itself in one process).
+
     Example:
         ```python
         total = tfscale.distributed.allreduce_sum(tf.constant(my_examples), name="examples")
@@ -19,6 +26,13 @@ def allreduce_sum(tensor, name):
 
 def allreduce_max(tensor, name):
     """The element-wise maximum of `tensor` over the ranks.
+
+    Args:
+        tensor: a tensor (or a value convertible to one) of the same shape on every rank.
+        name: identifies the collective; the same on every rank.
+
+    Returns:
+        A tensor of `tensor`'s shape: the element-wise maximum (`tensor` itself in one process).
 
     Example:
         ```python

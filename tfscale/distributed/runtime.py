@@ -35,6 +35,9 @@ _settings = {"gradient_compression": "none"}
 def launched_by_horovodrun():
     """True when `horovodrun` started this process (it sets HOROVOD_RANK and HOROVOD_SIZE).
 
+    Returns:
+        Whether HOROVOD_RANK and HOROVOD_SIZE are both set.
+
     Example:
         ```python
         tfscale.distributed.launched_by_horovodrun()  # False under plain `python`
@@ -45,9 +48,15 @@ def launched_by_horovodrun():
 
 def init(gradient_compression="none"):
     """Starts Horovod (`hvd.init()`) when `horovodrun` launched this process, and does nothing
-    otherwise; `gradient_compression` ("none" or "fp16") is applied to the dense gradient
-    allreduce of every train step. Call it first, before building the model: under horovodrun
-    tfscale refuses to build tables or compile a model until it has run.
+    otherwise. Call it first, before building the model: under horovodrun tfscale refuses to
+    build tables or compile a model until it has run.
+
+    Args:
+        gradient_compression: "none" or "fp16" (COMPRESSIONS), applied to the dense gradient
+            allreduce of every train step.
+
+    Raises:
+        ValueError: `gradient_compression` is not one of COMPRESSIONS.
 
     Example:
         ```python
@@ -70,8 +79,13 @@ def init(gradient_compression="none"):
 
 def require_started(what):
     """Raises a UserError under `horovodrun` when Horovod has not been started by `init()`:
-    `what` (e.g. "building FieldEmbedding 'x'") would otherwise size itself for one process and
-    the ranks would train separate models.
+    `what` would otherwise size itself for one process and the ranks would train separate models.
+
+    Args:
+        what: what is about to happen, named in the error (e.g. "building FieldEmbedding 'x'").
+
+    Raises:
+        UserError: this process runs under horovodrun and `init()` has not started Horovod.
 
     Example:
         ```python
@@ -101,6 +115,9 @@ def horovod():
 def is_active():
     """True in a rank of a Horovod job of two or more processes.
 
+    Returns:
+        Whether Horovod runs, started by `init()`, with more than one rank.
+
     Example:
         ```python
         if tfscale.distributed.is_active():
@@ -112,6 +129,9 @@ def is_active():
 
 def rank():
     """This process's rank (0 outside Horovod).
+
+    Returns:
+        An int from 0 to `size() - 1`.
 
     Example:
         ```python
@@ -125,6 +145,9 @@ def rank():
 def size():
     """The number of ranks (1 outside Horovod).
 
+    Returns:
+        The number of processes of the Horovod job, an int.
+
     Example:
         ```python
         per_rank = 65536 // tfscale.distributed.size()
@@ -136,6 +159,9 @@ def size():
 
 def is_chief():
     """True on rank 0, the rank that prints, logs and checkpoints (and outside Horovod).
+
+    Returns:
+        Whether `rank()` is 0.
 
     Example:
         ```python
@@ -155,6 +181,9 @@ def gradient_compression():
 
 def gradient_compression_name():
     """"none" or "fp16", as chosen at `init`.
+
+    Returns:
+        The `gradient_compression` given to `init` ("none" before it runs).
 
     Example:
         ```python

@@ -30,9 +30,9 @@ EMPTY_INDEX = -1
 SparseSum = collections.namedtuple("SparseSum", "indices values mask bytes_sent bytes_received")
 SparseSum.__doc__ = """The result of a sparse allreduce, identical on every rank except `mask` and
 the byte counts: `indices` (int64 [n]) and summed `values` ([n] or [n, d]) of the kept entries,
-largest first; `mask` (bool, one per local candidate) says which of this rank's candidates are
-part of those sums (what error feedback may zero); `bytes_sent` / `bytes_received` (float64
-scalars) are the payload this rank moved."""
+largest first (topk_allgather's: in order of first appearance); `mask` (bool, one per local
+candidate) says which of this rank's candidates are part of those sums (what error feedback may
+zero); `bytes_sent` / `bytes_received` (float64 scalars) are the payload this rank moved."""
 
 
 def gtopk_allreduce(indices, values, k, name):
@@ -45,12 +45,18 @@ def gtopk_allreduce(indices, values, k, name):
         values: float [n] (element-wise) or [n, d] (rows, ranked by their L2 norm).
         k: the number of entries to keep, an int or int32 scalar tensor equal on every rank.
         name: a name unique to this exchange, equal on every rank.
-    Returns a SparseSum of at most k entries (fewer when fewer distinct indices exist).
+
+    Returns:
+        A SparseSum of at most k entries (fewer when fewer distinct indices exist).
+
+    Raises:
+        ValueError: `values` is neither [n] nor [n, d].
 
     Example:
         ```python
-        indices, sums, mask = tfscale.distributed.gtopk_allreduce(my_indices, my_values, k=100,
-                                                                  name="table_0")
+        summed = tfscale.distributed.gtopk_allreduce(my_indices, my_values, k=100,
+                                                     name="table_0")
+        summed.indices, summed.values  # the same on every rank
         ```
     """
     hvd = runtime.horovod()
@@ -106,12 +112,23 @@ def gtopk_allreduce(indices, values, k, name):
 
 def topk_allgather(indices, values, name):
     """Every rank's candidates allgathered and summed per index (TopKAllReduce): all of them
-    reach the sum, so `mask` is all true. Same arguments as `gtopk_allreduce`, without k.
+    reach the sum, so `mask` is all true.
+
+    Args:
+        indices: int64 [n], this rank's candidate indices (n may differ between ranks).
+        values: float [n] (element-wise) or [n, d] (rows).
+        name: a name unique to this exchange, equal on every rank.
+
+    Returns:
+        A SparseSum of every distinct index of all ranks' candidates.
+
+    Raises:
+        ValueError: `values` is neither [n] nor [n, d].
 
     Example:
         ```python
-        indices, sums, mask = tfscale.distributed.topk_allgather(my_indices, my_values,
-                                                                 name="table_0")
+        summed = tfscale.distributed.topk_allgather(my_indices, my_values, name="table_0")
+        summed.indices, summed.values  # the same on every rank
         ```
     """
     hvd = runtime.horovod()

@@ -36,8 +36,9 @@ class FieldEmbedding(keras.layers.Layer):
         embeddings_initializer: deep table initializer; default RowSeededNormal(stddev=0.01),
             seeded from the global seed (`keras.utils.set_random_seed`).
         wide_initializer: wide table initializer (default zeros, as DeepCTR's linear part).
-        embeddings_regularizer, wide_regularizer: e.g. `keras.regularizers.L2(l)`, applied to the
-            whole table (the CowClip paper's L2).
+        embeddings_regularizer: e.g. `keras.regularizers.L2(l)`, applied to the whole deep
+            table (the CowClip paper's L2).
+        wide_regularizer: the same for the wide table.
         check_ids: assert in the graph that field f's ids lie in [0, vocabulary_sizes[f]); an id
             out of range would otherwise silently read the next field's rows. The assertion is a
             no-op inside XLA-compiled functions.
@@ -53,6 +54,15 @@ class FieldEmbedding(keras.layers.Layer):
             takes; `vocabulary_sizes` sums to the rows in use at most, or give
             `tfscale.embedding.dynamic.DynamicTables(capacity=..., min_count=...)`), or a
             TableStrategy.
+        **kwargs: keras.layers.Layer's keyword arguments (`name`, `dtype`, ...).
+
+    Raises:
+        ValueError: `vocabulary_sizes` is empty or has a field of fewer than 1 row, or
+            `sharding` names no table strategy.
+        UserError: the table strategy cannot hold an argument (`sharding="row"` or "dynamic"
+            with `deduplicate=False`, a row-dependent initializer or a regularizer; "dynamic"
+            with more fields than it keys ids by, or more rows than it holds by default without
+            a `capacity`); at build, under horovodrun before `tfscale.distributed.init()`.
 
     The tables live in host memory (tfscale.embedding.placement.embedding_device), where their
     lookups run. `tables` are their Tables (tfscale.embedding.table); `row_index` is the
@@ -144,7 +154,10 @@ class FieldEmbedding(keras.layers.Layer):
 
     def summary_scalars(self):
         """{name: value} of a layer with partitioned tables: its tables' bytes on this rank, and
-        the last step's alltoall bytes and lookup seconds; {} when replicated."""
+        the last step's alltoall bytes and lookup seconds; {} when replicated.
+
+        Returns:
+            A dict from scalar name to value, for TensorBoard."""
         return self.scalars.summary_scalars()
 
     def call(self, ids, training=None):

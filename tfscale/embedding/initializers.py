@@ -27,7 +27,8 @@ class RowSeededNormal(keras.initializers.Initializer):
     """Normal(mean, stddev) values, row i of the table a function of (seed, i) alone.
 
     Args:
-        stddev, mean: of the normal distribution.
+        mean: the normal distribution's mean.
+        stddev: the normal distribution's standard deviation.
         seed: int; None draws one from NumPy's global generator (seeded by
             `keras.utils.set_random_seed`). Row-sharded and dynamic tables built in a Horovod
             job use rank 0's seed (`with_rank_0_seed`), whatever each rank drew.
@@ -44,7 +45,15 @@ class RowSeededNormal(keras.initializers.Initializer):
         return self._stream_rows(0, rows, dim, dtype)
 
     def rows(self, global_ids, dim, dtype=None):
-        """The initial values [len(global_ids), dim] of rows `global_ids` (ascending ints)."""
+        """The initial values [len(global_ids), dim] of rows `global_ids` (ascending ints).
+
+        Args:
+            global_ids: the rows' indices in the whole table, ascending.
+            dim: the table's width.
+            dtype: the values' dtype (float32 by default).
+
+        Returns:
+            A [len(global_ids), dim] tensor, what the whole table holds in those rows."""
         ids = np.asarray(global_ids, np.int64)
         if ids.size and ids[-1] - ids[0] + 1 == ids.size:  # a range (one shard): one draw
             return self._stream_rows(int(ids[0]), int(ids.size), dim, dtype)
@@ -61,7 +70,14 @@ class RowSeededNormal(keras.initializers.Initializer):
         """float32 [len(keys), dim]: Normal(mean, stddev) values, row k a function of (seed,
         keys[k]) alone (int64 keys >= 0; graph-compatible): splitmix64 of (seed, key, column)
         gives the uniforms of a Box-Muller pair per two columns. Not the values `rows` gives
-        a row index (those are read from the seed's stream)."""
+        a row index (those are read from the seed's stream).
+
+        Args:
+            keys: int64 keys >= 0, any shape (flattened).
+            dim: the table's width.
+
+        Returns:
+            A float32 [len(keys), dim] tensor."""
         keys = tf.cast(tf.reshape(keys, [-1, 1]), tf.int64)
         pairs = (dim + 1) // 2
         counters = tf.range(2 * pairs, dtype=tf.int64)[None, :]

@@ -21,23 +21,41 @@ STRATEGIES = {strategy.name: strategy for strategy in (
 
 
 def register(strategy):
-    """Adds `strategy` (a TableStrategy instance) under its name, e.g. for a strategy that lives
-    outside the package; a ValueError if the name is taken."""
+    """Adds `strategy` under its name, e.g. for a strategy that lives outside the package; a
+    ValueError if the name is taken.
+
+    Args:
+        strategy: a TableStrategy instance; its `name` is what `sharding` will take.
+
+    Raises:
+        ValueError: a strategy of that name is registered already."""
     if strategy.name in STRATEGIES:
         raise ValueError(f"a table strategy named {strategy.name!r} exists already")
     STRATEGIES[strategy.name] = strategy
 
 
 def names():
-    """Every strategy's name: the registered ones, then the installed entry points'."""
+    """Every strategy's name: the registered ones, then the installed entry points'.
+
+    Returns:
+        A list of str, the names `get` takes."""
     return list(STRATEGIES) + [point.name for point in _entry_points()
                                if point.name not in STRATEGIES]
 
 
 def get(sharding):
-    """The strategy `sharding` names: a registered or installed name, a TableStrategy (itself)
-    or the config of one with settings (`TableStrategy.get_config`); a ValueError naming
-    `sharding` and the choices."""
+    """The strategy `sharding` names; a ValueError naming `sharding` and the choices.
+
+    Args:
+        sharding: a registered or installed name, a TableStrategy (returned as it is) or the
+            config of one with settings (a dict, as `TableStrategy.get_config` gives it).
+
+    Returns:
+        A TableStrategy.
+
+    Raises:
+        ValueError: no strategy has that name, or an installed entry point of that name does
+            not give a TableStrategy of that name."""
     if isinstance(sharding, TableStrategy):
         return sharding
     if isinstance(sharding, dict):

@@ -61,54 +61,115 @@ class TableStrategy:
 
     def get_config(self):
         """What FieldEmbedding's config stores as `sharding`: the name (a strategy with
-        settings: a dict of them with its `name`, which `strategies.get` takes back)."""
+        settings: a dict of them with its `name`, which `strategies.get` takes back).
+
+        Returns:
+            The strategy's `name`, or a dict of its settings with "name"."""
         return self.name
 
     def check(self, embedding):
         """Raises a UserError naming the FieldEmbedding argument `embedding` has that this
-        strategy cannot hold; nothing by default."""
+        strategy cannot hold; nothing by default.
+
+        Args:
+            embedding: the FieldEmbedding about to make its tables.
+
+        Raises:
+            UserError: `embedding` has an argument this strategy cannot hold."""
 
     def id_limits(self, vocabulary_sizes):
-        """Per field, the ids a FieldEmbedding takes are [0, limit): by default its rows."""
+        """Per field, the ids a FieldEmbedding takes are [0, limit): by default its rows.
+
+        Args:
+            vocabulary_sizes: the FieldEmbedding's rows per field.
+
+        Returns:
+            A list of int, one limit per field."""
         return list(vocabulary_sizes)
 
     def table_ids(self, ids, offsets):
         """The table ids of `ids` (int64 [..., fields], field-local): by default the rows of a
-        concatenated table (`ids + offsets`, the fields' first rows)."""
+        concatenated table (`ids + offsets`, the fields' first rows).
+
+        Args:
+            ids: int64 [..., fields], each field's own ids.
+            offsets: int64 [fields], the first row of each field in a concatenated table.
+
+        Returns:
+            An int64 tensor of `ids`' shape."""
         return ids + offsets
 
     def make_row_index(self, embedding):
         """A Keras layer holding state `embedding`'s tables share on this rank (built by
-        `build`), or None (the default)."""
+        `build`), or None (the default).
+
+        Args:
+            embedding: the FieldEmbedding whose tables share it.
+
+        Returns:
+            A keras.layers.Layer, or None."""
         return None
 
     def make_table(self, name, rows, width, initializer, regularizer):
-        """A Table `name` of `rows` x `width` (global) whose `layer` will own its variable."""
+        """A Table `name` of `rows` x `width` (global) whose `layer` will own its variable.
+
+        Args:
+            name: the table's name (its layer's).
+            rows: the table's rows over all ranks.
+            width: the row width.
+            initializer: the Keras initializer of its rows.
+            regularizer: a Keras regularizer of the variable, or None.
+
+        Returns:
+            A tfscale.embedding.table.Table, not built."""
         raise NotImplementedError
 
     def build(self, table, embedding):
         """Builds `table.layer` (one of FieldEmbedding `embedding`'s) and attaches its variable
-        to `table` (Table.attach)."""
+        to `table` (Table.attach).
+
+        Args:
+            table: a Table this strategy made.
+            embedding: the FieldEmbedding it belongs to (its row index is built first)."""
         raise NotImplementedError
 
     def updated_whole(self, table):
         """The train step found `table` (built) updated whole, every row read every step:
-        nothing by default (a strategy that `hands_out_rows` writes the others first)."""
+        nothing by default (a strategy that `hands_out_rows` writes the others first).
+
+        Args:
+            table: a built Table of this strategy."""
 
     def written_rows(self, table):
         """How many leading rows of `table` (built) have been written (eagerly): all of them by
-        default (a strategy that `hands_out_rows`: the rows handed out so far)."""
+        default (a strategy that `hands_out_rows`: the rows handed out so far).
+
+        Args:
+            table: a built Table of this strategy.
+
+        Returns:
+            An int, at most the rows of this rank's variable."""
         return int(table.variable.shape[0])
 
     def write_unwritten_rows(self, tables):
         """Writes the rows of `tables` (built, this strategy's) and of their row indexes never
         handed out, eagerly, for a writer of whole variables (a SavedModel export): nothing by
-        default."""
+        default.
+
+        Args:
+            tables: built Tables of this strategy."""
 
     def lookup(self, tables, rows, embedding, training=False):
-        """The rows `rows` (int64 table ids, any shape) of each of `tables` (one layer's, of one
-        size), as [*rows.shape, width] float32 tensors, each table's de-duplicated lookup
-        recorded on it (Table.record_lookup) when its gradient comes in unique rows. `embedding`
-        is the FieldEmbedding looking them up (its name, options, row index and step scalars);
-        `training`: whether this is a training step's lookup."""
+        """The rows `rows` of each of `tables`, each table's de-duplicated lookup recorded on it
+        (Table.record_lookup) when its gradient comes in unique rows.
+
+        Args:
+            tables: one layer's built Tables, of one size.
+            rows: int64 table ids (from `table_ids`), any shape.
+            embedding: the FieldEmbedding looking them up (its name, options, row index and
+                step scalars).
+            training: whether this is a training step's lookup.
+
+        Returns:
+            A list with one [*rows.shape, width] float32 tensor per table."""
         raise NotImplementedError

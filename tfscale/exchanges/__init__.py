@@ -30,6 +30,16 @@ DEFAULT = "allgather"
 def get(exchange):
     """An EmbeddingExchange from a registered name (with its default settings) or an instance.
 
+    Args:
+        exchange: a name in EXCHANGES ("allgather", "dense", "topk", "gtopk") or an
+            EmbeddingExchange (returned as it is).
+
+    Returns:
+        An EmbeddingExchange.
+
+    Raises:
+        ValueError: `exchange` is neither a name in EXCHANGES nor an EmbeddingExchange.
+
     Example:
         ```python
         tfscale.exchanges.get("dense")  # a DenseExchange with its default settings

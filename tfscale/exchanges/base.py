@@ -40,7 +40,8 @@ class EmbeddingExchange(abc.ABC):
     Example:
         ```python
         exchange = tfscale.exchanges.get("allgather")
-        exchange.carries_counts, exchange.can_run_stale, exchange.acts_in_one_process  # True True False
+        # True True False:
+        exchange.carries_counts, exchange.can_run_stale, exchange.acts_in_one_process
         ```
     """
 
@@ -56,17 +57,30 @@ class EmbeddingExchange(abc.ABC):
         return self.name
 
     def per_rank_states(self):
-        """The tfscale.distributed.per_rank.PerRankState objects this exchange keeps (none)."""
+        """The tfscale.distributed.per_rank.PerRankState objects this exchange keeps (none).
+
+        Returns:
+            A list of PerRankState."""
         return []
 
     def summary_scalars(self):
-        """{name: value} of the last step: bytes sent and received, exchange seconds, ..."""
+        """{name: value} of the last step: bytes sent and received, exchange seconds, ...
+
+        Returns:
+            A dict from scalar name to value, for TensorBoard."""
         return self.scalars.summary_scalars()
 
     @abc.abstractmethod
     def begin_step(self, variables, optimizer):
         """Called before the forward pass with the model's trainable `variables` and optimizer;
-        returns the step's StepExchange."""
+        returns the step's StepExchange.
+
+        Args:
+            variables: the model's trainable variables.
+            optimizer: the model's optimizer, before this step's update.
+
+        Returns:
+            The step's StepExchange."""
 
 
 class StepExchange(abc.ABC):
@@ -81,10 +95,20 @@ class StepExchange(abc.ABC):
     @abc.abstractmethod
     def exchange(self, gradients, variables):
         """The gradients (aligned with `variables`, None for unconnected ones) to hand to the
-        optimizer."""
+        optimizer.
+
+        Args:
+            gradients: this rank's gradients, one per variable (None for unconnected ones).
+            variables: the model's trainable variables.
+
+        Returns:
+            A list of gradients aligned with `variables`, averaged over the ranks."""
 
     def finish(self, applied_gradients):
-        """Called after the optimizer took `applied_gradients`; nothing by default."""
+        """Called after the optimizer took `applied_gradients`; nothing by default.
+
+        Args:
+            applied_gradients: the gradients this step's `exchange` received."""
 
 
 class SynchronousExchange(EmbeddingExchange):
@@ -105,9 +129,17 @@ class SynchronousExchange(EmbeddingExchange):
 
     @abc.abstractmethod
     def exchange(self, gradients, variables, optimizer):
-        """`gradients` (aligned with `variables`, None for unconnected ones) averaged over the
-        ranks as this exchange does it. `optimizer` is the model's (for its step count and loss
-        scale); it has not applied this step yet."""
+        """`gradients` averaged over the ranks as this exchange does it.
+
+        Args:
+            gradients: this rank's gradients, aligned with `variables` (None for unconnected
+                ones).
+            variables: the model's trainable variables.
+            optimizer: the model's (for its step count and loss scale); it has not applied
+                this step yet.
+
+        Returns:
+            A list of gradients aligned with `variables`."""
 
 
 class _SynchronousStep(StepExchange):

@@ -22,8 +22,14 @@ from tfscale.row_gradients import with_values
 
 
 class RowShardedExchange(SynchronousExchange):
-    """`exchange` (an AveragingExchange) for the model's other gradients; shards stay local.
-    `held`: how the tables are held (their strategy's description), for messages."""
+    """`exchange` for the model's other gradients; shards stay local.
+
+    Args:
+        exchange: the AveragingExchange (allgather or dense) for the other gradients.
+        held: how the tables are held (their strategy's description), for messages.
+
+    Raises:
+        UserError: `exchange` is not an AveragingExchange (e.g. a top-k exchange)."""
 
     can_run_stale = True
 

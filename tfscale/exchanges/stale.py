@@ -153,14 +153,22 @@ class StalenessQueues(PerRankState):
 
 
 class StaleExchange(EmbeddingExchange):
-    """`exchange` (one with `can_run_stale`) with the embedding tables' gradients applied
-    `staleness` steps late; `with_counts`: the optimizer takes counted slices (CowClip).
+    """`exchange` with the embedding tables' gradients applied `staleness` steps late.
 
     Row-sharded tables (`exchange` a RowShardedExchange): the owner queues its shards' gradients,
     which already hold every rank's rows, and applies them `staleness` steps later while that
     step looks up and computes; they need no exchange. Their finite decision is global (one
     4-byte allreduce), and a step whose shard gradients are non-finite on any rank hands the
     optimizer NaN gradients, so that every rank skips it and keeps its queues.
+
+    Args:
+        exchange: the EmbeddingExchange to wrap, one with `can_run_stale` (allgather, dense, or
+            a RowShardedExchange over one of them).
+        staleness: T >= 1, the number of steps by which embedding updates lag.
+        with_counts: the optimizer takes counted slices (CowClip).
+
+    Raises:
+        ValueError: `exchange` cannot run stale, or `staleness` is less than 1.
 
     Example:
         ```python
@@ -199,7 +207,17 @@ class StaleExchange(EmbeddingExchange):
 
     def begin_step(self, variables, optimizer):
         """Pops the oldest queued table gradients and starts the exchange of those of replicated
-        tables, which this step's forward pass does not wait for."""
+        tables, which this step's forward pass does not wait for.
+
+        Args:
+            variables: the model's trainable variables.
+            optimizer: the model's optimizer, before this step's update.
+
+        Returns:
+            The step's StepExchange.
+
+        Raises:
+            ValueError: `variables` is empty (the model is not built)."""
         if not variables:
             raise ValueError("build the model before training it with stale embedding updates "
                              "(the queues need its embedding tables before the first step)")

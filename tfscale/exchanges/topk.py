@@ -71,6 +71,10 @@ class TopKExchange(SynchronousExchange):
         warmup_steps: optimizer steps at `warmup_density`.
         dense_gradients: also sparsify the non-embedding gradients, element-wise.
 
+    Raises:
+        ValueError: `density` or `warmup_density` is not in (0, 1], or `warmup_steps` is
+            negative.
+
     Example:
         ```python
         exchange = tfscale.exchanges.GTopKExchange(density=0.001, warmup_density=0.004,
@@ -110,7 +114,13 @@ class TopKExchange(SynchronousExchange):
 
     def describe_residuals(self, variables):
         """One line on the residuals this rank keeps for `variables` (a model's trainable
-        variables), built or not: the selected tables' rows and every residual's megabytes."""
+        variables), built or not: the selected tables' rows and every residual's megabytes.
+
+        Args:
+            variables: a model's trainable variables.
+
+        Returns:
+            A str."""
         selected = [v for v in variables if self.is_selected(v)]
         rows = sum(int(v.shape[0]) for v in selected if table_names.is_row_table(v))
         megabytes = sum(int(np.prod(v.shape)) for v in selected) * 4 / 1e6
@@ -118,11 +128,23 @@ class TopKExchange(SynchronousExchange):
                 "float32 per rank, every row passed over each step")
 
     def is_selected(self, variable):
-        """Whether `variable`'s gradient is top-k sparsified (rows for embedding tables)."""
+        """Whether `variable`'s gradient is top-k sparsified (rows for embedding tables).
+
+        Args:
+            variable: one of the model's trainable variables.
+
+        Returns:
+            True for an embedding table, and for any variable with `dense_gradients`."""
         return table_names.is_row_table(variable) or self.dense_gradients
 
     def density_at(self, step):
-        """The density of optimizer step `step` (a scalar tensor)."""
+        """The density of optimizer step `step`.
+
+        Args:
+            step: the optimizer's step, an int or integer scalar tensor.
+
+        Returns:
+            A float64 scalar tensor: `warmup_density` before `warmup_steps`, else `density`."""
         if not self.warmup_steps:
             return tf.constant(self.density, tf.float64)
         return tf.where(tf.cast(step, tf.int64) < self.warmup_steps,
@@ -137,9 +159,18 @@ class TopKExchange(SynchronousExchange):
         return applied
 
     def sparsify(self, gradients, variables, step, scale=None):
-        """(gradients averaged over the ranks, bytes sent, bytes received) for `gradients` aligned
-        with `variables`, the selected ones sparsified as the module says. `step` is the optimizer's step (for the density warm-up), `scale` the
-        factor the gradients carry (None: 1)."""
+        """`gradients` averaged over the ranks, the selected ones sparsified as the module says.
+
+        Args:
+            gradients: this rank's gradients, aligned with `variables` (None for unconnected
+                ones).
+            variables: the model's trainable variables.
+            step: the optimizer's step (for the density warm-up).
+            scale: the factor the gradients carry (a loss scale); None: 1.
+
+        Returns:
+            (gradients averaged over the ranks, bytes sent, bytes received), the byte counts
+            float64 scalar tensors."""
         self.state.build(variables)
         num_ranks = distributed.size()
         scale = tf.constant(1.0, tf.float32) if scale is None else tf.cast(scale, tf.float32)
@@ -218,6 +249,16 @@ class TopKExchange(SynchronousExchange):
 class TopKAllgatherExchange(TopKExchange):
     """"topk": every rank's top-k candidates allgathered and summed (bytes grow with P).
 
+    Args:
+        density: fraction of each variable's rows (elements for dense variables) kept per step.
+        warmup_density: the density of the first `warmup_steps` optimizer steps; None: none.
+        warmup_steps: optimizer steps at `warmup_density`.
+        dense_gradients: also sparsify the non-embedding gradients, element-wise.
+
+    Raises:
+        ValueError: `density` or `warmup_density` is not in (0, 1], or `warmup_steps` is
+            negative.
+
     Example:
         ```python
         model.compile(optimizer=tfscale.optimizers.RowSparseAdam(1e-3), loss="binary_crossentropy",
@@ -233,6 +274,16 @@ class TopKAllgatherExchange(TopKExchange):
 
 class GTopKExchange(TopKExchange):
     """"gtopk": the global top-k of the sum in log2(P) pairwise rounds (gTop-k's butterfly).
+
+    Args:
+        density: fraction of each variable's rows (elements for dense variables) kept per step.
+        warmup_density: the density of the first `warmup_steps` optimizer steps; None: none.
+        warmup_steps: optimizer steps at `warmup_density`.
+        dense_gradients: also sparsify the non-embedding gradients, element-wise.
+
+    Raises:
+        ValueError: `density` or `warmup_density` is not in (0, 1], or `warmup_steps` is
+            negative.
 
     Example:
         ```python

@@ -49,7 +49,11 @@ class CAME(RefusesUnaveragedGradients, DeclaresTableState, keras.optimizers.Opti
         epsilon_1: added to the squared gradient.
         epsilon_2: added to the instability.
         clip_threshold: the update is scaled down to RMS <= clip_threshold (per variable).
-        weight_decay and the other keyword arguments: as `keras.optimizers.Optimizer`.
+        weight_decay: as `keras.optimizers.Optimizer`'s, and so are the arguments after it.
+
+    Raises:
+        UserError: at `apply`, in a horovodrun job of two or more ranks, for gradients that
+            tfscale's train step did not average (a plain keras.Model).
 
     Example:
         ```python
@@ -78,7 +82,10 @@ class CAME(RefusesUnaveragedGradients, DeclaresTableState, keras.optimizers.Opti
 
     def build(self, var_list):
         """Creates the state of each variable (see the module docstring); slots a variable does
-        not use are None."""
+        not use are None.
+
+        Args:
+            var_list: the variables this optimizer will update."""
         if self.built:
             return
         super().build(var_list)
@@ -102,7 +109,13 @@ class CAME(RefusesUnaveragedGradients, DeclaresTableState, keras.optimizers.Opti
 
     def table_state(self, table):
         """Per row: the momentum and the row statistics; whole: the column statistics (summed
-        over the shards in `update_step`)."""
+        over the shards in `update_step`).
+
+        Args:
+            table: an embedding table this optimizer was built on.
+
+        Returns:
+            A tfscale.optimizers.capabilities.TableState."""
         index = self._get_variable_index(table)
         return TableState(
             per_row=(self._momentums[index], self._rows[index], self._instability_rows[index]),
@@ -114,7 +127,13 @@ class CAME(RefusesUnaveragedGradients, DeclaresTableState, keras.optimizers.Opti
                                  name=f"{prefix}_{suffix}")
 
     def update_step(self, gradient, variable, learning_rate):
-        """One CAME step of `variable` (docs/came.md steps 1-10; weight decay is the base class's)."""
+        """One CAME step of `variable` (docs/came.md steps 1-10; weight decay is the base
+        class's).
+
+        Args:
+            gradient: the gradient of `variable` (IndexedSlices are densified).
+            variable: the variable to update.
+            learning_rate: this step's learning rate."""
         index = self._get_variable_index(variable)
         dtype = state_dtype(variable.dtype)
         gradient = ops.cast(densify(gradient), dtype)

@@ -21,13 +21,20 @@ class TakesRowSlices:
 
     Example:
         ```python
-        isinstance(tfscale.optimizers.RowSparseAdam(1e-3), tfscale.optimizers.TakesRowSlices)  # True
+        optimizer = tfscale.optimizers.RowSparseAdam(1e-3)
+        isinstance(optimizer, tfscale.optimizers.TakesRowSlices)  # True
         ```
     """
 
     def updates_rows_in_place(self, variable):
         """Whether row slices of `variable` update only their rows (scatters), not the whole
-        variable; tfscale.embedding.table_names reads the table's rows to match."""
+        variable; tfscale.embedding.table_names reads the table's rows to match.
+
+        Args:
+            variable: a variable this optimizer updates.
+
+        Returns:
+            A bool."""
         raise NotImplementedError
 
 

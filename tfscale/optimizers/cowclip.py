@@ -86,6 +86,16 @@ class CowClip(RefusesUnaveragedGradients, TakesCountedSlices, keras.optimizers.M
         embedding_tables: regexes (re.fullmatch on variable.path) naming the embedding tables;
             default: every variable named "embeddings" (keras.layers.Embedding's and
             tfscale.embedding.field_embedding.FieldEmbedding's tables).
+        loss_scale_factor: as `keras.optimizers.Optimizer`'s, given to both optimizers too.
+        name: the optimizer's name.
+
+    Raises:
+        ValueError: `mode` is not "faithful" or "scalable"; `r` is not above 0, `zeta` or `l2`
+            negative, any of them not finite; `2 * l2 > r`; `embedding_optimizer` has a
+            `table_l2`, or, in the scalable mode, catches rows up with a `catch_up_l2` other
+            than `l2`; at `apply`, an embedding table's gradient is a dense tensor.
+        UserError: at `apply`, in a horovodrun job of two or more ranks, for gradients that
+            tfscale's train step did not average (a plain keras.Model).
 
     Its gradients for embedding tables must arrive as IndexedSlices (one row per occurrence,
     as tf.gather's gradient does) or as CountedSlices (one row per unique id with its count, from
@@ -147,7 +157,13 @@ class CowClip(RefusesUnaveragedGradients, TakesCountedSlices, keras.optimizers.M
         return table_names.is_embedding_table(variable)
 
     def is_clipped_table(self, variable):
-        """Embedding tables wider than 1 are clipped; 1-wide linear tables are not."""
+        """Embedding tables wider than 1 are clipped; 1-wide linear tables are not.
+
+        Args:
+            variable: one of the model's trainable variables.
+
+        Returns:
+            Whether CowClip clips `variable`'s gradient rows."""
         return self.is_embedding_table(variable) and len(variable.shape) == 2 and variable.shape[-1] > 1
 
     def updates_rows_in_place(self, variable):
@@ -214,7 +230,10 @@ class CowClip(RefusesUnaveragedGradients, TakesCountedSlices, keras.optimizers.M
 
     def summary_scalars(self):
         """{name: value} for TensorBoard: per clipped table, the fraction of its batch rows that
-        were clipped and their mean clip factor, at the last step."""
+        were clipped and their mean clip factor, at the last step.
+
+        Returns:
+            A dict from scalar name to float."""
         scalars = {}
         for path, (fraction, mean_factor) in self._clip_statistics.items():
             scalars[f"cowclip/{path}/clipped_fraction"] = float(fraction.numpy())

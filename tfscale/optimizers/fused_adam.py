@@ -17,6 +17,10 @@ class FusedAdam(RefusesUnaveragedGradients, keras.optimizers.Adam):
     """Drop-in `keras.optimizers.Adam` (same arguments, same update); amsgrad falls back to
     Keras's implementation.
 
+    Raises:
+        UserError: at `apply`, in a horovodrun job of two or more ranks, for gradients that
+            tfscale's train step did not average (a plain keras.Model).
+
     Example:
         ```python
         model.compile(optimizer=tfscale.optimizers.FusedAdam(1e-3), loss="binary_crossentropy")

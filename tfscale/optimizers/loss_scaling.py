@@ -38,6 +38,13 @@ class LossScaleOptimizer(RefusesUnaveragedGradients, keras.optimizers.LossScaleO
         initial_scale: the first scale (2^15), or the fixed scale when `dynamic=False`.
         dynamic_growth_steps: finite steps in a row after which a dynamic scale doubles.
         dynamic: False keeps the scale fixed (a non-finite step is still skipped).
+        name: the optimizer's name.
+        **kwargs: keras.optimizers.LossScaleOptimizer's other keyword arguments.
+
+    Raises:
+        ValueError: `initial_scale` is not positive, or `dynamic_growth_steps` is below 1.
+        UserError: at `apply`, in a horovodrun job of two or more ranks, for gradients that
+            tfscale's train step did not average (a plain keras.Model).
 
     Example:
         ```python
@@ -104,7 +111,10 @@ class LossScaleOptimizer(RefusesUnaveragedGradients, keras.optimizers.LossScaleO
 
     def summary_scalars(self):
         """{name: value} for TensorBoard: the scale, skipped steps (in all and in a row), finite
-        steps since the scale last changed, and the wrapped optimizer's own scalars."""
+        steps since the scale last changed, and the wrapped optimizer's own scalars.
+
+        Returns:
+            A dict from scalar name to float or int."""
         scalars = scalars_of(self.inner_optimizer)
         scalars.update({
             "loss_scale/scale": float(self.dynamic_scale.numpy()),
@@ -115,7 +125,10 @@ class LossScaleOptimizer(RefusesUnaveragedGradients, keras.optimizers.LossScaleO
         return scalars
 
     def progress_text(self):
-        """A few words for the progress line."""
+        """A few words for the progress line.
+
+        Returns:
+            A str: the current scale and the steps skipped so far."""
         return (f"loss scale {float(self.dynamic_scale.numpy()):g}, "
                 f"skipped {int(self.skipped_steps.numpy())}")
 

@@ -16,12 +16,29 @@ from tfscale.optimizers.row_updates import RowUpdates
 @keras.saving.register_keras_serializable(package="tfscale")
 class RowSparseAdagrad(RefusesUnaveragedGradients, DeclaresTableState, RowUpdates,
                        keras.optimizers.Adagrad):
-    """`keras.optimizers.Adagrad` (same arguments) plus `table_l2`; tables updated by row."""
+    """`keras.optimizers.Adagrad` (same arguments) plus `table_l2`; tables updated by row.
+
+    Args:
+        *args: keras.optimizers.Adagrad's arguments (`learning_rate`, ...).
+        table_l2: L2 on the tables' rows a batch touches (tfscale.optimizers.row_updates).
+        **kwargs: keras.optimizers.Adagrad's keyword arguments.
+
+    Raises:
+        ValueError: `table_l2` is negative or not finite.
+        UserError: at `apply`, in a horovodrun job of two or more ranks, for gradients that
+            tfscale's train step did not average (a plain keras.Model).
+    """
 
     row_state = ("accumulator",)
 
     def table_state(self, table):
-        """Per row: the accumulator, which starts at `initial_accumulator_value`."""
+        """Per row: the accumulator, which starts at `initial_accumulator_value`.
+
+        Args:
+            table: an embedding table this optimizer was built on.
+
+        Returns:
+            A tfscale.optimizers.capabilities.TableState."""
         accumulator = self._accumulators[self._get_variable_index(table)]
         return TableState(per_row=(accumulator,), fresh=(self.initial_accumulator_value,))
 

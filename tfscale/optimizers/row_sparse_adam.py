@@ -54,12 +54,24 @@ def two_slot_names(name):
 
 @keras.saving.register_keras_serializable(package="tfscale")
 class RowSparseAdam(DeclaresTableState, RowUpdates, FusedAdam):
-    """FusedAdam whose tables' row gradients update only their rows; `table_l2`: L2 on the
-    tables (tfscale.optimizers.row_updates); `catch_up`: whether a row absent from batches is
-    caught up with Adam's dense update when next seen (module docstring); `catch_up_l2`: the L2
-    that update pulls absent rows with (default `table_l2`; an optimizer that adds its tables'
-    L2 to the batch's rows itself, as CowClip does before clipping, gives it here and no
-    `table_l2`). amsgrad updates tables whole."""
+    """FusedAdam whose tables' row gradients update only their rows. amsgrad updates tables
+    whole.
+
+    Args:
+        *args: keras.optimizers.Adam's arguments (`learning_rate`, ...).
+        catch_up: whether a row absent from batches is caught up with Adam's dense update when
+            next seen (module docstring).
+        catch_up_l2: the L2 that update pulls absent rows with (default `table_l2`; an optimizer
+            that adds its tables' L2 to the batch's rows itself, as CowClip does before
+            clipping, gives it here and no `table_l2`).
+        **kwargs: `table_l2`, L2 on the tables (tfscale.optimizers.row_updates; 0 by default),
+            and keras.optimizers.Adam's keyword arguments.
+
+    Raises:
+        ValueError: `table_l2` or `catch_up_l2` is negative or not finite.
+        UserError: at `apply`, in a horovodrun job of two or more ranks, for gradients that
+            tfscale's train step did not average (a plain keras.Model).
+    """
 
     def __init__(self, *args, catch_up=True, catch_up_l2=None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -73,7 +85,10 @@ class RowSparseAdam(DeclaresTableState, RowUpdates, FusedAdam):
 
     def build(self, var_list):
         """Keras's Adam slots for the variables updated whole; one moments slot (and, with
-        `catch_up`, a last-step slot) for each table updated by row."""
+        `catch_up`, a last-step slot) for each table updated by row.
+
+        Args:
+            var_list: the variables this optimizer will update."""
         if self.built:
             return
         if self.amsgrad:  # every variable updated whole
@@ -105,7 +120,13 @@ class RowSparseAdam(DeclaresTableState, RowUpdates, FusedAdam):
     def table_state(self, table):
         """Per row: the moments (one slot when updated by row, Keras's slots otherwise) and,
         with `catch_up`, the last step (a fresh row's: the last applied step, so it has nothing
-        to catch up)."""
+        to catch up).
+
+        Args:
+            table: an embedding table this optimizer was built on.
+
+        Returns:
+            A tfscale.optimizers.capabilities.TableState."""
         index = self._get_variable_index(table)
         moments, last_step = self._moments[index], self._last_steps[index]
         if moments is None:
@@ -142,7 +163,10 @@ class RowSparseAdam(DeclaresTableState, RowUpdates, FusedAdam):
 
     def catch_up_every_row(self, block_rows=1 << 18):
         """Applies the pending catch-up to every row of every table this optimizer updates by
-        row, `block_rows` rows at a time (module docstring); nothing without `catch_up`."""
+        row, `block_rows` rows at a time (module docstring); nothing without `catch_up`.
+
+        Args:
+            block_rows: the rows caught up at once (memory: a few copies of that many rows)."""
         if not (self.catch_up and self.built):
             return
         step_number = tf.cast(self.iterations, tf.int32)

@@ -13,7 +13,18 @@ from tfscale.optimizers.row_updates import RowUpdates
 
 @keras.saving.register_keras_serializable(package="tfscale")
 class RowSparseSGD(RefusesUnaveragedGradients, RowUpdates, keras.optimizers.SGD):
-    """`keras.optimizers.SGD` (same arguments) plus `table_l2`; tables updated by row."""
+    """`keras.optimizers.SGD` (same arguments) plus `table_l2`; tables updated by row.
+
+    Args:
+        *args: keras.optimizers.SGD's arguments (`learning_rate`, ...).
+        table_l2: L2 on the tables' rows a batch touches (tfscale.optimizers.row_updates).
+        **kwargs: keras.optimizers.SGD's keyword arguments.
+
+    Raises:
+        ValueError: `table_l2` is negative or not finite.
+        UserError: at `apply`, in a horovodrun job of two or more ranks, for gradients that
+            tfscale's train step did not average (a plain keras.Model).
+    """
 
     row_state = ("momentum",)
 

@@ -20,6 +20,21 @@ RULES = ("cowclip", "none", "sqrt", "linear")
 class Preset:
     """A data set's base (batch 1024) hyper-parameters and the rule to scale them with.
 
+    Args:
+        dense_learning_rate: the learning rate of the variables other than embedding tables.
+        embedding_learning_rate: the embedding tables' learning rate.
+        l2: L2 on the embedding tables.
+        embedding_init_stddev: the standard deviation of the tables' initial rows.
+        r: CowClip's clip ratio.
+        zeta_small_batch: CowClip's zeta below `zeta_switch_batch`.
+        zeta_large_batch: CowClip's zeta from `zeta_switch_batch` on.
+        zeta_switch_batch: the batch size from which `zeta_large_batch` applies.
+        rule: the default rule from this base, one of RULES.
+        batch_size: the batch the base was tuned at.
+
+    Raises:
+        ValueError: `rule` is not one of RULES, or `batch_size` is below 1.
+
     Example:
         ```python
         mine = tfscale.optimizers.Preset(dense_learning_rate=2.5e-3, embedding_learning_rate=1e-3,
@@ -46,6 +61,13 @@ class Preset:
             raise ValueError(f"Preset batch_size must be positive, got {self.batch_size}")
 
     def zeta(self, batch_size):
+        """CowClip's zeta at `batch_size`.
+
+        Args:
+            batch_size: the global batch size.
+
+        Returns:
+            `zeta_small_batch` below `zeta_switch_batch`, else `zeta_large_batch`."""
         if batch_size < self.zeta_switch_batch:
             return self.zeta_small_batch
         return self.zeta_large_batch
@@ -65,6 +87,18 @@ PRESETS = {
 @dataclasses.dataclass(frozen=True)
 class LargeBatchSettings:
     """Every hyper-parameter a run at `batch_size` needs under one rule.
+
+    Args:
+        rule: the rule, one of RULES.
+        batch_size: the global batch size.
+        embedding_learning_rate: the embedding tables' learning rate.
+        dense_learning_rate: the other variables' learning rate, after the warm-up.
+        warmup_epochs: the dense learning rate rises linearly from ~0 over these epochs.
+        l2: L2 on the embedding tables.
+        embedding_init_stddev: the standard deviation of the tables' initial rows.
+        clip: whether CowClip clips (the "cowclip" rule).
+        r: CowClip's clip ratio.
+        zeta: CowClip's zeta at `batch_size`.
 
     Example:
         ```python
@@ -86,13 +120,26 @@ class LargeBatchSettings:
 
 
 def large_batch_settings(batch_size, rule=None, preset="criteo"):
-    """The hyper-parameters of `rule` at `batch_size` from a preset's base: "criteo", "avazu"
-    (CowClip's published bases for those data sets), "synthetic" (tfscale's built-in data) or a
-    `Preset` of your own (one tuned on your data, at its `batch_size`).
+    """The hyper-parameters of `rule` at `batch_size` from a preset's base.
 
     "cowclip" is CowClip's rule (module docstring). "none", "sqrt" and "linear" are the
-    baselines: no clipping, the base L2, and both learning rates multiplied by 1, sqrt(s) or s.
-    None: the preset's rule (cowclip for criteo and avazu, sqrt for synthetic).
+    baselines: no clipping, the base L2, and both learning rates multiplied by 1, sqrt(s) or s
+    (s = `batch_size` / the base's batch).
+
+    Args:
+        batch_size: the global batch size.
+        rule: one of RULES; None: the preset's rule (cowclip for criteo and avazu, sqrt for
+            synthetic).
+        preset: "criteo", "avazu" (CowClip's published bases for those data sets),
+            "synthetic" (tfscale's built-in data) or a `Preset` of your own (one tuned on your
+            data, at its `batch_size`).
+
+    Returns:
+        A LargeBatchSettings.
+
+    Raises:
+        ValueError: `batch_size` is below 1, `preset` is neither a name in PRESETS nor a
+            Preset, or `rule` is not one of RULES.
 
     Example:
         ```python

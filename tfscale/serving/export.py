@@ -93,8 +93,17 @@ class RawScorer:
 
 
 def export_saved_model(model, preprocessing, raw_inputs, path):
-    """Writes the SavedModel of `model` (a built Keras model taking the batches of
-    `preprocessing`) with the two signatures of the module doc to `path`."""
+    """Writes the SavedModel of `model` with the two signatures of the module doc to `path`.
+
+    Args:
+        model: a built Keras model taking the batches of `preprocessing`.
+        preprocessing: the tfscale.data.preprocessing.Preprocessing the model was trained with.
+        raw_inputs: a RawInputs: the text format, the training file's layout and how short
+            lines are read.
+        path: the SavedModel's directory.
+
+    Raises:
+        UserError: `raw_inputs.on_short_line` is not a short-line policy ("missing", "error")."""
     scorer = RawScorer(model, preprocessing, raw_inputs)
     names = raw_inputs.field_names
     write_unwritten_rows(model)  # a SavedModel holds whole variables

@@ -34,6 +34,15 @@ def export_model(model, path, checkpoint_dir=None, input_signature=None):
             of the model's call, as `keras.Model.export` takes it; needed for a subclassed model
             (Keras reads a functional model's from its inputs).
 
+    Returns:
+        The checkpoint's progress dict (global step, epoch, ...), or None without
+        `checkpoint_dir`.
+
+    Raises:
+        UserError: it runs in a Horovod job of several ranks; `path` exists; the model is not
+            built and no `input_signature` is given; `checkpoint_dir` holds no checkpoint, or
+            one that cannot be read or does not match the model.
+
     Example:
         ```python
         model = build_my_model()  # in one process, as training built it

@@ -26,6 +26,14 @@ class FilePredictions:
       preprocessing: the tfscale.data.preprocessing.Preprocessing the model was trained with.
       paths: a path, glob or list of them.
       on_short_line: as the training run read short lines.
+      batch_size: the lines of a batch (one model call).
+      chunk_lines: lines parsed together by one vectorised step.
+
+    Raises:
+      ValueError: `batch_size` is below 1.
+      UserError: a path or pattern matches no file, a file has no data lines or not the
+        format's columns, or the files' columns differ; `on_short_line` is neither "missing"
+        nor "error".
     """
 
     def __init__(self, model, preprocessing, paths, *, on_short_line="missing", batch_size=4096,

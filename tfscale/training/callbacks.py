@@ -41,12 +41,23 @@ def learning_rates(optimizer):
 
 
 class TrainingMonitor(keras.callbacks.Callback):
-    """Every `every_steps` global steps: prints a progress line and, if `writer` (a
-    tf.summary writer) is given, writes loss, the metrics in the logs (e.g. streaming AUC),
-    learning rates, examples/s, step time and the optimizer's and the model's
-    `summary_scalars()` if they have them. Throughput excludes each `fit` call's first step,
-    which includes tracing. `unit` names what a `fit` call's epoch is in the progress line
-    ("day" when each is one day of online training).
+    """Every `every_steps` global steps: prints a progress line and, if `writer` is given,
+    writes loss, the metrics in the logs (e.g. streaming AUC), learning rates, examples/s, step
+    time and the optimizer's and the model's `summary_scalars()` if they have them. Throughput
+    excludes each `fit` call's first step, which includes tracing.
+
+    Args:
+        global_batch_size: the batch of one step over all ranks (for examples/s).
+        every_steps: global steps between progress lines.
+        writer: a tf.summary writer for the scalars, or None.
+        steps_per_epoch: batches per epoch, shown in the progress line, which is also printed
+            at an epoch's last batch; None: not known.
+        print_fn: called with each progress line.
+        unit: what a `fit` call's epoch is in the progress line ("day" when each is one day of
+            online training).
+
+    Raises:
+        ValueError: `every_steps` is below 1.
 
     Example:
         ```python
@@ -116,13 +127,21 @@ class TrainingMonitor(keras.callbacks.Callback):
 
 
 class PeriodicCheckpoint(keras.callbacks.Callback):
-    """Saves a checkpoint through `store` (a CheckpointStore) every `every_steps` global steps,
-    with the data position needed to resume exactly there. Call `start_epoch` before each
-    `fit` so it knows which epoch is running and how many of its batches were skipped.
+    """Saves a checkpoint through `store` every `every_steps` global steps, with the data
+    position needed to resume exactly there. Call `start_epoch` before each `fit` so it knows
+    which epoch is running and how many of its batches were skipped.
+
+    Args:
+        store: a tfscale.training.checkpoints.CheckpointStore.
+        every_steps: global steps between checkpoints.
+
+    Raises:
+        ValueError: `every_steps` is below 1.
 
     Example:
         ```python
-        periodic = tfscale.callbacks.PeriodicCheckpoint(store, every_steps=1000)  # store: CheckpointStore
+        # store: a tfscale.training.checkpoints.CheckpointStore
+        periodic = tfscale.callbacks.PeriodicCheckpoint(store, every_steps=1000)
         periodic.start_epoch(0, 0)
         model.fit(train, epochs=1, callbacks=[periodic])
         ```
@@ -139,6 +158,11 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         self.last_saved_step = None
 
     def start_epoch(self, epoch, skipped_batches):
+        """Tells the next `fit` call's position in the data.
+
+        Args:
+            epoch: the epoch it runs (0-based).
+            skipped_batches: the batches of that epoch it starts after (a resumed run's)."""
         self._epoch = epoch
         self._skipped_batches = skipped_batches
 
@@ -149,7 +173,13 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
 
     def save(self, step, epoch, batches_done, **extra):
         """Writes a checkpoint now: resuming from it starts epoch `epoch` at batch
-        `batches_done`."""
+        `batches_done`.
+
+        Args:
+            step: the global step it is taken at.
+            epoch: the epoch a resumed run starts.
+            batches_done: the batches of that epoch a resumed run skips.
+            **extra: other entries for the checkpoint's progress dict (e.g. test metrics)."""
         self.store.save(step, dict(extra, epoch=epoch, batches_done=batches_done))
         self.last_saved_step = step
 
@@ -157,6 +187,9 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
 class StopAfterSteps(keras.callbacks.Callback):
     """Stops training once the optimizer has taken `max_steps` global steps (as an interrupted
     run would stop), setting `stopped` so the caller can tell.
+
+    Args:
+        max_steps: the global step at which training stops.
 
     Example:
         ```python
@@ -183,9 +216,19 @@ class NonFiniteGuard(keras.callbacks.Callback):
     `max_skipped_in_a_row` skipped steps in a row; without one at the first non-finite loss,
     since the optimizer has already applied those gradients.
 
+    Args:
+        max_skipped_in_a_row: skipped steps in a row a loss scaler may take before training
+            stops.
+
+    Raises:
+        ValueError: `max_skipped_in_a_row` is below 1.
+        tfscale.errors.NonFiniteTraining: at a batch's end, when training stopped being finite
+            (a UserError).
+
     Example:
         ```python
-        model.fit(train, epochs=5, callbacks=[tfscale.callbacks.NonFiniteGuard(max_skipped_in_a_row=50)])
+        guard = tfscale.callbacks.NonFiniteGuard(max_skipped_in_a_row=50)
+        model.fit(train, epochs=5, callbacks=[guard])
         ```
     """
 
@@ -253,9 +296,18 @@ class Checkpoint(keras.callbacks.Callback):
     other state written by rank 0). Resuming starts `fit` at the epoch after the checkpoint's,
     as keras.callbacks.BackupAndRestore does (which restores one rank only).
 
-    `resume=False` refuses a directory that already holds a checkpoint, so a new run never
-    replaces an old one; `keep`: how many checkpoints to keep. The directory is also what
-    tfscale.serving.export_model and `restore_trained_weights` read.
+    The directory is also what tfscale.serving.export_model and `restore_trained_weights` read.
+
+    Args:
+        directory: where the checkpoints are written and restored from.
+        resume: restore the newest checkpoint when `fit` starts; False refuses a directory that
+            already holds a checkpoint, so a new run never replaces an old one.
+        keep: how many checkpoints to keep.
+
+    Raises:
+        UserError: when `fit` starts: `directory` holds a checkpoint and `resume` is False, or
+            holds one that cannot be read or does not match the model (or the job's ranks).
+        ValueError: when `fit` starts, `keep` is below 1.
 
     Example:
         ```python

@@ -50,10 +50,22 @@ def _in_step_with_other_ranks(model, dataset):
 def evaluate_exact(model, dataset):
     """{"auc", "logloss", "examples"} of `model` on every example of `dataset`.
 
+    Args:
+        model: a Keras model predicting a click probability per example.
+        dataset: a tf.data.Dataset of (features, labels) batches; under Horovod, this rank's
+            part (every rank calls it).
+
+    Returns:
+        A dict: "auc" and "logloss" over every rank's examples, "examples" their number.
+
+    Raises:
+        ValueError: `dataset` is empty on every rank, or its labels are all of one class.
+
     Example:
         ```python
         test = tfscale.data.rank_batches(source, 65536, split="test", drop_remainder=False)
-        tfscale.training.evaluate_exact(model, test)  # {"auc": ..., "logloss": ..., "examples": ...}
+        # {"auc": ..., "logloss": ..., "examples": ...}:
+        tfscale.training.evaluate_exact(model, test)
         ```
     """
     labels, predictions = predict_with_labels(model, dataset)

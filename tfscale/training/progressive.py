@@ -40,6 +40,19 @@ _IN_PROGRESS = "day_in_progress"  # progress key: the score of the day being tra
 class ProgressiveConfig:
     """How to run `train_progressively`: one pass over each day, so no epochs.
 
+    Args:
+        batch_size: the global batch: the ranks of a Horovod job share it.
+        log_every_steps: global steps between progress lines (and TensorBoard scalars).
+        logdir: TensorBoard: logdir/train (per step) and logdir/progressive (per day); None:
+            none.
+        checkpoint_dir: where checkpoints are written and resumed from; None: no checkpoints.
+        checkpoint_every_steps: global steps between checkpoints; 0: only at the end of each
+            day.
+        resume: continue the run in `checkpoint_dir` (from scratch when it holds none yet);
+            False refuses a `checkpoint_dir` that holds a checkpoint.
+        stop_after_steps: stop as an interrupted run would (tests, preemption drills); None:
+            never.
+
     Example:
         ```python
         config = tfscale.training.ProgressiveConfig(batch_size=16384, logdir="run/logs",
@@ -58,10 +71,15 @@ class ProgressiveConfig:
 
 @dataclasses.dataclass
 class ProgressiveResult:
-    """What a run did: one dict per day done, in order (day: its number from 1, name, and the
-    progressive validation's auc, logloss and examples, measured before training on the day;
-    steps, train_seconds, examples_per_second of its training), the final global step, whether
-    it stopped early, and whether its checkpoint had done every day already.
+    """What a run did.
+
+    Args:
+        days: one dict per day done, in order (day: its number from 1, name, and the
+            progressive validation's auc, logloss and examples, measured before training on the
+            day; steps, train_seconds, examples_per_second of its training).
+        global_step: the final global step.
+        stopped_early: whether it stopped early (`stop_after_steps`).
+        finished_before: whether its checkpoint had done every day already.
 
     Example:
         ```python
@@ -89,10 +107,27 @@ class _Start:
 
 
 def train_progressively(model, days, config, print_fn=print):
-    """Trains the compiled `model` day by day on `days` ((name, CTRSource) pairs in order) as
-    `config` (a ProgressiveConfig) says, scoring each day before training on it, and returns a
-    ProgressiveResult. Every day is checked (its rows, its schema) before anything is trained
-    or written.
+    """Trains the compiled `model` day by day on `days` as `config` says, scoring each day
+    before training on it, and returns a ProgressiveResult. Every day is checked (its rows, its
+    schema) before anything is trained or written.
+
+    Args:
+        model: a compiled Keras model taking the days' {"dense", "categorical"} features.
+        days: (name, CTRSource) pairs in order; a resumed run's checkpoint names the days it
+            has done, which must come first.
+        config: a ProgressiveConfig.
+        print_fn: called with rank 0's progress lines.
+
+    Returns:
+        A ProgressiveResult.
+
+    Raises:
+        UserError: `days` fails `check_days`; `checkpoint_dir` holds a checkpoint and `resume`
+            is False, or holds a run trained by epochs, or one whose days do not open `days`
+            in order, or one that does not match the model; `resume` without a
+            `checkpoint_dir`.
+        tfscale.errors.NonFiniteTraining: training stopped being finite (a UserError; see
+            tfscale.callbacks.NonFiniteGuard).
 
     Example:
         ```python
@@ -230,6 +265,19 @@ def check_days(days, batch_size):
     all of one schema, each with a labelled test split and at least one full batch on every
     rank. `train_progressively` checks its days so; call it first to check them before writing
     anything else.
+
+    Args:
+        days: (name, CTRSource) pairs in order.
+        batch_size: the global batch.
+
+    Returns:
+        The pairs as a list (names as str) and the list of this rank's steps of each day, as
+        a tuple.
+
+    Raises:
+        UserError: `days` is empty, names a day twice or mixes feature schemas; a day's test
+            split has no labels, or it has less than one full batch on a rank or cannot tell
+            its batches; `batch_size` does not divide over the ranks.
 
     Example:
         ```python

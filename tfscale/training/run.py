@@ -36,6 +36,19 @@ DAYS_DONE = "days_done"
 class TrainingConfig:
     """How to run training; see `train`.
 
+    Args:
+        batch_size: the global batch: the ranks of a Horovod job share it.
+        epochs: the number of epochs to train.
+        log_every_steps: global steps between progress lines (and TensorBoard scalars).
+        logdir: TensorBoard event files go to logdir/train and logdir/test; None: none.
+        checkpoint_dir: where checkpoints are written and resumed from; None: no checkpoints.
+        checkpoint_every_steps: global steps between checkpoints; 0: only at the end of each
+            epoch.
+        resume: continue the run in `checkpoint_dir` (from scratch when it holds none yet);
+            False refuses a `checkpoint_dir` that holds a checkpoint.
+        stop_after_steps: stop as an interrupted run would (tests, preemption drills); None:
+            never.
+
     Example:
         ```python
         config = tfscale.training.TrainingConfig(batch_size=65536, epochs=5, logdir="run/logs",
@@ -55,9 +68,15 @@ class TrainingConfig:
 
 @dataclasses.dataclass
 class TrainingResult:
-    """What a run did: per-epoch test metrics (dicts with epoch, auc, logloss, examples,
-    train_seconds, examples_per_second), the final global step, whether it stopped early, and
-    whether its checkpoint had finished every epoch already (nothing was trained).
+    """What a run did.
+
+    Args:
+        epochs: per-epoch test metrics (dicts with epoch, auc, logloss, examples,
+            train_seconds, examples_per_second).
+        global_step: the final global step.
+        stopped_early: whether it stopped early (`stop_after_steps`).
+        finished_before: whether its checkpoint had finished every epoch already (nothing was
+            trained).
 
     Example:
         ```python
@@ -73,12 +92,17 @@ class TrainingResult:
 
     @property
     def final(self):
+        """The last epoch's metrics (a dict of `epochs`), or None when there is none."""
         return self.epochs[-1] if self.epochs else None
 
 
 def build_model_and_optimizer(model, schema):
     """Creates every model and optimizer variable by calling the model on a one-row batch of
     `schema` and building the optimizer, so checkpoints can be restored into them.
+
+    Args:
+        model: a compiled Keras model taking {"dense", "categorical"} features.
+        schema: the data's FeatureSchema (a CTRSource's `schema`).
 
     Example:
         ```python
@@ -114,12 +138,32 @@ def restore_trained_weights(model, checkpoint_dir):
 def train(model, source, config, print_fn=print):
     """Trains the compiled `model` on `source` as `config` says and returns a TrainingResult.
 
+    Args:
+        model: a compiled Keras model taking the source's {"dense", "categorical"} features.
+        source: a tfscale.data CTRSource: its train split is trained on, its test split
+            evaluated after every epoch.
+        config: a TrainingConfig.
+        print_fn: called with rank 0's progress lines.
+
+    Returns:
+        A TrainingResult.
+
+    Raises:
+        UserError: the test split has no labels; `config.batch_size` does not divide over the
+            ranks or is more than the training split; `checkpoint_dir` holds a checkpoint and
+            `resume` is False, or holds a run trained day by day, or one that does not match
+            the model; `resume` without a `checkpoint_dir`; under Horovod, a source that cannot
+            tell its batches per epoch.
+        tfscale.errors.NonFiniteTraining: training stopped being finite (a UserError; see
+            tfscale.callbacks.NonFiniteGuard).
+
     Example:
         ```python
         source = tfscale.data.CriteoTSV("train.txt", hash_buckets=1_000_000)
         config = tfscale.training.TrainingConfig(batch_size=65536, epochs=5,
                                                  checkpoint_dir="run/checkpoints")
-        result = tfscale.training.train(model, source, config)  # model: compiled, takes the features
+        # model: compiled, takes the features
+        result = tfscale.training.train(model, source, config)
         ```
     """
     check_test_split_is_labelled(source)

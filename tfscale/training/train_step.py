@@ -52,17 +52,31 @@ class TrainStep:
 
     def compile(self, *args, jit_compile="auto", embedding_exchange=exchanges.DEFAULT,
                 embedding_staleness=0, **kwargs):
-        """keras.Model.compile, plus:
-
-        embedding_exchange: how the train step averages gradients over the Horovod ranks: a name
-            in tfscale.exchanges.EXCHANGES ("allgather", "dense", "topk", "gtopk") or an
-            EmbeddingExchange. The top-k exchanges sparsify even in a single process.
-        embedding_staleness: T >= 1 applies each step's embedding gradients T steps later,
-            exchanged while those steps compute (tfscale.exchanges.stale); 0: synchronous.
+        """keras.Model.compile, plus `embedding_exchange` and `embedding_staleness`.
 
         The step runs without XLA under Horovod and with exchanges that act in one process
         (their collectives and dynamic shapes have no XLA kernels; Keras's "auto" turns XLA on
-        when there is a GPU). Under horovodrun, `tfscale.distributed.init()` must have run."""
+        when there is a GPU). Under horovodrun, `tfscale.distributed.init()` must have run.
+
+        Args:
+            *args: keras.Model.compile's arguments (`optimizer`, `loss`, ...).
+            jit_compile: as keras.Model.compile's; turned off where the step cannot use XLA.
+            embedding_exchange: how the train step averages gradients over the Horovod ranks: a
+                name in tfscale.exchanges.EXCHANGES ("allgather", "dense", "topk", "gtopk") or
+                an EmbeddingExchange. The top-k exchanges sparsify even in a single process.
+            embedding_staleness: T >= 1 applies each step's embedding gradients T steps later,
+                exchanged while those steps compute (tfscale.exchanges.stale); 0: synchronous.
+            **kwargs: keras.Model.compile's other keyword arguments.
+
+        Raises:
+            UserError: under horovodrun before `tfscale.distributed.init()`;
+                `embedding_staleness` negative, or given with an exchange that cannot run stale
+                or with tables whose rows change hands (dynamic); an optimizer that clips by
+                per-id counts (CowClip) with an exchange that does not carry them; tables spread
+                over the ranks with a top-k exchange, or with an optimizer that would update
+                them whole.
+            ValueError: `embedding_exchange` names no exchange, or `jit_compile=True` under
+                Horovod, with a top-k exchange or with `embedding_staleness`."""
         distributed.require_started(f"compiling {type(self).__name__}")
         exchange = exchanges.get(embedding_exchange)
         staleness = int(embedding_staleness)
@@ -116,7 +130,10 @@ class TrainStep:
 
     def per_rank_variables(self):
         """{name: tf.Variable} of state that differs between ranks (the exchange's: top-k
-        residuals, staleness queues), for checkpoints; the model must be built."""
+        residuals, staleness queues), for checkpoints; the model must be built.
+
+        Returns:
+            A dict from name to tf.Variable."""
         named = {}
         for state in self._embedding_exchange.per_rank_states():
             state.build(self.trainable_variables)
@@ -126,7 +143,10 @@ class TrainStep:
     def summary_scalars(self):
         """{name: value} for TensorBoard: the unique-id rate of the last step's lookups, the
         exchange's scalars (bytes sent and received, exchange time, staleness) and those of
-        the model's layers that report any (a row-sharded FieldEmbedding's alltoall)."""
+        the model's layers that report any (a row-sharded FieldEmbedding's alltoall).
+
+        Returns:
+            A dict from scalar name to value."""
         return {**scalars_of(self._embedding_exchange, *self.layers),
                 **self._step_scalars.summary_scalars()}
 
@@ -287,7 +307,11 @@ class TrainStepModel(TrainStep, keras.Model):
 
     Not for functional construction: Keras builds `SomeModel(inputs, outputs)` by rewriting the
     base classes of SomeModel and of every class above it to Functional, which would turn every
-    other subclass of this class into a broken functional model. Use FunctionalTrainStepModel."""
+    other subclass of this class into a broken functional model. Use FunctionalTrainStepModel.
+
+    Raises:
+        TypeError: the class is called as `SomeModel(inputs, outputs)` (functional
+            construction)."""
 
     def __new__(cls, *args, **kwargs):
         if functional_init_arguments(args, kwargs):
