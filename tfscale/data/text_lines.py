@@ -36,7 +36,22 @@ BAD_LINE_POLICIES = ("error", "skip")  # a malformed line stops the run, or is s
 # or it is a malformed line like any other.
 SHORT_LINE_POLICIES = ("missing", "error")
 LAYOUT_SAMPLE_LINES = 1000  # a file's layout is told from its header or its first data lines
-_INTEGER_PATTERN = r"[+-]?[0-9]+"
+INT64_RANGE = "-9223372036854775808 to 9223372036854775807"
+
+
+def _at_most(limit):
+    """A regex of the decimal numbers with as many digits as `limit` that are at most `limit`."""
+    alternatives = [limit]
+    for i, digit in enumerate(limit):
+        if digit != "0":
+            alternatives.append(f"{limit[:i]}[0-{int(digit) - 1}][0-9]{{{len(limit) - i - 1}}}")
+    return "|".join(alternatives)
+
+
+_INTEGER_SYNTAX = r"[+-]?[0-9]+"
+# An integer in int64's range: up to 18 digits, or 19 up to the limit of its sign.
+INT64_PATTERN = (f"(?:\\+?0*(?:[0-9]{{1,18}}|{_at_most(str(2**63 - 1))})"
+                 f"|-0*(?:[0-9]{{1,18}}|{_at_most(str(2**63))}))")
 _SHOWN_VALUE_CHARS = 40  # a bad value is quoted in an error message up to this length
 
 
@@ -320,6 +335,7 @@ class LineParser:
         fields, found = split_fields(lines, self._format.delimiter, self._files.layout.num_fields)
         fields = Fields(fields, self._files.layout)
         bad = tf.logical_not(tf.strings.regex_full_match(lines, self._line_pattern))
+        bad |= tf.equal(tf.strings.length(lines), 0)  # not a row of missing values
         for check in self._format.extra_checks(fields):
             bad |= check.bad
         return fields, found, bad
@@ -331,6 +347,9 @@ class LineParser:
                 " (a line missing only trailing fields reads them as missing with "
                 "`on_short_line='missing'`)")
         checks = [Check(
+            tf.equal(tf.strings.length(fields.values[:, 0]), 0) & tf.equal(found, 1),
+            lambda row: tf.constant("the line is empty"),
+        ), Check(
             (found > expected) | (found < least),
             lambda row: tf.strings.join([
                 f"expected {expected} {fmt.delimiter_name}-separated fields, found ",
@@ -351,13 +370,18 @@ class LineParser:
 
     def _integer_check(self, dense):
         bad = is_present(dense) & tf.logical_not(
-            tf.strings.regex_full_match(dense, _INTEGER_PATTERN))
+            tf.strings.regex_full_match(dense, INT64_PATTERN))
         names = tf.constant(self._format.dense_names)
 
         def describe(row):
             column = tf.argmax(tf.cast(bad[row], tf.int32), output_type=tf.int32)
-            return tf.strings.join([names[column], " must be an integer, found ",
-                                    quoted(dense[row, column])])
+            value = dense[row, column]
+            beyond = tf.strings.regex_full_match(value, _INTEGER_SYNTAX)
+            return tf.strings.join([
+                names[column], tf.where(beyond, f" must be an integer in int64's range "
+                                                f"({INT64_RANGE}), found ",
+                                        " must be an integer, found "),
+                quoted(value)])
 
         return Check(tf.reduce_any(bad, axis=1), describe)
 
@@ -400,7 +424,7 @@ class LineParser:
 def well_formed_line_pattern(text_format, layout, min_fields=None):
     """The regex a well-formed line of `layout` matches in full (the same rules as
     LineParser._checks): its columns (at least the first `min_fields` of them, default all), the
-    label 0 or 1, integers empty or _INTEGER_PATTERN, any other field anything but the
+    label 0 or 1, integers empty or INT64_PATTERN, any other field anything but the
     delimiter."""
     delimiter = "\\t" if text_format.delimiter == "\t" else re.escape(text_format.delimiter)
 
@@ -408,7 +432,7 @@ def well_formed_line_pattern(text_format, layout, min_fields=None):
         if name == text_format.label_name:
             return "[01]"
         if name in text_format.dense_names:
-            return f"(?:{_INTEGER_PATTERN})?"
+            return f"{INT64_PATTERN}?"
         return f"[^{delimiter}]*"
 
     columns = [column(name) for name in layout.column_names]
