@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from tfscale.data import vocabulary as vocabulary_lib
 from tfscale.data.pipeline import without_autotuning
-from tfscale.data.preprocessing import Preprocessing, is_present
+from tfscale.data.preprocessing import is_present, source_preprocessing
 from tfscale.data.source import CTRSource
 from tfscale.errors import DATA_ERROR_MARKER, UserError
 
@@ -35,6 +35,7 @@ BAD_LINE_POLICIES = ("error", "skip")  # a malformed line stops the run, or is s
 # A line missing only trailing fields: those fields are read as missing (and the line counted),
 # or it is a malformed line like any other.
 SHORT_LINE_POLICIES = ("missing", "error")
+PARQUET_MAGIC = "PAR1"  # the first bytes of a Parquet file
 LAYOUT_SAMPLE_LINES = 1000  # a file's layout is told from its header or its first data lines
 INT64_RANGE = "-9223372036854775808 to 9223372036854775807"
 
@@ -128,6 +129,9 @@ class FileSet:
         layouts = []
         for path in self.paths:
             lines = read_first_lines(path, self.header_lines + LAYOUT_SAMPLE_LINES)
+            if lines and lines[0].startswith(PARQUET_MAGIC):
+                raise UserError(f"{path}: a Parquet file, not {text_format.name} text; read it "
+                                f"with tfscale.data.PARQUET_FORMATS[{text_format.name!r}]")
             if len(lines) <= self.header_lines:
                 raise UserError(f"{path}: the file has no data lines")
             layouts.append(text_format.layout(path, lines))
@@ -541,24 +545,14 @@ class DelimitedTextSource(CTRSource):
                  hash_buckets=None, dense_transform=None, preprocessing=None, shuffle_buffer=0,
                  seed=0, on_bad_line="error", on_short_line="missing", chunk_lines=CHUNK_LINES):
         fmt = self.FORMAT
-        if preprocessing is not None:
-            if (vocabulary, hash_buckets, dense_transform) != (None, None, None):
-                raise UserError("give either `preprocessing` or `vocabulary`, `hash_buckets` and "
-                                "`dense_transform` (which make one), not both")
-            if preprocessing.text_format is not fmt:
-                raise UserError(f"`preprocessing` reads {preprocessing.text_format.name} lines, "
-                                f"not {fmt.name} ones")
-        _check_bad_line_policy(on_bad_line)
+        check_bad_line_policy(on_bad_line)
         check_short_line_policy(on_short_line)
         self._train = FileSet(fmt, train_paths)
         if not self._train.has_labels:
             raise UserError(f"{self._train.paths[0]}: training files need the "
                             f"'{fmt.label_name}' column and this one has none (a test file?)")
         self._test = FileSet(fmt, test_paths) if test_paths is not None else None
-        if self._test is None and test_fraction is not None and not 0.0 <= test_fraction < 1.0:
-            raise UserError(f"test_fraction must be in [0, 1) or None, got {test_fraction}")
-        self._test_fraction = (None if self._test is not None or test_fraction is None
-                               else float(test_fraction))
+        self._test_fraction = held_out_fraction(test_paths, test_fraction)
         self._skip_bad_lines = on_bad_line == "skip"
         self.on_short_line = on_short_line
         self._shuffle_buffer = int(shuffle_buffer)
@@ -567,9 +561,9 @@ class DelimitedTextSource(CTRSource):
         # (FileSet, LineSelection) read with lines to count -> (bad, short) lines or None
         self._line_counts = {}
         self._train_rows_per_shard = {}  # num_shards -> train rows per shard
-        self.preprocessing = preprocessing or Preprocessing(
-            fmt, vocabulary=vocabulary, hash_buckets=hash_buckets,
-            dense_transform="log1p" if dense_transform is None else dense_transform)
+        self.preprocessing = source_preprocessing(fmt, preprocessing, vocabulary=vocabulary,
+                                                  hash_buckets=hash_buckets,
+                                                  dense_transform=dense_transform)
         self.schema = self.preprocessing.schema
 
     @property
@@ -723,7 +717,7 @@ class DelimitedTextSource(CTRSource):
         """Count categorical values and integer ranges in one streaming pass over `paths` (only
         the train side of the `test_fraction` split when given, as DelimitedTextSource splits
         them); `progress(lines counted)` is called now and then."""
-        _check_bad_line_policy(on_bad_line)
+        check_bad_line_policy(on_bad_line)
         check_short_line_policy(on_short_line)
         files = FileSet(cls.FORMAT, paths)
         parser = LineParser(cls.FORMAT, files, skip_bad_lines=on_bad_line == "skip",
@@ -735,7 +729,19 @@ class DelimitedTextSource(CTRSource):
             dense_names=cls.FORMAT.dense_names, min_count=min_count, progress=progress)
 
 
-def _check_bad_line_policy(on_bad_line):
+def held_out_fraction(test_paths, test_fraction):
+    """The fraction of the training rows a source holds out as its test split: None with
+    `test_paths` (or `test_fraction` None: no row held out), else `test_fraction`, which must be
+    in [0, 1)."""
+    if test_paths is not None or test_fraction is None:
+        return None
+    if not 0.0 <= test_fraction < 1.0:
+        raise UserError(f"test_fraction must be in [0, 1) or None, got {test_fraction}")
+    return float(test_fraction)
+
+
+def check_bad_line_policy(on_bad_line):
+    """UserError unless `on_bad_line` is one of BAD_LINE_POLICIES."""
     if on_bad_line not in BAD_LINE_POLICIES:
         raise UserError(f"`on_bad_line={on_bad_line!r}`: give one of {', '.join(BAD_LINE_POLICIES)}")
 
