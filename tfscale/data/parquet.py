@@ -11,8 +11,8 @@ Ranks: rank r of P reads the rows [r N / P, (r + 1) N / P) of the N rows of all 
 order, i.e. only the row groups overlapping that range, sliced at its ends; shards are even to a
 row whatever the row groups' sizes. The test split holds out rows by a fixed hash of (file,
 row number), as the text readers hold out lines, so rows converted in order from a text file
-without a header split exactly as its lines did. A file's rows are numbered from 1 (as lines are) and
-its row groups from 0 (as pyarrow numbers them).
+without a header split exactly as its lines did. A file's rows are numbered from 1 (as lines
+are) and its row groups from 0 (as pyarrow numbers them).
 """
 
 import dataclasses
@@ -173,8 +173,10 @@ class RowReader:
                     f"{DATA_ERROR_MARKER}{files.paths[row_range.file_index]} row "
                     f"{numbers[begin:end][selected][row]} (row group {row_range.group}): "
                     f"{problem}; fix the file, or skip such rows with `on_bad_line='skip'`")
+            if bad.any():
+                block, derived = block.rows(~bad), derived[~bad]
             bad_rows += int(bad.sum())
-            yield block.rows(~bad), derived[~bad], int(bad.sum())
+            yield block, derived, int(bad.sum())
         if self._skip_bad:
             self.bad_rows[side, row_range] = bad_rows
 
@@ -225,7 +227,7 @@ class RowReader:
         """The first `count` good rows on `side` (fewer when there are fewer) as lines: label
         (when the files have it), then integers, `derived_from` and categorical fields. Rows
         holding the delimiter or a line end in a text field, which no line can carry, are passed
-        over."""
+        over; a bad row among them stops as reading does, unless bad rows are skipped."""
         delimiter = self._format.delimiter
         lines = []
         for row_range in self.files.ranges():
