@@ -186,7 +186,8 @@ class RowReader:
         fmt = self._format
         if not fmt.derived_from:
             return np.zeros([len(block.labels), 0], np.int64)
-        fields = Fields(tf.constant(block.derived_from, tf.string),
+        texts = block.derived_from
+        fields = Fields(tf.gather(tf.constant(texts.values, tf.string), texts.indices),
                         LineLayout(tuple(fmt.derived_from)))
         for check in fmt.extra_checks(fields):
             block.problems.append(Problem(
@@ -195,14 +196,17 @@ class RowReader:
 
     def raw_blocks(self, side, ranges):
         """The raw columns text_lines.LineParser gives for lines (labels, dense, dense_present,
-        categorical, derived, bad_lines), one element per block of rows, as a tf.data.Dataset."""
+        categorical, derived, bad_lines), one element per block of rows, as a tf.data.Dataset:
+        arrays from the blocks, their categorical strings gathered from the block's distinct
+        values in a parallel map."""
         fmt = self._format
         dense = len(fmt.dense_names)
         signature = {
             "labels": tf.TensorSpec([None], tf.float32),
             "dense": tf.TensorSpec([None, dense], tf.float32),
             "dense_present": tf.TensorSpec([None, dense], tf.bool),
-            "categorical": tf.TensorSpec([None, len(fmt.categorical_names)], tf.string),
+            "categorical_values": tf.TensorSpec([None], tf.string),
+            "categorical_indices": tf.TensorSpec([None, len(fmt.categorical_names)], tf.int64),
             "derived": tf.TensorSpec([None, len(fmt.derived_fields)], tf.int64),
             "bad_lines": tf.TensorSpec([], tf.int64),
         }
@@ -211,10 +215,19 @@ class RowReader:
             for row_range in ranges:
                 for block, derived, bad_rows in self.blocks(side, row_range):
                     yield {"labels": block.labels, "dense": block.integers.astype(np.float32),
-                           "dense_present": block.present, "categorical": block.categorical,
+                           "dense_present": block.present,
+                           "categorical_values": block.categorical.values,
+                           "categorical_indices": block.categorical.indices,
                            "derived": derived, "bad_lines": np.int64(bad_rows)}
 
-        return tf.data.Dataset.from_generator(generate, output_signature=signature)
+        def gather(arrays):
+            raw = dict(arrays)
+            raw["categorical"] = tf.gather(raw.pop("categorical_values"),
+                                           raw.pop("categorical_indices"))
+            return raw
+
+        return tf.data.Dataset.from_generator(generate, output_signature=signature).map(
+            gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
     def rows_in(self, side, row_range):
         """The rows of `row_range` a pass reads: those on `side`, less the bad ones when they
@@ -232,7 +245,8 @@ class RowReader:
         lines = []
         for row_range in self.files.ranges():
             for block, _, _ in self.blocks(side, row_range):
-                texts = np.concatenate([block.derived_from, block.categorical], axis=1)
+                texts = np.concatenate([block.derived_from.strings(),
+                                        block.categorical.strings()], axis=1)
                 for row in range(len(block.labels)):
                     if any(delimiter.encode() in text or b"\n" in text for text in texts[row]):
                         continue

@@ -130,18 +130,32 @@ class Problem:
 
 
 @dataclasses.dataclass
+class Texts:
+    """Text columns of a block of rows as the distinct values of each column (bytes, object
+    [U], b"" first: the missing value) and each row's value of each column, an index into them
+    (int64 [n, K]). Only a block's distinct values become Python (and TensorFlow) strings, a
+    fraction of its values in click logs."""
+
+    values: np.ndarray
+    indices: np.ndarray
+
+    def strings(self):
+        """object [n, K] of bytes."""
+        return self.values[self.indices]
+
+
+@dataclasses.dataclass
 class CheckedRows:
     """A block of rows as arrays (bad rows still in), and the problems found in them.
 
     labels float32 [n] (0 for a file without labels), integers int64 [n, D] (0 where missing or
-    bad), present bool [n, D], derived_from and categorical object arrays of bytes [n, K] and
-    [n, C] (b"" where missing)."""
+    bad), present bool [n, D], derived_from and categorical: Texts of K and C columns."""
 
     labels: np.ndarray
     integers: np.ndarray
     present: np.ndarray
-    derived_from: np.ndarray
-    categorical: np.ndarray
+    derived_from: Texts
+    categorical: Texts
     problems: list
 
     def bad(self):
@@ -158,8 +172,10 @@ class CheckedRows:
 
     def rows(self, keep):
         """The rows where `keep` (bool [n]) holds, without the problems."""
-        return CheckedRows(self.labels[keep], self.integers[keep], self.present[keep],
-                           self.derived_from[keep], self.categorical[keep], [])
+        return CheckedRows(
+            self.labels[keep], self.integers[keep], self.present[keep],
+            Texts(self.derived_from.values, self.derived_from.indices[keep]),
+            Texts(self.categorical.values, self.categorical.indices[keep]), [])
 
 
 def check_rows(table, column_map, has_labels):
@@ -195,8 +211,15 @@ def _stacked(columns, rows, dtype):
 
 
 def _texts(table, column_map, names):
-    columns = [_text(table.column(column_map.column[name])) for name in names]
-    return np.stack(columns, axis=1) if columns else np.zeros([table.num_rows, 0], object)
+    """The Texts of the columns holding the fields `names`."""
+    values, indices, start = [np.array([b""], object)], [], 1
+    for name in names:
+        encoded = pc.dictionary_encode(_binary(table.column(column_map.column[name])))
+        values.append(_numpy(encoded.dictionary))
+        indices.append(_numpy(pc.fill_null(pc.add(encoded.indices.cast(pa.int64()), start), 0)))
+        start += len(encoded.dictionary)
+    return Texts(np.concatenate(values),
+                 _stacked(indices, table.num_rows, np.int64))
 
 
 def _numpy(array):
@@ -254,13 +277,13 @@ def _integers(column, name):
     return _numpy(integers), _numpy(present), Problem(_numpy(bad), describe)
 
 
-def _text(column):
-    """object [n] of bytes of a categorical column (integers as decimal text, b"" where
-    missing)."""
+def _binary(column):
+    """A text column as one binary Array (integers as their decimal text)."""
     arrow_type = column.type
     if pa.types.is_dictionary(arrow_type):
         arrow_type = arrow_type.value_type
         column = pc.cast(column, arrow_type)
     if pa.types.is_integer(arrow_type):
         column = pc.cast(column, pa.string())
-    return _numpy(pc.fill_null(pc.cast(column, pa.binary()), b""))
+    column = pc.cast(column, pa.binary())
+    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column

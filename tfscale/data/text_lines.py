@@ -264,7 +264,8 @@ class TextFormat:
         return tuple(self.dense_names) + derived_from + tuple(self.categorical_names)
 
     def extra_checks(self, fields):
-        """Checks beyond field count, label and integers (list of Check)."""
+        """Checks beyond field count, label and integers (list of Check). The Parquet readers
+        give them (and derived_ids) Fields of the `derived_from` columns only."""
         return []
 
     def derived_ids(self, fields):
