@@ -284,9 +284,10 @@ class ParquetSource(CTRSource):
         with a data error naming file, row, row group and column; "skip" drops bad rows and
         counts them (see bad_line_count).
       chunk_rows: rows checked and converted together.
-      test_fraction, vocabulary, hash_buckets, dense_transform, preprocessing, shuffle_buffer,
-        seed: as DelimitedTextSource takes them (shuffle_buffer shuffles the order of the row
-        groups each epoch, then rows within windows of this many rows).
+
+    `test_fraction`, `vocabulary`, `hash_buckets`, `dense_transform`, `preprocessing`,
+    `shuffle_buffer` and `seed` are DelimitedTextSource's (`shuffle_buffer` shuffles the order of
+    the row groups each epoch, then rows within windows of that many rows).
 
     Example:
         ```python
