@@ -9,6 +9,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import tensorflow as tf
 
 from tests.test_avazu import avazu_line
 from tests.test_avazu import write as write_avazu
@@ -296,3 +297,29 @@ def test_every_text_format_has_a_parquet_reader_of_its_format():
 
     assert set(PARQUET_FORMATS) == set(FILE_FORMATS)
     assert all(PARQUET_FORMATS[name].FORMAT is FILE_FORMATS[name].FORMAT for name in FILE_FORMATS)
+
+
+@pytest.mark.parametrize("data", ["criteo", "avazu"])
+def test_the_test_rows_as_lines_score_as_the_rows(tmp_path, data):
+    """What a run records and serves: its test rows written as lines of `train_layout`
+    (tfscale.serving.export's score_lines parses them) get the scores of the rows themselves."""
+    import models
+    from tfscale.serving.export import RawInputs, RawScorer
+
+    if data == "criteo":
+        path = write_parquet(tmp_path / "rows.parquet", criteo_table(
+            numbered_lines(60) + HAND_LINES))
+    else:
+        path = str(tmp_path / "rows.parquet")
+        pd.DataFrame({"click": [i % 2 for i in range(60)],
+                      "hour": [14102100 + i % 24 for i in range(60)],
+                      **{name: [f"{name}-{i % 7}" for i in range(60)]
+                         for name in AvazuCSV.FORMAT.categorical_names}}).to_parquet(path)
+    source = PARQUET_FORMATS[data](path, test_fraction=0.3, hash_buckets=40)
+    model = models.build_model("deepfm", source.schema, embedding_dim=4, hidden_units=[8])
+    features, _ = next(iter(source.test_batches(1000)))
+    lines = source.test_lines(1000)
+    assert len(lines) == features["dense"].shape[0] > 5
+    scorer = RawScorer(model, source.preprocessing, RawInputs(source.FORMAT, source.train_layout))
+    np.testing.assert_allclose(scorer.lines(tf.constant(lines)).numpy(),
+                               np.reshape(model(features, training=False), [-1]), atol=1e-6)
