@@ -17,15 +17,17 @@ setup(
         "absl-py>=2.0,<3",
         "tensorboard==2.21.0",
         "numpy>=1.26",
+        # Parquet input (tfscale.data.parquet): what Spark, BigQuery and NVTabular hand over.
+        "pyarrow>=16",
     ],
     extras_require={
         # torch 2.13.0 is the CPU build the machine image carries; came-pytorch is CAME's
         # reference implementation, used only by tests/test_came_parity.py; pytest-xdist runs
         # the suite in two workers (`make test`); MkDocs, its Material theme and mkdocstrings
         # build the documentation site, which tests/test_docs.py builds with warnings as errors
-        # (`make docs`).
+        # (`make docs`); pandas writes Parquet files as its users do (tests/test_parquet.py).
         "test": ["pytest>=8", "pytest-xdist>=3.5", "scikit-learn>=1.4", "torch==2.13.0",
-                 "came-pytorch==0.1.3", "mkdocs==1.6.1", "mkdocs-material==9.8.1",
+                 "pandas>=2.2", "came-pytorch==0.1.3", "mkdocs==1.6.1", "mkdocs-material==9.8.1",
                  "mkdocstrings[python]==1.0.8", "mkdocstrings-python==2.0.11"],
         "bench": ["matplotlib>=3.8"],
     },

@@ -54,7 +54,7 @@ def measure():
     import keras
 
     import models
-    from benchmarks.timing import machine_description
+    from benchmarks.timing import cpu_flags, machine_description
     from tfscale import distributed
     from tfscale.data.synthetic import SyntheticCTR
     from tfscale.embedding.dynamic import DynamicTables
@@ -104,13 +104,6 @@ def measure():
         "steps": FLAGS.steps, "machine": machine_description(), "cpu_flags": cpu_flags(),
         "date": time.strftime("%Y-%m-%d"), "note": FLAGS.note,
     }
-
-
-def cpu_flags():
-    """The CPU's vector and matrix flags (lscpu), as the results page quotes them."""
-    listed = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    flags_line = next((line for line in listed.splitlines() if line.startswith("Flags:")), "")
-    return " ".join(f for f in flags_line.split()[1:] if f.startswith(("avx", "amx", "fma")))
 
 
 def run_one():

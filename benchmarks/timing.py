@@ -1,10 +1,11 @@
 """Timing a model's training steps from inside `model.fit`, the machine line every benchmark
-prints, the CPU time other processes took meanwhile, and the start of the benchmarks that run
+prints (and its CPU flags), the CPU time other processes took meanwhile, and the start of the benchmarks that run
 under horovodrun."""
 
 import os
 import pathlib
 import platform
+import subprocess
 import time
 
 import keras
@@ -19,6 +20,13 @@ def machine_description():
                        if line.startswith("model name")), platform.machine())
     return (f"{model_name}, {os.cpu_count()} cores (shared with other work), Python "
             f"{platform.python_version()}, TensorFlow {tf.__version__}, Keras {keras.__version__}")
+
+
+def cpu_flags():
+    """The CPU's vector and matrix flags (lscpu), as the results pages quote them."""
+    listed = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    flags_line = next((line for line in listed.splitlines() if line.startswith("Flags:")), "")
+    return " ".join(f for f in flags_line.split()[1:] if f.startswith(("avx", "amx", "fma")))
 
 
 def machine_busy_seconds():

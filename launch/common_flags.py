@@ -7,7 +7,7 @@ import time
 from absl import flags
 
 import models
-from tfscale.data import FILE_FORMATS
+from tfscale.data import FILE_FORMATS, PARQUET_FORMATS
 from tfscale.data.preprocessing import DENSE_TRANSFORMS
 from tfscale.data.text_lines import BAD_LINE_POLICIES, SHORT_LINE_POLICIES
 
@@ -17,17 +17,24 @@ FLAGS = flags.FLAGS
 flags.DEFINE_enum("data", "synthetic", ["synthetic", "drifting", *FILE_FORMATS],
                   "Data set: the built-in synthetic Criteo-like stream, its drifting variant (days "
                   "whose ids are born and fade; with --progressive), Criteo Kaggle TSV files or "
-                  "Avazu CSV files (the last two need --train_path).")
+                  "Avazu CSV files, or Parquet files of their columns (the last two need "
+                  "--train_path).")
 flags.DEFINE_integer("train_rows", 4_000_000, "Synthetic data: training rows.", lower_bound=1)
 flags.DEFINE_integer("test_rows", 200_000, "Synthetic data: test rows.", lower_bound=1)
 flags.DEFINE_float("synthetic_vocabulary_scale", 1 / 20,
                    "Synthetic and drifting data: Criteo's large field cardinalities are "
                    "multiplied by this.",
                    lower_bound=1e-6, upper_bound=1.0)
-flags.DEFINE_list("train_path", [], "Criteo/Avazu: training files or globs (.gz read as gzip).")
+flags.DEFINE_list("train_path", [],
+                  "Criteo/Avazu: training files or globs: text (.gz read as gzip), or Parquet "
+                  "files (told by their first bytes, whatever their names).")
 flags.DEFINE_list("test_path", [],
                   "Criteo/Avazu: labelled test files or globs. Without it, --test_fraction of the "
                   "training lines (chosen by line number) are held out as the test split.")
+flags.DEFINE_list("parquet_columns", [],
+                  "Parquet files: FIELD=COLUMN pairs for the fields whose column has another "
+                  "name, e.g. label=click,I1=int_1 (other fields are read from the column of "
+                  "their own name).")
 flags.DEFINE_float("test_fraction", 0.1, "Held-out fraction when there is no --test_path.",
                    lower_bound=0.0, upper_bound=0.9)
 flags.DEFINE_enum("categorical_encoding", "vocabulary",
@@ -254,14 +261,55 @@ def file_preprocessing(recorded, counted_paths, test_fraction):
                          dense_transform=FLAGS.integer_transform)
 
 
+def file_reader(paths, flag="--train_path"):
+    """The reader class of --data's files `paths` (given by `flag`): its Parquet reader, with
+    --parquet_columns, when they are Parquet files, told by their first bytes (Spark, BigQuery
+    and NVTabular name them variously); else its text reader."""
+    from tfscale.data.parquet import is_parquet
+    from tfscale.data.text_lines import resolve_paths
+    from tfscale.errors import UserError
+
+    kinds = {is_parquet(path) for path in resolve_paths(paths)}
+    if len(kinds) > 1:
+        raise UserError(f"{flag}={','.join(paths)}: some files are Parquet and some text; give "
+                        "files of one kind")
+    columns = parquet_columns()
+    if kinds == {True}:
+        return PARQUET_FORMATS[FLAGS.data].with_columns(columns)
+    if columns:
+        raise UserError(f"--parquet_columns names columns of Parquet files, and {flag}'s files "
+                        "are text")
+    return FILE_FORMATS[FLAGS.data]
+
+
+def parquet_columns():
+    """--parquet_columns as {field: column}."""
+    from tfscale.errors import UserError
+
+    pairs = [pair.split("=", 1) for pair in FLAGS.parquet_columns]
+    if any(len(pair) != 2 or not all(part.strip() for part in pair) for pair in pairs):
+        raise UserError(f"--parquet_columns={','.join(FLAGS.parquet_columns)}: give "
+                        "FIELD=COLUMN pairs, e.g. label=click,I1=int_1")
+    return {field.strip(): column.strip() for field, column in pairs}
+
+
 def file_source(train_paths, test_paths, preprocessing, test_fraction):
     """The --data file source of `train_paths` and `test_paths` (None: `test_fraction` of the
     training lines held out, or with `test_fraction` None, none: the test split is the train
     split) encoded by `preprocessing`, read as the data flags say."""
-    return FILE_FORMATS[FLAGS.data](
+    from tfscale.data.parquet import ParquetSource
+    from tfscale.errors import UserError
+
+    reader = file_reader(train_paths)
+    parquet = issubclass(reader, ParquetSource)
+    if test_paths and issubclass(file_reader(test_paths, "--test_path"), ParquetSource) != parquet:
+        raise UserError(f"--test_path's files are {'text' if parquet else 'Parquet'} and "
+                        f"--train_path's {'Parquet' if parquet else 'text'}: give both of one kind")
+    text_options = {} if parquet else {"on_short_line": FLAGS.on_short_line}
+    return reader(
         train_paths, test_paths, test_fraction=test_fraction, preprocessing=preprocessing,
         shuffle_buffer=FLAGS.shuffle_buffer, seed=FLAGS.seed, on_bad_line=FLAGS.on_bad_line,
-        on_short_line=FLAGS.on_short_line)
+        **text_options)
 
 
 def _automatic_vocabulary(paths, test_fraction):
@@ -272,7 +320,7 @@ def _automatic_vocabulary(paths, test_fraction):
 
     def build():
         return cached_vocabulary(
-            FILE_FORMATS[FLAGS.data], paths, min_count=FLAGS.vocabulary_min_count,
+            file_reader(paths), paths, min_count=FLAGS.vocabulary_min_count,
             test_fraction=test_fraction, on_bad_line=FLAGS.on_bad_line,
             on_short_line=FLAGS.on_short_line, cache_dir=FLAGS.vocabulary_cache_dir,
             print_fn=lambda line: print(line, flush=True))

@@ -14,6 +14,7 @@ ARGUMENT_FLAGS = {
     "batch_size": "batch_size",
     "capacity": "dynamic_capacity",
     "checkpoint_dir": "checkpoint_dir",
+    "columns": "parquet_columns",
     "deduplicate": "dedup_ids",
     "dense_transform": "integer_transform",
     "embedding_exchange": "embedding_comm",

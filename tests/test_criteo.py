@@ -142,6 +142,13 @@ def test_training_file_without_labels_is_a_user_error(tmp_path):
      "I5 must be an integer, found 'x7'"),
     (criteo_line(1, [1] * 12 + ["2.5"], ["a"] * 26), "I13 must be an integer, found '2.5'"),
     (criteo_line(2, [1] * 13, ["a"] * 26), "label must be 0 or 1, found '2'"),
+    (criteo_line(1, ["99999999999999999999999"] + [1] * 12, ["a"] * 26),
+     "I1 must be an integer in int64's range (-9223372036854775808 to 9223372036854775807), "
+     "found '99999999999999999999999'"),
+    (criteo_line(1, [1] * 12 + ["-9223372036854775809"], ["a"] * 26),
+     "I13 must be an integer in int64's range (-9223372036854775808 to 9223372036854775807), "
+     "found '-9223372036854775809'"),
+    ("", "the line is empty"),
 ])
 def test_malformed_line_names_file_and_line(tmp_path, bad_line, problem):
     lines = numbered_lines(20)
@@ -149,6 +156,37 @@ def test_malformed_line_names_file_and_line(tmp_path, bad_line, problem):
     path = write(tmp_path / "train.txt", lines)
     source = CriteoTSV(path, tmp_path / "train.txt", chunk_lines=8)
     assert data_error(source.train_batches(4)) == f"{path} line 17: {problem}"
+
+
+def test_integers_at_int64s_limits_are_read(tmp_path):
+    """The ends of int64's range (and leading zeros) are integers; one past them is not."""
+    edges = ["9223372036854775807", "-9223372036854775808", "+0009223372036854775807", "-0"]
+    path = write(tmp_path / "train.txt", [criteo_line(1, edges + [1] * 9, ["a"] * 26)])
+    dense, _, _ = collect(CriteoTSV(path, test_fraction=0.0).train_batches(1))
+    expected = np.float32(np.log1p(2.0**63))
+    np.testing.assert_allclose(dense[0, :4], [expected, -expected, expected, 0.0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("bad_line", [
+    criteo_line(1, ["9223372036854775808"] + [1] * 12, ["a"] * 26), ""])
+def test_skip_mode_drops_and_counts_integers_beyond_int64_and_empty_lines(tmp_path, bad_line):
+    lines = numbered_lines(10)
+    lines[4] = bad_line
+    path = write(tmp_path / "train.txt", lines)
+    source = CriteoTSV(path, test_fraction=0.0, on_bad_line="skip", chunk_lines=4)
+    dense, _, _ = collect(source.train_batches(1))
+    assert row_ids(dense) == [0, 1, 2, 3, 5, 6, 7, 8, 9]
+    assert source.bad_line_count() == 1
+
+
+def test_empty_line_of_a_file_without_labels_is_refused(tmp_path):
+    """Without a label column an empty line would otherwise read as a row of missing values."""
+    train = write(tmp_path / "train.txt", numbered_lines(8))
+    lines = numbered_lines(8, label=False)
+    lines[5] = ""
+    test = write(tmp_path / "test.txt", lines)
+    source = CriteoTSV(train, test, hash_buckets=100)
+    assert data_error(source.test_batches(3)) == f"{test} line 6: the line is empty"
 
 
 def test_first_bad_line_is_reported(tmp_path):

@@ -188,7 +188,8 @@ PUBLIC = {"tfscale": "tfscale", "tfscale.optimizers": "optimizers",
           "tfscale.exchanges": "exchanges", "tfscale.distributed": "distributed",
           "tfscale.training": "training", "tfscale.serving": "serving"}
 # Modules without `__all__`: their public names, as their docstrings name them.
-NAMED = {"tfscale.data": ("rank_batches", "CriteoTSV", "AvazuCSV", "FILE_FORMATS"),
+NAMED = {"tfscale.data": ("rank_batches", "CriteoTSV", "AvazuCSV", "FILE_FORMATS",
+                          "CriteoParquet", "AvazuParquet", "PARQUET_FORMATS"),
          "tfscale.callbacks": ("CatchUpRows", "Checkpoint", "TrainingMonitor",
                                "PeriodicCheckpoint", "StopAfterSteps", "NonFiniteGuard")}
 PUBLIC.update({"tfscale.data": "data", "tfscale.callbacks": "callbacks"})

@@ -4,11 +4,13 @@ Owns what an Avazu line is: a header names the columns (id, click, hour, C1, ban
 app_*, device_*, C14..C21); `id` is dropped unparsed (it does not fit in int64); `hour`, YYMMDDHH,
 becomes two categorical fields with exact ids, hour of day and day of week; every other column is
 categorical. No dense features. Test files may lack `click`. Fields are split on commas (the data
-has no quoting). Reading, checking, encoding and splitting are in text_lines.
+has no quoting). Reading, checking, encoding and splitting are in text_lines (and for Parquet
+files of the same columns, parquet).
 """
 
 import tensorflow as tf
 
+from tfscale.data.parquet import ParquetSource
 from tfscale.data.text_lines import Check, DelimitedTextSource, LineLayout, TextFormat, quoted
 from tfscale.errors import UserError
 
@@ -131,3 +133,18 @@ class AvazuCSV(DelimitedTextSource):
     """
 
     FORMAT = AvazuFormat()
+
+
+class AvazuParquet(ParquetSource):
+    """Avazu rows in Parquet files as a CTRSource: columns click, hour (YYMMDDHH as text or an
+    integer) and C1..C21 (or the names `columns` maps them to; `id` is not read), encoded as
+    AvazuCSV encodes lines (see ParquetSource for every option).
+
+    Example:
+        ```python
+        source = tfscale.data.AvazuParquet("avazu.parquet", hash_buckets=1_000_000)
+        train = tfscale.data.rank_batches(source, 65536)
+        ```
+    """
+
+    FORMAT = AvazuCSV.FORMAT

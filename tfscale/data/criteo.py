@@ -2,9 +2,11 @@
 
 Owns what a Criteo line is: tab-separated label, 13 integer features I1..I13 and 26 categorical
 features C1..C26 (8-hex-digit strings), an empty field being a missing value; test files have no
-label column (39 fields). Reading, checking, encoding and splitting are in text_lines.
+label column (39 fields). Reading, checking, encoding and splitting are in text_lines (and for
+Parquet files of the same fields, parquet).
 """
 
+from tfscale.data.parquet import ParquetSource
 from tfscale.data.text_lines import DelimitedTextSource, LineLayout, TextFormat
 from tfscale.errors import UserError
 
@@ -86,3 +88,19 @@ class CriteoTSV(DelimitedTextSource):
     """
 
     FORMAT = CriteoFormat()
+
+
+class CriteoParquet(ParquetSource):
+    """Criteo rows in Parquet files as a CTRSource: columns label, I1..I13 and C1..C26 (or the
+    names `columns` maps them to), encoded as CriteoTSV encodes lines (see ParquetSource for
+    every option).
+
+    Example:
+        ```python
+        source = tfscale.data.CriteoParquet(
+            "day_0/part-*.parquet", columns={"label": "clicked"}, hash_buckets=1_000_000)
+        features, labels = next(iter(source.train_batches(1024)))
+        ```
+    """
+
+    FORMAT = CriteoTSV.FORMAT

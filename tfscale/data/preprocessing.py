@@ -171,3 +171,21 @@ class Preprocessing:
                        dense_transform=config["dense_transform"])
         return cls(text_format, vocabulary=os.path.join(directory, encoding["file"]),
                    dense_transform=config["dense_transform"])
+
+
+def source_preprocessing(text_format, preprocessing=None, *, vocabulary=None, hash_buckets=None,
+                         dense_transform=None):
+    """The Preprocessing a data source of `text_format` encodes with: `preprocessing` as given
+    (it must read `text_format`, and the other three arguments be unset), or one made from
+    `vocabulary`, `hash_buckets` and `dense_transform` (default "log1p")."""
+    if preprocessing is None:
+        return Preprocessing(text_format, vocabulary=vocabulary, hash_buckets=hash_buckets,
+                             dense_transform="log1p" if dense_transform is None
+                             else dense_transform)
+    if (vocabulary, hash_buckets, dense_transform) != (None, None, None):
+        raise UserError("give either `preprocessing` or `vocabulary`, `hash_buckets` and "
+                        "`dense_transform` (which make one), not both")
+    if preprocessing.text_format is not text_format:
+        raise UserError(f"`preprocessing` reads {preprocessing.text_format.name} data, not "
+                        f"{text_format.name}")
+    return preprocessing

@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from tfscale.data import vocabulary as vocabulary_lib
 from tfscale.data.pipeline import without_autotuning
-from tfscale.data.preprocessing import Preprocessing, is_present
+from tfscale.data.preprocessing import is_present, source_preprocessing
 from tfscale.data.source import CTRSource
 from tfscale.errors import DATA_ERROR_MARKER, UserError
 
@@ -35,8 +35,24 @@ BAD_LINE_POLICIES = ("error", "skip")  # a malformed line stops the run, or is s
 # A line missing only trailing fields: those fields are read as missing (and the line counted),
 # or it is a malformed line like any other.
 SHORT_LINE_POLICIES = ("missing", "error")
+PARQUET_MAGIC = "PAR1"  # the first bytes of a Parquet file
 LAYOUT_SAMPLE_LINES = 1000  # a file's layout is told from its header or its first data lines
-_INTEGER_PATTERN = r"[+-]?[0-9]+"
+INT64_RANGE = "-9223372036854775808 to 9223372036854775807"
+
+
+def _at_most(limit):
+    """A regex of the decimal numbers with as many digits as `limit` that are at most `limit`."""
+    alternatives = [limit]
+    for i, digit in enumerate(limit):
+        if digit != "0":
+            alternatives.append(f"{limit[:i]}[0-{int(digit) - 1}][0-9]{{{len(limit) - i - 1}}}")
+    return "|".join(alternatives)
+
+
+_INTEGER_SYNTAX = r"[+-]?[0-9]+"
+# An integer in int64's range: up to 18 digits, or 19 up to the limit of its sign.
+INT64_PATTERN = (f"(?:\\+?0*(?:[0-9]{{1,18}}|{_at_most(str(2**63 - 1))})"
+                 f"|-0*(?:[0-9]{{1,18}}|{_at_most(str(2**63))}))")
 _SHOWN_VALUE_CHARS = 40  # a bad value is quoted in an error message up to this length
 
 
@@ -113,6 +129,9 @@ class FileSet:
         layouts = []
         for path in self.paths:
             lines = read_first_lines(path, self.header_lines + LAYOUT_SAMPLE_LINES)
+            if lines and lines[0].startswith(PARQUET_MAGIC):
+                raise UserError(f"{path}: a Parquet file, not {text_format.name} text; read it "
+                                f"with tfscale.data.PARQUET_FORMATS[{text_format.name!r}]")
             if len(lines) <= self.header_lines:
                 raise UserError(f"{path}: the file has no data lines")
             layouts.append(text_format.layout(path, lines))
@@ -245,7 +264,8 @@ class TextFormat:
         return tuple(self.dense_names) + derived_from + tuple(self.categorical_names)
 
     def extra_checks(self, fields):
-        """Checks beyond field count, label and integers (list of Check)."""
+        """Checks beyond field count, label and integers (list of Check). The Parquet readers
+        give them (and derived_ids) Fields of the `derived_from` columns only."""
         return []
 
     def derived_ids(self, fields):
@@ -320,6 +340,7 @@ class LineParser:
         fields, found = split_fields(lines, self._format.delimiter, self._files.layout.num_fields)
         fields = Fields(fields, self._files.layout)
         bad = tf.logical_not(tf.strings.regex_full_match(lines, self._line_pattern))
+        bad |= tf.equal(tf.strings.length(lines), 0)  # not a row of missing values
         for check in self._format.extra_checks(fields):
             bad |= check.bad
         return fields, found, bad
@@ -331,6 +352,9 @@ class LineParser:
                 " (a line missing only trailing fields reads them as missing with "
                 "`on_short_line='missing'`)")
         checks = [Check(
+            tf.equal(tf.strings.length(fields.values[:, 0]), 0) & tf.equal(found, 1),
+            lambda row: tf.constant("the line is empty"),
+        ), Check(
             (found > expected) | (found < least),
             lambda row: tf.strings.join([
                 f"expected {expected} {fmt.delimiter_name}-separated fields, found ",
@@ -351,13 +375,18 @@ class LineParser:
 
     def _integer_check(self, dense):
         bad = is_present(dense) & tf.logical_not(
-            tf.strings.regex_full_match(dense, _INTEGER_PATTERN))
+            tf.strings.regex_full_match(dense, INT64_PATTERN))
         names = tf.constant(self._format.dense_names)
 
         def describe(row):
             column = tf.argmax(tf.cast(bad[row], tf.int32), output_type=tf.int32)
-            return tf.strings.join([names[column], " must be an integer, found ",
-                                    quoted(dense[row, column])])
+            value = dense[row, column]
+            beyond = tf.strings.regex_full_match(value, _INTEGER_SYNTAX)
+            return tf.strings.join([
+                names[column], tf.where(beyond, f" must be an integer in int64's range "
+                                                f"({INT64_RANGE}), found ",
+                                        " must be an integer, found "),
+                quoted(value)])
 
         return Check(tf.reduce_any(bad, axis=1), describe)
 
@@ -400,7 +429,7 @@ class LineParser:
 def well_formed_line_pattern(text_format, layout, min_fields=None):
     """The regex a well-formed line of `layout` matches in full (the same rules as
     LineParser._checks): its columns (at least the first `min_fields` of them, default all), the
-    label 0 or 1, integers empty or _INTEGER_PATTERN, any other field anything but the
+    label 0 or 1, integers empty or INT64_PATTERN, any other field anything but the
     delimiter."""
     delimiter = "\\t" if text_format.delimiter == "\t" else re.escape(text_format.delimiter)
 
@@ -408,7 +437,7 @@ def well_formed_line_pattern(text_format, layout, min_fields=None):
         if name == text_format.label_name:
             return "[01]"
         if name in text_format.dense_names:
-            return f"(?:{_INTEGER_PATTERN})?"
+            return f"{INT64_PATTERN}?"
         return f"[^{delimiter}]*"
 
     columns = [column(name) for name in layout.column_names]
@@ -518,24 +547,14 @@ class DelimitedTextSource(CTRSource):
                  hash_buckets=None, dense_transform=None, preprocessing=None, shuffle_buffer=0,
                  seed=0, on_bad_line="error", on_short_line="missing", chunk_lines=CHUNK_LINES):
         fmt = self.FORMAT
-        if preprocessing is not None:
-            if (vocabulary, hash_buckets, dense_transform) != (None, None, None):
-                raise UserError("give either `preprocessing` or `vocabulary`, `hash_buckets` and "
-                                "`dense_transform` (which make one), not both")
-            if preprocessing.text_format is not fmt:
-                raise UserError(f"`preprocessing` reads {preprocessing.text_format.name} lines, "
-                                f"not {fmt.name} ones")
-        _check_bad_line_policy(on_bad_line)
+        check_bad_line_policy(on_bad_line)
         check_short_line_policy(on_short_line)
         self._train = FileSet(fmt, train_paths)
         if not self._train.has_labels:
             raise UserError(f"{self._train.paths[0]}: training files need the "
                             f"'{fmt.label_name}' column and this one has none (a test file?)")
         self._test = FileSet(fmt, test_paths) if test_paths is not None else None
-        if self._test is None and test_fraction is not None and not 0.0 <= test_fraction < 1.0:
-            raise UserError(f"test_fraction must be in [0, 1) or None, got {test_fraction}")
-        self._test_fraction = (None if self._test is not None or test_fraction is None
-                               else float(test_fraction))
+        self._test_fraction = held_out_fraction(test_paths, test_fraction)
         self._skip_bad_lines = on_bad_line == "skip"
         self.on_short_line = on_short_line
         self._shuffle_buffer = int(shuffle_buffer)
@@ -544,9 +563,9 @@ class DelimitedTextSource(CTRSource):
         # (FileSet, LineSelection) read with lines to count -> (bad, short) lines or None
         self._line_counts = {}
         self._train_rows_per_shard = {}  # num_shards -> train rows per shard
-        self.preprocessing = preprocessing or Preprocessing(
-            fmt, vocabulary=vocabulary, hash_buckets=hash_buckets,
-            dense_transform="log1p" if dense_transform is None else dense_transform)
+        self.preprocessing = source_preprocessing(fmt, preprocessing, vocabulary=vocabulary,
+                                                  hash_buckets=hash_buckets,
+                                                  dense_transform=dense_transform)
         self.schema = self.preprocessing.schema
 
     @property
@@ -700,7 +719,7 @@ class DelimitedTextSource(CTRSource):
         """Count categorical values and integer ranges in one streaming pass over `paths` (only
         the train side of the `test_fraction` split when given, as DelimitedTextSource splits
         them); `progress(lines counted)` is called now and then."""
-        _check_bad_line_policy(on_bad_line)
+        check_bad_line_policy(on_bad_line)
         check_short_line_policy(on_short_line)
         files = FileSet(cls.FORMAT, paths)
         parser = LineParser(cls.FORMAT, files, skip_bad_lines=on_bad_line == "skip",
@@ -712,7 +731,19 @@ class DelimitedTextSource(CTRSource):
             dense_names=cls.FORMAT.dense_names, min_count=min_count, progress=progress)
 
 
-def _check_bad_line_policy(on_bad_line):
+def held_out_fraction(test_paths, test_fraction):
+    """The fraction of the training rows a source holds out as its test split: None with
+    `test_paths` (or `test_fraction` None: no row held out), else `test_fraction`, which must be
+    in [0, 1)."""
+    if test_paths is not None or test_fraction is None:
+        return None
+    if not 0.0 <= test_fraction < 1.0:
+        raise UserError(f"test_fraction must be in [0, 1) or None, got {test_fraction}")
+    return float(test_fraction)
+
+
+def check_bad_line_policy(on_bad_line):
+    """UserError unless `on_bad_line` is one of BAD_LINE_POLICIES."""
     if on_bad_line not in BAD_LINE_POLICIES:
         raise UserError(f"`on_bad_line={on_bad_line!r}`: give one of {', '.join(BAD_LINE_POLICIES)}")
 

@@ -3,7 +3,8 @@ files is trained on, cached beside the data (or in a given directory), and reuse
 keep their size and modification time; any change, or other counting settings, counts again.
 
 Owns: the cache file's name, what makes a cached vocabulary still valid (`sources`), and the
-messages while counting. The counting itself is DelimitedTextSource.build_vocabulary's.
+messages while counting. The counting itself is the reader class's `build_vocabulary`
+(DelimitedTextSource's, or ParquetSource's).
 """
 
 import hashlib
@@ -35,6 +36,8 @@ def _settings(source_class, paths, min_count, test_fraction, on_bad_line, on_sho
                 "test_fraction": None if test_fraction is None else float(test_fraction),
                 "on_bad_line": on_bad_line, "on_short_line": on_short_line,
                 "files": [os.path.abspath(p) for p in paths]}
+    if getattr(source_class, "COLUMNS", None):  # a Parquet reader's column mapping
+        settings["columns"] = dict(source_class.COLUMNS)
     return json.loads(json.dumps(settings))  # the form it takes after a round trip through JSON
 
 
@@ -49,7 +52,7 @@ def cache_path(paths, settings, cache_dir=None):
 
 def cached_vocabulary(source_class, paths, *, min_count, test_fraction=None, on_bad_line="error",
                       on_short_line="missing", cache_dir=None, print_fn=print):
-    """The Vocabulary of the training lines of `paths` (a DelimitedTextSource's train files; with
+    """The Vocabulary of the training lines of `paths` (a reader class's train files; with
     `test_fraction`, only the lines its hashed split trains on), from the cache when it is valid,
     else counted now and cached. `print_fn` gets one line saying which, and progress lines while
     counting."""

@@ -1,0 +1,446 @@
+"""Parquet files (what Spark, BigQuery and NVTabular/Merlin write) as a CTRSource.
+
+Owns: opening the files and checking their columns (parquet_columns.ColumnMap), the rows of
+every file in one order (files as given, row groups in order) and their split over ranks, the
+train/test split by row, streaming checked blocks of rows from pyarrow's row-group reader into
+tf.data, the bad-row policy and its count, the test split's first rows as lines, and the
+vocabulary pass. Encoding is data.preprocessing's, as for text, so a model trained on Parquet
+rows reads and serves its data set's lines alike.
+
+Ranks: rank r of P reads the rows [r N / P, (r + 1) N / P) of the N rows of all files in that
+order, i.e. only the row groups overlapping that range, sliced at its ends; shards are even to a
+row whatever the row groups' sizes. The test split holds out rows by a fixed hash of (file,
+row number), as the text readers hold out lines, so rows converted in order from a text file
+without a header split exactly as its lines did. A file's rows are numbered from 1 (as lines
+are) and its row groups from 0 (as pyarrow numbers them).
+"""
+
+import dataclasses
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import tensorflow as tf
+
+from tfscale.data import vocabulary as vocabulary_lib
+from tfscale.data.parquet_columns import ColumnMap, Problem, check_rows
+from tfscale.data.pipeline import without_autotuning
+from tfscale.data.preprocessing import source_preprocessing
+from tfscale.data.source import CTRSource
+from tfscale.data.text_lines import (
+    PARQUET_MAGIC, Fields, LineLayout, check_bad_line_policy, held_out_fraction, in_test_split,
+    resolve_paths, shuffle_seed, shuffle_windows)
+from tfscale.errors import DATA_ERROR_MARKER, UserError
+
+CHUNK_ROWS = 16384  # rows checked and converted together, and parsed by one map call
+
+
+def is_parquet(path):
+    """Whether the file `path` starts as a Parquet file does."""
+    with open(path, "rb") as stream:
+        return stream.read(len(PARQUET_MAGIC)) == PARQUET_MAGIC.encode()
+
+
+@dataclasses.dataclass(frozen=True)
+class RowRange:
+    """Rows [start, stop) of row group `group` of file `file_index`, whose first row is row
+    `first_row` + 1 of the file."""
+
+    file_index: int
+    group: int
+    first_row: int
+    start: int
+    stop: int
+
+    def row_numbers(self):
+        """The 1-based row numbers of the range in its file, int64 [stop - start]."""
+        return self.first_row + 1 + np.arange(self.start, self.stop, dtype=np.int64)
+
+
+class ParquetFiles:
+    """One set of Parquet files (the train or the test files) read as `column_map` says."""
+
+    def __init__(self, paths, column_map):
+        self.paths = resolve_paths(paths)
+        self.column_map = column_map
+        self._groups = []  # (file_index, group, first row in the file, rows)
+        labelled = []
+        for file_index, path in enumerate(self.paths):
+            metadata = self._open(path).metadata
+            labelled.append(column_map.check_schema(path, metadata.schema.to_arrow_schema()))
+            if labelled[-1] != labelled[0]:
+                raise UserError(f"{path}: {'has' if labelled[-1] else 'lacks'} the label column, "
+                                f"which {self.paths[0]} {'lacks' if labelled[-1] else 'has'}; "
+                                "files read together must all have it or all lack it")
+            first = 0
+            for group in range(metadata.num_row_groups):
+                rows = metadata.row_group(group).num_rows
+                self._groups.append((file_index, group, first, rows))
+                first += rows
+        self.has_labels = labelled[0]
+        if self.num_rows == 0:
+            raise UserError(f"{self.describe()}: the files hold no rows")
+        label = column_map.column[column_map.text_format.label_name]
+        self.read_columns = [column for column in column_map.column.values()
+                             if self.has_labels or column != label]
+
+    @staticmethod
+    def _open(path):
+        try:
+            return pq.ParquetFile(path)
+        except (pa.ArrowException, OSError) as error:
+            raise UserError(f"{path}: not a readable Parquet file ({error})") from None
+
+    @property
+    def num_rows(self):
+        return sum(rows for *_, rows in self._groups)
+
+    def describe(self):
+        more = f" (+{len(self.paths) - 1} files)" if len(self.paths) > 1 else ""
+        return f"{self.paths[0]}{more}"
+
+    def ranges(self, shard_index=0, num_shards=1):
+        """The RowRanges of shard `shard_index` of `num_shards`: its slice of every row in
+        order."""
+        total = self.num_rows
+        low, high = total * shard_index // num_shards, total * (shard_index + 1) // num_shards
+        ranges, start = [], 0
+        for file_index, group, first, rows in self._groups:
+            begin, end = max(low, start), min(high, start + rows)
+            if begin < end:
+                ranges.append(RowRange(file_index, group, first, begin - start, end - start))
+            start += rows
+        return ranges
+
+    def read(self, row_range):
+        """The Arrow table of `row_range`'s rows (the columns read)."""
+        parquet_file = self._open(self.paths[row_range.file_index])
+        table = parquet_file.read_row_group(row_range.group, columns=self.read_columns)
+        return table.slice(row_range.start, row_range.stop - row_range.start)
+
+
+@dataclasses.dataclass(frozen=True)
+class Side:
+    """Which rows of a range a pass reads: every row (`test_fraction` None), or one side of the
+    hashed train/test split."""
+
+    test_fraction: float = None
+    want_test: bool = False
+
+    def keep(self, row_range):
+        """bool [rows of the range]."""
+        numbers = row_range.row_numbers()
+        if self.test_fraction is None:
+            return np.ones(len(numbers), bool)
+        in_test = in_test_split(tf.constant(row_range.file_index, tf.int64),
+                                tf.constant(numbers), self.test_fraction).numpy()
+        return in_test if self.want_test else ~in_test
+
+
+class RowReader:
+    """Checked blocks of the rows of one set of files, for a data set of `text_format`.
+
+    `bad_rows` records the bad rows each (side, range) read held, when they are skipped."""
+
+    def __init__(self, files, text_format, skip_bad, chunk_rows):
+        self.files = files
+        self._format = text_format
+        self._skip_bad = skip_bad
+        self._chunk_rows = chunk_rows
+        self.bad_rows = {}
+
+    def blocks(self, side, row_range):
+        """(CheckedRows of the good rows, their derived ids int64 [n, E], bad rows skipped) of
+        `row_range` on `side`, block by block. A bad row raises the data error naming it unless
+        bad rows are skipped."""
+        files = self.files
+        table = files.read(row_range)
+        keep = side.keep(row_range)
+        numbers = row_range.row_numbers()
+        bad_rows = 0
+        for begin in range(0, table.num_rows, self._chunk_rows):
+            end = min(begin + self._chunk_rows, table.num_rows)
+            selected = keep[begin:end]
+            rows = table.slice(begin, end - begin)
+            if not selected.all():
+                rows = rows.filter(pa.array(selected))
+            block = check_rows(rows, files.column_map, files.has_labels)
+            derived = self._derived(block)
+            bad = block.bad()
+            if bad.any() and not self._skip_bad:
+                row, problem = block.first_problem()
+                raise UserError(
+                    f"{DATA_ERROR_MARKER}{files.paths[row_range.file_index]} row "
+                    f"{numbers[begin:end][selected][row]} (row group {row_range.group}): "
+                    f"{problem}; fix the file, or skip such rows with `on_bad_line='skip'`")
+            if bad.any():
+                block, derived = block.rows(~bad), derived[~bad]
+            bad_rows += int(bad.sum())
+            yield block, derived, int(bad.sum())
+        if self._skip_bad:
+            self.bad_rows[side, row_range] = bad_rows
+
+    def _derived(self, block):
+        """The derived ids of `block`'s rows (int64 [n, E]); the format's extra checks of its
+        `derived_from` columns join its problems."""
+        fmt = self._format
+        if not fmt.derived_from:
+            return np.zeros([len(block.labels), 0], np.int64)
+        texts = block.derived_from
+        fields = Fields(tf.gather(tf.constant(texts.values, tf.string), texts.indices),
+                        LineLayout(tuple(fmt.derived_from)))
+        for check in fmt.extra_checks(fields):
+            block.problems.append(Problem(
+                check.bad.numpy(), lambda row, check=check: check.describe(row).numpy().decode()))
+        return fmt.derived_ids(fields).numpy()
+
+    def raw_blocks(self, side, ranges):
+        """The raw columns text_lines.LineParser gives for lines (labels, dense, dense_present,
+        categorical, derived, bad_lines), one element per block of rows, as a tf.data.Dataset:
+        arrays from the blocks, their categorical strings gathered from the block's distinct
+        values in a parallel map."""
+        fmt = self._format
+        dense = len(fmt.dense_names)
+        signature = {
+            "labels": tf.TensorSpec([None], tf.float32),
+            "dense": tf.TensorSpec([None, dense], tf.float32),
+            "dense_present": tf.TensorSpec([None, dense], tf.bool),
+            "categorical_values": tf.TensorSpec([None], tf.string),
+            "categorical_indices": tf.TensorSpec([None, len(fmt.categorical_names)], tf.int64),
+            "derived": tf.TensorSpec([None, len(fmt.derived_fields)], tf.int64),
+            "bad_lines": tf.TensorSpec([], tf.int64),
+        }
+
+        def generate():
+            for row_range in ranges:
+                for block, derived, bad_rows in self.blocks(side, row_range):
+                    yield {"labels": block.labels, "dense": block.integers.astype(np.float32),
+                           "dense_present": block.present,
+                           "categorical_values": block.categorical.values,
+                           "categorical_indices": block.categorical.indices,
+                           "derived": derived, "bad_lines": np.int64(bad_rows)}
+
+        def gather(arrays):
+            raw = dict(arrays)
+            raw["categorical"] = tf.gather(raw.pop("categorical_values"),
+                                           raw.pop("categorical_indices"))
+            return raw
+
+        return tf.data.Dataset.from_generator(generate, output_signature=signature).map(
+            gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+    def rows_in(self, side, row_range):
+        """The rows of `row_range` a pass reads: those on `side`, less the bad ones when they
+        are skipped (found by reading the range)."""
+        if not self._skip_bad:
+            return int(side.keep(row_range).sum())
+        return sum(len(block.labels) for block, _, _ in self.blocks(side, row_range))
+
+    def lines(self, side, count):
+        """The first `count` good rows on `side` (fewer when there are fewer) as lines: label
+        (when the files have it), then integers, `derived_from` and categorical fields. Rows
+        holding the delimiter or a line end in a text field, which no line can carry, are passed
+        over; a bad row among them stops as reading does, unless bad rows are skipped."""
+        delimiter = self._format.delimiter
+        lines = []
+        for row_range in self.files.ranges():
+            for block, _, _ in self.blocks(side, row_range):
+                texts = np.concatenate([block.derived_from.strings(),
+                                        block.categorical.strings()], axis=1)
+                for row in range(len(block.labels)):
+                    if any(delimiter.encode() in text or b"\n" in text for text in texts[row]):
+                        continue
+                    fields = [str(int(block.labels[row]))] if self.files.has_labels else []
+                    fields += [str(value) if present else "" for value, present
+                               in zip(block.integers[row], block.present[row])]
+                    fields += [text.decode("utf-8", "replace") for text in texts[row]]
+                    lines.append(delimiter.join(fields))
+                    if len(lines) == count:
+                        return lines
+        return lines
+
+
+class ParquetSource(CTRSource):
+    """A CTRSource reading Parquet files holding the rows of the data set described by
+    `FORMAT` (a TextFormat: its label, integer features and categorical fields), one column per
+    field.
+
+    Column types: the label 0 or 1 as integers, booleans or floats; an integer feature as
+    integers, floats that are integers (NaN = missing), or integers as text; a categorical field
+    as text, bytes or integers (integers are read as their decimal text, so 42 and "42" get one
+    id), or a dictionary of them. A null is a missing value (row 0 of a categorical field, 0 for
+    an integer), as an empty field is in a line. Other columns are not read.
+
+    Args:
+      train_paths: path, glob, or list of them. Must hold the label column.
+      test_paths: the same for the test split (all with the label column, or all without); None
+        splits the train rows by a fixed hash of (file, row number), as DelimitedTextSource
+        splits lines.
+      columns: {field: column} for fields whose column has another name, e.g.
+        `{"label": "clicked", "I1": "int_1"}`; other fields are read from the column of their own
+        name.
+      on_bad_line: "error" stops at the first bad row (a null or other label than 0 or 1, an
+        integer feature that is not an integer of int64's range, a bad value of a derived field)
+        with a data error naming file, row, row group and column; "skip" drops bad rows and
+        counts them (see bad_line_count).
+      chunk_rows: rows checked and converted together.
+
+    `test_fraction`, `vocabulary`, `hash_buckets`, `dense_transform`, `preprocessing`,
+    `shuffle_buffer` and `seed` are DelimitedTextSource's (`shuffle_buffer` shuffles the order of
+    the row groups each epoch, then rows within windows of that many rows).
+
+    Example:
+        ```python
+        source = tfscale.data.CriteoParquet("part-*.parquet", columns={"label": "click"},
+                                            hash_buckets=1_000_000)
+        train = tfscale.data.rank_batches(source, 65536)  # each rank its slice of the rows
+        ```
+    """
+
+    FORMAT = None  # a TextFormat
+    COLUMNS = None  # the column mapping when `columns` is not given (see with_columns)
+    on_short_line = "missing"  # how a model trained on these rows reads short lines it serves
+
+    def __init__(self, train_paths, test_paths=None, *, columns=None, test_fraction=0.1,
+                 vocabulary=None, hash_buckets=None, dense_transform=None, preprocessing=None,
+                 shuffle_buffer=0, seed=0, on_bad_line="error", chunk_rows=CHUNK_ROWS):
+        fmt = self.FORMAT
+        check_bad_line_policy(on_bad_line)
+        self.column_map = ColumnMap(fmt, self.COLUMNS if columns is None else columns)
+        skip_bad = on_bad_line == "skip"
+        self._train = RowReader(ParquetFiles(train_paths, self.column_map), fmt, skip_bad,
+                                int(chunk_rows))
+        if not self._train.files.has_labels:
+            raise UserError(f"{self._train.files.paths[0]}: training files need the label "
+                            f"column {self.column_map.column[fmt.label_name]!r} and this one has "
+                            "none (a test file?); if yours has another name, give it with "
+                            "`columns={'label': ...}`")
+        self._test = None if test_paths is None else RowReader(
+            ParquetFiles(test_paths, self.column_map), fmt, skip_bad, int(chunk_rows))
+        self._test_fraction = held_out_fraction(test_paths, test_fraction)
+        self._skip_bad_rows = skip_bad
+        self._shuffle_buffer = int(shuffle_buffer)
+        self._seed = int(seed)
+        self._train_rows_per_shard = {}  # num_shards -> train rows per shard
+        self.preprocessing = source_preprocessing(
+            fmt, preprocessing, vocabulary=vocabulary, hash_buckets=hash_buckets,
+            dense_transform=dense_transform)
+        self.schema = self.preprocessing.schema
+
+    @property
+    def train_layout(self):
+        """The lines a model trained on these rows scores (score_lines): the label, then the
+        fields its preprocessing reads, in `FORMAT.input_names()` order."""
+        return LineLayout((self.FORMAT.label_name,) + self.FORMAT.input_names())
+
+    @property
+    def test_has_labels(self):
+        """False when the test files have no label column (their labels are then all 0)."""
+        return self._test_reader()[0].files.has_labels
+
+    # -- CTRSource
+
+    def train_batches(self, batch_size, *, epoch=0, skip_batches=0, shard_index=0, num_shards=1):
+        ranges = self._train.files.ranges(shard_index, num_shards)
+        if self._shuffle_buffer:
+            order = np.random.default_rng(shuffle_seed(self._seed, epoch)).permutation(
+                len(ranges))
+            ranges = [ranges[i] for i in order]
+        rows = self._rows(self._train, Side(self._test_fraction, False), ranges)
+        if self._shuffle_buffer:
+            rows = shuffle_windows(rows, self._shuffle_buffer, shuffle_seed(self._seed, epoch))
+        batches = rows.rebatch(batch_size, drop_remainder=True)
+        return without_autotuning(batches.skip(skip_batches).prefetch(tf.data.AUTOTUNE))
+
+    def test_batches(self, batch_size, *, shard_index=0, num_shards=1):
+        reader, side = self._test_reader()
+        rows = self._rows(reader, side, reader.files.ranges(shard_index, num_shards))
+        return without_autotuning(rows.rebatch(batch_size).prefetch(tf.data.AUTOTUNE))
+
+    def train_steps_per_epoch(self, batch_size, num_shards=1):
+        """Full batches per epoch that every shard can read (the smallest shard's count): each
+        shard's train rows from the files' metadata and the split's hash, less, with
+        on_bad_line="skip", its bad rows, found in one pass over the files (cached)."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if num_shards not in self._train_rows_per_shard:
+            side = Side(self._test_fraction, False)
+            self._train_rows_per_shard[num_shards] = [
+                sum(self._train.rows_in(side, row_range)
+                    for row_range in self._train.files.ranges(shard, num_shards))
+                for shard in range(num_shards)]
+        return min(self._train_rows_per_shard[num_shards]) // batch_size
+
+    def bad_line_count(self):
+        """Bad rows among the rows this process has read (on_bad_line="skip"), each counted
+        once however many epochs read it."""
+        return sum(sum(reader.bad_rows.values()) for reader in (self._train, self._test)
+                   if reader is not None)
+
+    def describe(self):
+        if self._test:
+            test = self._test.files.describe()
+        elif self._test_fraction is None:
+            test = "the train rows themselves"
+        else:
+            test = f"{self._test_fraction:g} of the train rows by row hash"
+        mapping = self.column_map.columns
+        columns = (f"; columns {', '.join(f'{k}={v}' for k, v in mapping.items())}" if mapping
+                   else "")
+        return (f"{type(self).__name__}: train {self._train.files.describe()} "
+                f"({self._train.files.num_rows:,} rows), test {test}{columns}; "
+                f"{self.preprocessing.describe()}; on bad rows: "
+                f"{'skip' if self._skip_bad_rows else 'error'}")
+
+    def test_lines(self, count):
+        """The first `count` good rows of the test split (fewer when it is shorter) as lines of
+        `train_layout` (without the label for test files without it), in order; rows holding
+        the delimiter or a line end in a text field are passed over."""
+        reader, side = self._test_reader()
+        return reader.lines(side, count)
+
+    # -- reading
+
+    def _test_reader(self):
+        """(RowReader, Side) of the test split."""
+        if self._test is not None:
+            return self._test, Side()
+        return self._train, Side(self._test_fraction, self._test_fraction is not None)
+
+    def _rows(self, reader, side, ranges):
+        """Batches of variable size (one per block) of the rows of `ranges` on `side`, as
+        (features, labels)."""
+        preprocessing = self.preprocessing
+
+        def finish(raw):
+            return preprocessing.features(raw), tf.expand_dims(raw["labels"], 1)
+
+        return reader.raw_blocks(side, ranges).map(
+            finish, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+    # -- vocabulary
+
+    @classmethod
+    def build_vocabulary(cls, paths, *, columns=None, min_count=1, on_bad_line="error",
+                         on_short_line="missing", test_fraction=None, chunk_rows=CHUNK_ROWS,
+                         progress=None):
+        """Count categorical values and integer ranges in one pass over `paths` (only the train
+        side of the `test_fraction` split when given); `progress(rows counted)` is called now
+        and then. `on_short_line` is taken as the text readers take it and has no effect: rows
+        have every field."""
+        del on_short_line
+        check_bad_line_policy(on_bad_line)
+        fmt = cls.FORMAT
+        files = ParquetFiles(paths, ColumnMap(fmt, cls.COLUMNS if columns is None else columns))
+        reader = RowReader(files, fmt, on_bad_line == "skip", int(chunk_rows))
+        return vocabulary_lib.count_vocabulary(
+            reader.raw_blocks(Side(test_fraction), files.ranges()), format_name=fmt.name,
+            categorical_names=fmt.categorical_names, dense_names=fmt.dense_names,
+            min_count=min_count, progress=progress)
+
+    @classmethod
+    def with_columns(cls, columns):
+        """This reader with `columns` as its `COLUMNS`, as a class, for code that takes a
+        reader class (the launcher's cached vocabulary)."""
+        return type(cls.__name__, (cls,), {"COLUMNS": dict(columns or {}),
+                                           "__doc__": cls.__doc__})
