@@ -17,6 +17,7 @@ setup(
         "absl-py>=2.0,<3",
         "tensorboard==2.21.0",
         "numpy>=1.26",
+        "pyarrow>=15",  # the vocabulary pass parses and counts with it; its files are Parquet
     ],
     extras_require={
         # torch 2.13.0 is the CPU build the machine image carries; came-pytorch is CAME's

@@ -1,0 +1,227 @@
+"""Counting categorical values in bounded memory: exact counts while the distinct values fit, a
+count-min sketch for the rare ones after that.
+
+Owns `ValueCounts`, the state of one counting pass over (field, value, count) blocks, and the
+64-bit fingerprints of values it (and the merge over ranks) hashes with.
+
+How the memory stays bounded: every (field, value) is counted exactly in an Arrow table until the
+table holds more than `max_values` rows. Then it spills once: the values seen fewer than `gate`
+times go into a count-min sketch (Cormode and Muthukrishnan, 2005: SKETCH_DEPTH rows of
+`sketch_width` counters) and leave the table, and from then on a value not in the table is
+counted in the sketch and enters the table, with the sketch's estimate as its count, once that
+estimate reaches `gate`. Memory is then the sketch (fixed), the values counted at least `gate`
+times (what a vocabulary keeps anyway) and the blocks waiting to be merged (at most `max_values`
+rows). The table and the blocks are merged by Arrow's hash aggregation (`group_by`), in C++.
+
+Error: none while the values fit (no spill: every count is exact). After a spill the sketch
+never counts low, so no value seen `gate` times or more is missed, and the count of a value
+that entered the table through the sketch is over by at most e / sketch_width times the
+occurrences counted in the sketch (`sketched`), with probability at least 1 - exp(-SKETCH_DEPTH)
+for each value; the values counted exactly before the spill and after entering are exact
+apart from that. Distinct values per field: exact without a spill, else estimated from the
+KMV_SIZE smallest fingerprints of each field (relative standard error about
+1 / sqrt(KMV_SIZE), 1.6%), the k-minimum-values estimate (Bar-Yossef et al., 2002).
+
+Written here because neither Arrow nor TensorFlow has a sketch, a distinct-count estimate or a
+vectorised 64-bit hash of strings with a seed of ours (Arrow's hash kernels hash only inside
+their own group-by).
+"""
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+SKETCH_DEPTH = 4  # rows of the count-min sketch: a value's estimate fails with prob. e^-4 (1.8%)
+KMV_SIZE = 4096  # smallest fingerprints kept per field for the distinct estimate
+MIN_MERGE_ROWS = 1 << 20  # blocks wait until this many rows (or the table's size) to be merged
+SCHEMA = pa.schema([("field", pa.int16()), ("value", pa.binary()), ("count", pa.int64())])
+_MULTIPLIER = np.uint64(0x100000001B3)  # FNV-1a's 64-bit prime, an odd multiplier
+_LENGTH_MIX = np.uint64(0x9E3779B97F4A7C15)
+_ALL_ONES = np.iinfo(np.uint64).max
+
+
+def mix64(x):
+    """splitmix64's finaliser of uint64 values (a bijection that spreads every input bit)."""
+    with np.errstate(over="ignore"):
+        x = x ^ (x >> np.uint64(30))
+        x = x * np.uint64(0xBF58476D1CE4E5B9)
+        x = x ^ (x >> np.uint64(27))
+        x = x * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def fingerprints(fields, values):
+    """uint64 fingerprints of (field, value) pairs: `fields` int array, `values` a pyarrow binary
+    array (or chunked array) of the same length. A polynomial hash of the bytes, one vectorised
+    step per byte position, then the field, the length and splitmix64's finaliser."""
+    values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    count = len(values)
+    offsets = np.frombuffer(values.buffers()[1], np.int32)[values.offset:values.offset + count + 1]
+    data = values.buffers()[2]
+    data = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
+    lengths = np.diff(offsets)
+    hashes = np.zeros(count, np.uint64)
+    starts = offsets[:-1].astype(np.int64)
+    with np.errstate(over="ignore"):
+        for position in range(int(lengths.max(initial=0))):
+            longer = np.flatnonzero(lengths > position)
+            hashes[longer] = hashes[longer] * _MULTIPLIER + data[starts[longer] + position]
+        salted = hashes ^ (lengths.astype(np.uint64) * _LENGTH_MIX) ^ mix64(
+            np.asarray(fields, np.uint64) + _LENGTH_MIX)
+    return mix64(salted)
+
+
+class ValueCounts:
+    """The counts of one pass: `add` blocks of distinct (field, value, count), then `table()`.
+
+    Args:
+      num_fields: categorical fields (field ids 0 .. num_fields - 1).
+      gate: a value enters the exact table after a spill once its estimate reaches this (the
+        min count, divided by the ranks when each rank counts its share).
+      max_values: rows of the exact table before it spills into the sketch.
+      sketch_width: counters per sketch row (a power of two; 4 bytes each).
+    """
+
+    def __init__(self, num_fields, *, gate, max_values, sketch_width):
+        if sketch_width & (sketch_width - 1):
+            raise ValueError(f"sketch_width must be a power of two, got {sketch_width}")
+        self.num_fields = int(num_fields)
+        self.gate = max(1, int(gate))
+        self.max_values = int(max_values)
+        self.sketch_width = int(sketch_width)
+        self.sketched = 0  # occurrences counted in the sketch
+        self._table = SCHEMA.empty_table()
+        self._pending, self._pending_rows = [], 0
+        self._sketch = None  # uint32 [SKETCH_DEPTH, sketch_width] once spilled
+        self._minima = None  # per field: sorted uint64 fingerprints, the KMV_SIZE smallest
+
+    @property
+    def spilled(self):
+        """Whether the sketch is in use (counts may then be estimates)."""
+        return self._sketch is not None
+
+    def add(self, fields, values, counts):
+        """Counts `counts` more occurrences of each (field, value); the pairs need not be distinct
+        and `values` must not be empty strings (missing values are not counted)."""
+        block = pa.table([pa.array(fields, pa.int16()), values, pa.array(counts, pa.int64())],
+                         schema=SCHEMA)
+        self._pending.append(block)
+        self._pending_rows += block.num_rows
+        if self._pending_rows >= max(MIN_MERGE_ROWS, min(self._table.num_rows, self.max_values)):
+            self._merge()
+
+    def table(self):
+        """(field, value, count) of every value counted exactly or let in by the sketch."""
+        self._merge()
+        return self._table
+
+    def distinct(self):
+        """Distinct values per field (int64 [num_fields]): exact without a spill, else the KMV
+        estimate."""
+        table = self.table()
+        if not self.spilled:
+            return np.bincount(table["field"].to_numpy(), minlength=self.num_fields)
+        return distinct_estimates(self.minima())
+
+    def minima(self):
+        """The KMV_SIZE smallest fingerprints of each field's values (a list of uint64 arrays)."""
+        table = self.table()
+        if self._minima is None:  # no spill: every value is in the table
+            return kept_minima([np.zeros(0, np.uint64)] * self.num_fields,
+                               table["field"].to_numpy(), fingerprints(
+                                   table["field"].to_numpy(), table["value"]))
+        return self._minima
+
+    def estimates(self, fields, values):
+        """The sketch's count of each (field, value) (zeros before a spill)."""
+        if not self.spilled:
+            return np.zeros(len(values), np.int64)
+        return self._estimate(fingerprints(fields, values))
+
+    # -- merging
+
+    def _merge(self):
+        if not self._pending:
+            return
+        pending = pa.concat_tables(self._pending)
+        self._pending, self._pending_rows = [], 0
+        if not self.spilled:
+            self._table = _summed(pa.concat_tables([self._table, pending]))
+            if self._table.num_rows > self.max_values:
+                self._spill()
+            return
+        known = pa.concat_tables([self._table.append_column("known", pa.array(
+            np.ones(self._table.num_rows, np.int8))), pending.append_column(
+            "known", pa.array(np.zeros(pending.num_rows, np.int8)))])
+        known = known.group_by(["field", "value"], use_threads=False).aggregate(
+            [("count", "sum"), ("known", "max")])
+        in_table = known["known_max"].to_numpy() == 1
+        table = _schema_order(known.filter(pa.array(in_table)))
+        new = known.filter(pa.array(~in_table))
+        fields = new["field"].to_numpy()
+        hashes = fingerprints(fields, new["value"])
+        self._sketch_add(hashes, new["count_sum"].to_numpy())
+        self._minima = kept_minima(self._minima, fields, hashes)
+        estimate = self._estimate(hashes)
+        entering = estimate >= self.gate
+        entered = pa.table([new["field"].filter(entering), new["value"].filter(entering),
+                            pa.array(estimate[entering], pa.int64())], schema=SCHEMA)
+        self._table = pa.concat_tables([table, entered]).combine_chunks()
+
+    def _spill(self):
+        """The values under the gate go into a new sketch and leave the table."""
+        fields = self._table["field"].to_numpy()
+        hashes = fingerprints(fields, self._table["value"])
+        self._minima = kept_minima([np.zeros(0, np.uint64)] * self.num_fields, fields, hashes)
+        counts = self._table["count"].to_numpy()
+        under = counts < self.gate
+        self._sketch = np.zeros((SKETCH_DEPTH, self.sketch_width), np.uint32)
+        self._sketch_add(hashes[under], counts[under])
+        self._table = self._table.filter(pa.array(~under)).combine_chunks()
+
+    def _slots(self, hashes):
+        mask = np.uint64(self.sketch_width - 1)
+        return [(mix64(hashes + np.uint64(row + 1)) & mask).astype(np.int64)
+                for row in range(SKETCH_DEPTH)]
+
+    def _sketch_add(self, hashes, counts):
+        counts = np.asarray(counts, np.int64)
+        for row, slots in enumerate(self._slots(hashes)):
+            np.add.at(self._sketch[row], slots, counts.astype(np.uint32))
+        self.sketched += int(counts.sum())
+
+    def _estimate(self, hashes):
+        rows = [self._sketch[row][slots] for row, slots in enumerate(self._slots(hashes))]
+        return np.minimum.reduce(rows).astype(np.int64)
+
+
+def _summed(table):
+    """(field, value, count) with the counts of equal (field, value) rows added."""
+    return _schema_order(table.group_by(["field", "value"], use_threads=False).aggregate(
+        [("count", "sum")]))
+
+
+def _schema_order(grouped):
+    return pa.table([grouped["field"], grouped["value"], grouped["count_sum"]], schema=SCHEMA)
+
+
+def kept_minima(minima, fields, hashes):
+    """`minima` (per field, sorted uint64 arrays of at most KMV_SIZE) with `hashes` of `fields`
+    added: each field's KMV_SIZE smallest distinct fingerprints."""
+    fields = np.asarray(fields)
+    limits = np.array([m[-1] if len(m) >= KMV_SIZE else _ALL_ONES for m in minima], np.uint64)
+    candidates = hashes <= limits[fields] if len(fields) else np.zeros(0, bool)
+    fields, hashes = fields[candidates], hashes[candidates]
+    merged = list(minima)
+    for field in np.unique(fields):
+        joined = np.unique(np.concatenate([minima[field], hashes[fields == field]]))
+        merged[field] = joined[:KMV_SIZE]
+    return merged
+
+
+def distinct_estimates(minima):
+    """Distinct values per field from their KMV minima: exact when fewer than KMV_SIZE were
+    seen, else (k - 1) / (the k-th smallest fingerprint as a fraction of 2**64)."""
+    return np.array([len(m) if len(m) < KMV_SIZE else
+                     int(round((KMV_SIZE - 1) * 2.0 ** 64 / (float(m[KMV_SIZE - 1]) + 1.0)))
+                     for m in minima], np.int64)
