@@ -41,21 +41,23 @@ from tfscale.data import vocabulary as vocabulary_lib
 from tfscale.data import vocabulary_ranks
 from tfscale.data.text_lines import (BAD_LINE_POLICIES, FileSet, LineParser, LineSelection, TextFormat,
                                      check_short_line_policy, compression_of, in_test_split)
-from tfscale.data.value_counts import SKETCH_DEPTH, ValueCounts
+from tfscale.data.value_counts import SKETCH_DEPTH, ValueCounts, sketch_dtype
 from tfscale.errors import UserError, user_error_from_tf
 
-BLOCK_BYTES = 16 << 20  # whole lines read, parsed and counted together
+BLOCK_BYTES = 8 << 20  # whole lines read, parsed and counted together
 PARSE_BLOCK_BYTES = 1 << 20  # pyarrow parses a block in pieces of this size, in parallel
-DEFAULT_MEMORY_MB = 256  # the counts' memory: a quarter for the sketch, the rest exact
-BYTES_PER_EXACT_VALUE = 64  # an exact (field, value, count) row with its share of a merge
+DEFAULT_MEMORY_MB = 64  # the counts' memory: half for the sketch, half for exact values
+BYTES_PER_EXACT_VALUE = 256  # an exact (field, value, count) row with its share of a merge
 _SIGNED_INTEGER = r"^[+-]?[0-9]+$"
 
 
-def counting_limits(memory_mb):
-    """(max exact values, sketch width) that keep the counts within about `memory_mb` MB."""
+def counting_limits(memory_mb, gate):
+    """(max exact values, sketch width) that keep the counts within about `memory_mb` MB: half
+    for the sketch, the rest for exact values."""
     budget = int(memory_mb) << 20
-    width = 1 << max(10, int(math.log2(max(budget // 4 // (4 * SKETCH_DEPTH), 1))))
-    return max(1024, (budget - 4 * SKETCH_DEPTH * width) // BYTES_PER_EXACT_VALUE), width
+    itemsize = np.dtype(sketch_dtype(gate)).itemsize
+    width = 1 << max(10, int(math.log2(max(budget // 2 // (itemsize * SKETCH_DEPTH), 1))))
+    return max(1024, (budget - itemsize * SKETCH_DEPTH * width) // BYTES_PER_EXACT_VALUE), width
 
 
 def count_files(text_format, paths, *, min_count=1, on_bad_line="error", on_short_line="missing",
@@ -76,9 +78,10 @@ def count_files(text_format, paths, *, min_count=1, on_bad_line="error", on_shor
                         f"{', '.join(BAD_LINE_POLICIES)}")
     check_short_line_policy(on_short_line)
     rank, size = distributed.rank(), distributed.size()
-    max_values, width = counting_limits(memory_mb)
-    counts = ValueCounts(len(text_format.categorical_names), gate=math.ceil(min_count / size),
-                         max_values=max_values, sketch_width=width)
+    gate = math.ceil(min_count / size)
+    max_values, width = counting_limits(memory_mb, gate)
+    counts = ValueCounts(len(text_format.categorical_names), gate=gate, max_values=max_values,
+                         sketch_width=width)
     local = vocabulary_ranks.RankCounts(counts, len(text_format.dense_names))
     try:
         files = FileSet(text_format, paths)
@@ -211,14 +214,21 @@ class _FileCounter:
             list(text_format.derived_from) if self._extra_checks else [])
         self._read_options = pacsv.ReadOptions(column_names=list(layout.column_names),
                                                block_size=PARSE_BLOCK_BYTES)
-        self._convert_options = pacsv.ConvertOptions(
+        self._typed_options, self._text_options = (pacsv.ConvertOptions(
             column_types={name: pa.binary() if name in text_format.categorical_names
-                          else pa.string() for name in layout.column_names},
+                          else typed if name in text_format.dense_names else pa.string()
+                          for name in layout.column_names},
             include_columns=list(dict.fromkeys(wanted)), strings_can_be_null=False,
-            quoted_strings_can_be_null=False, null_values=[])
+            quoted_strings_can_be_null=False, null_values=nulls)
+            for typed, nulls in ((pa.int64(), [""]), (pa.string(), [])))
+        self._columns = concurrent.futures.ThreadPoolExecutor(2)  # value_counts of 2 columns
 
     def count(self, pieces):
         last_report = time.monotonic()
+        with self._columns:
+            self._count_pieces(pieces, last_report)
+
+    def _count_pieces(self, pieces, last_report):
         for piece in pieces:
             for lines_before, block, table in self._parsed_blocks(piece):
                 if table is None or not self._count_table(piece, lines_before, table):
@@ -241,15 +251,20 @@ class _FileCounter:
                 yield pending[0], pending[1], pending[2].result()
 
     def _parse(self, block):
+        """The pyarrow table of `block`, None when a line has another number of fields. Integer
+        fields are read as int64, unless the block holds a space or an "x": pyarrow's integers
+        also take surrounding spaces and 0x hex, which the reader refuses, so such blocks keep
+        them as text for _integer_range to check."""
         invalid = []
         options = pacsv.ParseOptions(
             delimiter=self._format.delimiter, quote_char=False, double_quote=False,
             escape_char=False, newlines_in_values=False, ignore_empty_lines=False,
             invalid_row_handler=lambda row: invalid.append(row) or "skip")
+        as_text = b" " in block or b"x" in block or b"X" in block
         try:
             table = pacsv.read_csv(pa.py_buffer(block), self._read_options, options,
-                                   self._convert_options)
-        except pa.ArrowInvalid:  # e.g. invalid UTF-8 in an integer field
+                                   self._text_options if as_text else self._typed_options)
+        except pa.ArrowInvalid:  # not an integer pyarrow takes, invalid UTF-8 in a label...
             return None
         return None if invalid else table
 
@@ -271,8 +286,8 @@ class _FileCounter:
         if any(r is False for r in ranges):
             return False
         fields, values, counts = [], [], []
-        for index, name in enumerate(fmt.categorical_names):
-            found = pc.value_counts(table[name])
+        for index, found in enumerate(self._columns.map(
+                pc.value_counts, [table[name] for name in fmt.categorical_names])):
             present = pc.greater(pc.binary_length(found.field("values")), 0)
             values.append(found.field("values").filter(present))
             counts.append(found.field("counts").filter(present))
@@ -322,19 +337,23 @@ class _FileCounter:
 
 def _integer_range(column):
     """(min, max) as float32 values (as the reader reads them) of the non-empty integers of a
-    string column, None when all are empty, False when one is not an integer the fast path
-    takes (not [+-]?[0-9]+, or outside int64: the reader's parser then sees the block)."""
-    present = pc.greater(pc.binary_length(column), 0)
-    values = column.filter(present)
-    if len(values) == 0:
+    column (int64, or text checked here), None when all are empty, False when one is not an
+    integer the fast path takes (not [+-]?[0-9]+, or outside int64: the reader's parser then
+    sees the block)."""
+    if column.type == pa.int64():
+        values = column
+    else:
+        text = column.filter(pc.greater(pc.binary_length(column), 0))
+        odd = text.filter(pc.invert(pc.ascii_is_decimal(text)))
+        if len(odd) and not pc.all(pc.match_substring_regex(odd, _SIGNED_INTEGER)).as_py():
+            return False
+        try:
+            values = pc.cast(text, pa.int64())
+        except pa.ArrowInvalid:  # "+5", or beyond int64
+            return False
+    low_high = pc.min_max(values)
+    if not low_high["min"].is_valid:
         return None
-    odd = values.filter(pc.invert(pc.ascii_is_decimal(values)))
-    if len(odd) and not pc.all(pc.match_substring_regex(odd, _SIGNED_INTEGER)).as_py():
-        return False
-    try:
-        low_high = pc.min_max(pc.cast(values, pa.int64()))
-    except pa.ArrowInvalid:  # "+5", or beyond int64
-        return False
     return tuple(float(np.float32(low_high[key].as_py())) for key in ("min", "max"))
 
 

@@ -153,10 +153,17 @@ def _sum(array, name):
 
 
 def _all_minima(counts):
-    """Each field's KMV minima over every rank."""
+    """Each field's KMV minima over every rank (each rank's added in turn: kept_minima takes
+    distinct fingerprints at a time)."""
     minima = counts.minima()
-    fields = np.repeat(np.arange(len(minima), dtype=np.int16), [len(m) for m in minima])
+    lengths = [len(m) for m in minima]
+    fields = np.repeat(np.arange(len(minima), dtype=np.int16), lengths)
     hashes = np.concatenate(minima).view(np.int64)
+    sizes = distributed.allgather_array(np.array([len(hashes)], np.int64),
+                                        name="tfscale_vocabulary_minima_sizes")
     fields = distributed.allgather_array(fields, name="tfscale_vocabulary_minima_fields")
-    hashes = distributed.allgather_array(hashes, name="tfscale_vocabulary_minima")
-    return kept_minima([np.zeros(0, np.uint64)] * len(minima), fields, hashes.view(np.uint64))
+    hashes = distributed.allgather_array(hashes, name="tfscale_vocabulary_minima").view(np.uint64)
+    merged = [np.zeros(0, np.uint64)] * len(minima)
+    for end, size in zip(np.cumsum(sizes), sizes):
+        merged = kept_minima(merged, fields[end - size:end], hashes[end - size:end])
+    return merged
