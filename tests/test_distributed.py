@@ -259,10 +259,10 @@ def test_launcher_under_horovodrun(launched_run):
     # One writer of each kind: rank 0's (a second rank would add its own event files).
     for split in ("train", "test"):
         assert len(glob.glob(f"{run_dir}/logs/{split}/events.out.tfevents.*")) == 1
-    # run.json, vocabulary.json, trained_predictions.json: rank 0's
+    # run.json, vocabulary.parquet, trained_predictions.json: rank 0's
     assert sorted(os.listdir(f"{run_dir}/ckpt")) == [
         "latest", "run.json", "step-0000000020", "step-0000000024", "trained_predictions.json",
-        "vocabulary.json"]
+        "vocabulary.parquet"]
     # Bytes of the gradient exchange per step in TensorBoard (dense allreduce and gTop-k rounds).
     scalars = train_scalars(f"{run_dir}/logs")
     assert scalars["exchange/bytes_sent"] > 0 and scalars["exchange/bytes_received"] > 0, scalars

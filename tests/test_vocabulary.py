@@ -116,7 +116,7 @@ def run_build_vocab(*args):
 
 
 def test_build_vocab_command_line(tmp_path, train_file):
-    output = str(tmp_path / "out" / "vocab.json")
+    output = str(tmp_path / "out" / "criteo.vocab")
     done = run_build_vocab("--format=criteo", f"--input={train_file}", "--min_count=2",
                            f"--output={output}")
     assert done.returncode == 0, done.stderr

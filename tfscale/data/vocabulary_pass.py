@@ -39,8 +39,9 @@ import tensorflow as tf
 from tfscale import distributed
 from tfscale.data import vocabulary as vocabulary_lib
 from tfscale.data import vocabulary_ranks
-from tfscale.data.text_lines import (BAD_LINE_POLICIES, FileSet, LineParser, LineSelection, TextFormat,
-                                     check_short_line_policy, compression_of, in_test_split)
+from tfscale.data.text_lines import (BAD_LINE_POLICIES, FileSet, LineParser, LineSelection,
+                                     TextFormat, check_short_line_policy, compression_of,
+                                     in_test_split)
 from tfscale.data.value_counts import SKETCH_DEPTH, ValueCounts, sketch_dtype
 from tfscale.errors import UserError, user_error_from_tf
 
@@ -94,7 +95,7 @@ def count_files(text_format, paths, *, min_count=1, on_bad_line="error", on_shor
     counting = {"ranks": size, "exact": not totals.spilled, "memory_mb": int(memory_mb),
                 "sketch_width": width, "sketch_depth": SKETCH_DEPTH,
                 "sketched": totals.sketched,
-                "error_bound": math.ceil(math.e / width * totals.sketched)}
+                "error_bound": min(gate, math.ceil(math.e / width * totals.sketched))}
     return vocabulary_lib.from_totals(
         format_name=text_format.name, categorical_names=text_format.categorical_names,
         dense_names=text_format.dense_names, min_count=min_count, totals=totals.table,
