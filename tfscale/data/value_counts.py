@@ -91,7 +91,8 @@ class ValueCounts:
       num_fields: categorical fields (field ids 0 .. num_fields - 1).
       gate: a value enters the exact table after a spill once its estimate reaches this (the
         min count, divided by the ranks when each rank counts its share).
-      max_values: rows of the exact table before it spills into the sketch.
+      max_values: rows of the exact table before it spills into the sketch (never with a gate
+        of 1: every value is kept then, so the table is the vocabulary itself).
       sketch_width: counters per sketch row (a power of two; 4 bytes each).
     """
 
@@ -100,7 +101,7 @@ class ValueCounts:
             raise ValueError(f"sketch_width must be a power of two, got {sketch_width}")
         self.num_fields = int(num_fields)
         self.gate = max(1, int(gate))
-        self.max_values = int(max_values)
+        self.max_values = int(max_values) if self.gate > 1 else np.iinfo(np.int64).max
         self.sketch_width = int(sketch_width)
         self.sketched = 0  # occurrences counted in the sketch
         self._table = SCHEMA.empty_table()

@@ -4,9 +4,10 @@ metadata (format, min count, rows counted, integer ranges, distinct values, how 
 made); and the JSON files of earlier versions, still read.
 
 Owns writing (atomically: a temporary file renamed into place) and reading both kinds, told apart
-by their first bytes. Why Parquet: 8M Criteo values take 41 MB instead of 133 MB of JSON (the
-counts, falling, compress to almost nothing), pyarrow reads it in C++, and any Parquet reader
-(pandas, DuckDB, Spark) can open it.
+by their first bytes. Why Parquet: the 7.4M values of a 2M-line Criteo-format file take 31.8 MB
+instead of 125.5 MB of JSON, written in 1.6 s instead of 11.9 s and read in 2.7 s instead of
+11.7 s (the counts, falling, compress to almost nothing; zstd does the rest), and any Parquet
+reader (pandas, DuckDB, Spark) opens it.
 """
 
 import json
