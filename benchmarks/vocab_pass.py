@@ -221,23 +221,30 @@ def run_rounds():
 
 
 def report(path):
-    """Median rows/s and peak memory per case (and min count) of the results file."""
+    """Per min count and case: runs, median rows/s, the median of each round's ratio to that
+    round's reader (with the range) and the largest peak memory of any rank."""
     import statistics
 
     with open(path) as stream:
         lines = [json.loads(line) for line in stream if line.strip()]
+    readers = {(r["min_count"], r["date"][:10], r["round"], r["command"]): r["rows_per_s"]
+               for r in lines if r["case"] == "reader"}
     groups = {}
     for line in lines:
         groups.setdefault((line["min_count"], line["case"]), []).append(line)
-    print("| min count | case | runs | rows/s (median) | x reader | peak RSS MB (max) |")
-    print("|---:|---|---:|---:|---:|---:|")
+    print("| min count | case | runs | rows/s (median) | x reader (median, range) | "
+          "peak RSS MB (max) | values kept |")
+    print("|---:|---|---:|---:|---:|---:|---:|")
     for (min_count, case), runs in sorted(groups.items()):
-        reader = groups.get((min_count, "reader"))
+        ratios = [r["rows_per_s"] / readers[key] for r in runs
+                  if (key := (min_count, r["date"][:10], r["round"], r["command"])) in readers]
         rate = statistics.median(r["rows_per_s"] for r in runs)
-        ratio = rate / statistics.median(r["rows_per_s"] for r in reader) if reader else None
+        ratio = (f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
+                 if ratios else "")
         peak = max(max(r["peak_rss_mb"]) for r in runs)
-        print(f"| {min_count} | {case} | {len(runs)} | {rate:,.0f} | "
-              f"{'' if ratio is None else f'{ratio:.2f}'} | {peak:,} |")
+        kept = runs[-1]["kept"]
+        print(f"| {min_count} | {case} | {len(runs)} | {rate:,.0f} | {ratio} | {peak:,} | "
+              f"{'' if kept is None else f'{kept:,}'} |")
 
 
 def main(argv):

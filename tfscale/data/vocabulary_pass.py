@@ -8,12 +8,13 @@ pyarrow's CSV reader and checking it, counting it into a ValueCounts (tfscale.da
 and handing the counts to tfscale.data.vocabulary_ranks to be added up over the ranks.
 
 The engine: pyarrow's C++ CSV parser (multi-threaded) and Arrow's hash kernels (`value_counts`
-per column per block, `group_by` to merge blocks), chosen over the reader's own tf.data parser
-by measuring both on the same file (benchmarks/vocab_pass.py, docs/results/vocab_pass.md): on a
-2-vCPU EPYC, a 2M-line Criteo-format file (7.4M distinct values) counted at min count 10 by this
-engine and by tf.data chunks (LineParser, tf.unique_with_counts) merged into the same
-ValueCounts ran at the rates the results page lists; the tf.data engine parses every field of
-every line through string ops and cannot pass the reader's own rate, the ceiling of that engine.
+per column per block, `group_by` to merge blocks), chosen over the reader's own tf.data parser by
+measuring both on the same file (benchmarks/vocab_pass.py, docs/results/vocab_pass.md): on a
+2-vCPU AMD EPYC, a 2M-line Criteo-format file with 7.4M distinct values counted at min count 10
+ran at 0.90-1.07x the reader's rows/s this way, and at 0.40-0.49x with tf.data chunks
+(LineParser, tf.unique_with_counts) counted into the same ValueCounts: tf.data parses every field
+through string ops as the reader does, so the reader's rate is its ceiling, while pyarrow parses
+at 4-10x the reader.
 
 The checks stay the reader's: a block is counted by pyarrow only when every line is one the
 reader takes as it is (the field count; the label "0" or "1"; integers matching
