@@ -4,23 +4,27 @@ count-min sketch for the rare ones after that.
 Owns `ValueCounts`, the state of one counting pass over (field, value, count) blocks, and the
 64-bit fingerprints of values it (and the merge over ranks) hashes with.
 
-How the memory stays bounded: every (field, value) is counted exactly in an Arrow table until the
-table holds more than `max_values` rows. Then it spills once: the values seen fewer than `gate`
-times go into a count-min sketch (Cormode and Muthukrishnan, 2005: SKETCH_DEPTH rows of
-`sketch_width` counters) and leave the table, and from then on a value not in the table is
-counted in the sketch and enters the table, with the sketch's estimate as its count, once that
-estimate reaches `gate`. Memory is then the sketch (fixed), the values counted at least `gate`
-times (what a vocabulary keeps anyway) and the blocks waiting to be merged (at most `max_values`
-rows). The table and the blocks are merged by Arrow's hash aggregation (`group_by`), in C++.
+How the memory stays bounded: every (field, value) is counted exactly in an Arrow table (blocks
+merged into it by Arrow's hash aggregation, `group_by`, in C++) until the table holds more than
+`max_values` rows. Then it spills once: the values seen fewer than `gate` times go into a
+count-min sketch (Cormode and Muthukrishnan, 2005: SKETCH_DEPTH rows of `sketch_width` counters,
+saturating at the gate) and leave the table, which is kept per field from then on. Each later
+block is looked up in its field's table (Arrow's `index_in`): values found are counted exactly,
+the others in the sketch, and a value whose sketch count reaches `gate` enters the table with
+that count (its count in the sketch before this block, plus this block's). Memory is then the
+sketch (fixed), the values that entered (the vocabulary itself) and one block; before the spill,
+the table and the blocks waiting to be merged (at most `max_values` rows each).
 
 Error: none while the values fit (no spill: every count is exact). After a spill the sketch
-never counts low, so no value seen `gate` times or more is missed, and the count of a value
-that entered the table through the sketch is over by at most e / sketch_width times the
-occurrences counted in the sketch (`sketched`), with probability at least 1 - exp(-SKETCH_DEPTH)
-for each value; the values counted exactly before the spill and after entering are exact
-apart from that. Distinct values per field: exact without a spill, else estimated from the
-KMV_SIZE smallest fingerprints of each field (relative standard error about
-1 / sqrt(KMV_SIZE), 1.6%), the k-minimum-values estimate (Bar-Yossef et al., 2002).
+never counts low, so no value seen `gate` times or more is missed; a value that entered through
+the sketch is counted over its true count by what other values added to its least-filled
+counter, at most the gate, and at most e / sketch_width times the occurrences counted in the
+sketch (`sketched`) with probability at least 1 - exp(-SKETCH_DEPTH) for each value. Values
+counted before the spill or after entering are counted exactly. The price is values seen fewer
+than `gate` times that enter because other values filled their counters. Distinct values per
+field: exact without a spill, else estimated from the KMV_SIZE smallest fingerprints of each
+field (relative standard error about 1 / sqrt(KMV_SIZE), 1.6%), the k-minimum-values estimate
+(Bar-Yossef et al., 2002).
 
 Written here because neither Arrow nor TensorFlow has a sketch, a distinct-count estimate or a
 vectorised 64-bit hash of strings with a seed of ours (Arrow's hash kernels hash only inside
@@ -33,7 +37,7 @@ import pyarrow.compute as pc
 
 SKETCH_DEPTH = 4  # rows of the count-min sketch: a value's estimate fails with prob. e^-4 (1.8%)
 KMV_SIZE = 4096  # smallest fingerprints kept per field for the distinct estimate
-MIN_MERGE_ROWS = 1 << 20  # blocks wait until this many rows (or the table's size) to be merged
+MIN_MERGE_ROWS = 1 << 20  # before a spill, blocks wait for this many rows (at most max_values)
 SCHEMA = pa.schema([("field", pa.int16()), ("value", pa.binary()), ("count", pa.int64())])
 _MULTIPLIER = np.uint64(0x100000001B3)  # FNV-1a's 64-bit prime, an odd multiplier
 _LENGTH_MIX = np.uint64(0x9E3779B97F4A7C15)
