@@ -17,7 +17,8 @@ setup(
         "absl-py>=2.0,<3",
         "tensorboard==2.21.0",
         "numpy>=1.26",
-        # Parquet input (tfscale.data.parquet): what Spark, BigQuery and NVTabular hand over.
+        # Parquet input (tfscale.data.parquet) and the vocabulary pass, which parses and counts
+        # with it and writes Parquet vocabulary files.
         "pyarrow>=16",
     ],
     extras_require={

@@ -21,7 +21,6 @@ and its training examples/s, and --plot writes the AUC per day as a PNG."""
 
 import os
 import re
-import resource
 import subprocess
 import sys
 

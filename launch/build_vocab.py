@@ -1,10 +1,13 @@
 """Builds a categorical vocabulary (and integer ranges) for Criteo or Avazu files in one pass:
 
     python -m launch.build_vocab --format=criteo --input=train.txt.gz --min_count=10 \\
-        --output=criteo_vocab.json
+        --output=criteo.vocab
+    horovodrun -np 2 -H localhost:2 --gloo python -m launch.build_vocab ...  # each rank a share
 
-The JSON file feeds `--vocabulary` of launch.train (vocabulary encoding, min-max scaling). Bad
-input ends with a one-paragraph error and exit status 2, never a traceback."""
+The file (Parquet, tfscale.data.vocabulary_file) feeds `--vocabulary` of launch.train
+(vocabulary encoding, min-max scaling). Under horovodrun every rank counts its share of the
+lines and rank 0 writes the file. Bad input ends with a one-paragraph error and exit status 2,
+never a traceback."""
 
 import sys
 
@@ -13,8 +16,10 @@ from launch import quiet_tf  # noqa: F401  (first: TF's C++ log level is read wh
 from absl import app, flags  # noqa: E402
 
 from launch.user_errors import run_reporting_user_errors  # noqa: E402
+from tfscale import distributed  # noqa: E402
 from tfscale.data import FILE_FORMATS  # noqa: E402
 from tfscale.data.text_lines import BAD_LINE_POLICIES, SHORT_LINE_POLICIES  # noqa: E402
+from tfscale.data.vocabulary_pass import DEFAULT_MEMORY_MB  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -22,7 +27,11 @@ flags.DEFINE_enum("format", None, list(FILE_FORMATS), "Input format: Criteo TSV 
 flags.DEFINE_list("input", None, "Input files or globs, comma-separated (.gz read as gzip).")
 flags.DEFINE_integer("min_count", 1, "Keep values seen at least this many times; rarer ones are "
                      "looked up as the out-of-vocabulary row.", lower_bound=1)
-flags.DEFINE_string("output", None, "Where to write the vocabulary (JSON).")
+flags.DEFINE_string("output", None, "Where to write the vocabulary (a Parquet file).")
+flags.DEFINE_integer("memory_mb", DEFAULT_MEMORY_MB,
+                     "Memory for the counts, per rank: values are counted exactly while they "
+                     "fit, then the rare ones in a count-min sketch of half of it (more memory, "
+                     "fewer rare values let in; docs/data.md).", lower_bound=16)
 flags.DEFINE_enum("on_bad_line", "error", list(BAD_LINE_POLICIES),
                   "A malformed line stops with an error naming file and line, or is skipped and "
                   "counted.")
@@ -33,21 +42,31 @@ flags.mark_flags_as_required(["format", "input", "output"])
 
 
 def build():
-    """Counts the inputs and writes the vocabulary; returns a one-line summary."""
-    vocabulary = FILE_FORMATS[FLAGS.format].build_vocabulary(FLAGS.input, min_count=FLAGS.min_count,
-                                               on_bad_line=FLAGS.on_bad_line,
-                                               on_short_line=FLAGS.on_short_line)
-    vocabulary.save(FLAGS.output)
+    """Counts the inputs (each rank its share) and writes the vocabulary from rank 0; returns a
+    one-line summary."""
+    vocabulary = FILE_FORMATS[FLAGS.format].build_vocabulary(
+        FLAGS.input, min_count=FLAGS.min_count, on_bad_line=FLAGS.on_bad_line,
+        on_short_line=FLAGS.on_short_line, memory_mb=FLAGS.memory_mb)
+    if distributed.is_chief():
+        vocabulary.save(FLAGS.output)
     sizes = ", ".join(f"{name} {len(entries)}" for name, entries in vocabulary.categorical.items())
     skipped = (f"; skipped {vocabulary.bad_lines_skipped} malformed lines"
                if FLAGS.on_bad_line == "skip" else "")
-    return (f"wrote {FLAGS.output}: {vocabulary.rows} rows counted{skipped}; values with count >= "
-            f"{FLAGS.min_count} per field: {sizes}")
+    counting = vocabulary.counting
+    how = ("exact counts" if counting["exact"] else
+           f"rare values counted in a sketch: counts over by at most {counting['error_bound']} "
+           "at probability 98%")
+    return (f"wrote {FLAGS.output}: {vocabulary.rows} rows counted by {counting['ranks']} "
+            f"rank(s){skipped}; {how}; values with count >= {FLAGS.min_count} per field: "
+            f"{sizes}")
 
 
 def main(argv):
     del argv
-    sys.exit(run_reporting_user_errors(lambda: print(build(), flush=True)))
+    distributed.init()  # starts Horovod under horovodrun; nothing in one process
+    status = run_reporting_user_errors(
+        lambda: print(build(), flush=True) if distributed.is_chief() else build())
+    sys.exit(status)
 
 
 if __name__ == "__main__":

@@ -314,18 +314,14 @@ def file_source(train_paths, test_paths, preprocessing, test_fraction):
 
 def _automatic_vocabulary(paths, test_fraction):
     """The cached vocabulary of the training lines of `paths` (counted now if the cache is
-    missing or stale); under Horovod rank 0 counts and hands it to the others."""
-    from tfscale import distributed
+    missing or stale); under Horovod every rank counts its share and rank 0 caches it."""
     from tfscale.data.vocabulary_cache import cached_vocabulary
 
-    def build():
-        return cached_vocabulary(
-            file_reader(paths), paths, min_count=FLAGS.vocabulary_min_count,
-            test_fraction=test_fraction, on_bad_line=FLAGS.on_bad_line,
-            on_short_line=FLAGS.on_short_line, cache_dir=FLAGS.vocabulary_cache_dir,
-            print_fn=lambda line: print(line, flush=True))
-
-    return distributed.broadcast_from_chief(build, name="tfscale_vocabulary")
+    return cached_vocabulary(
+        file_reader(paths), paths, min_count=FLAGS.vocabulary_min_count,
+        test_fraction=test_fraction, on_bad_line=FLAGS.on_bad_line,
+        on_short_line=FLAGS.on_short_line, cache_dir=FLAGS.vocabulary_cache_dir,
+        print_fn=lambda line: print(line, flush=True))
 
 
 def report(result, source, logdir, checkpoint_dir):

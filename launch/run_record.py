@@ -21,7 +21,7 @@ from tfscale.data.text_lines import LineLayout
 from tfscale.errors import UserError
 
 RECORD_FILE = "run.json"
-VOCABULARY_FILE = "vocabulary.json"
+VOCABULARY_FILE = "vocabulary.parquet"
 TRAINED_PREDICTIONS_FILE = "trained_predictions.json"
 TRAINED_PREDICTION_LINES = 32  # test lines the run scores at its end
 _KIND, _VERSION = "tfscale run", 1

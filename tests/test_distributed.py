@@ -213,8 +213,8 @@ def test_a_killed_rank_ends_the_job_with_an_error(killed_rank_launches, sharding
 
 CRITEO_FILE, LAUNCHED_DIR = "{dir}/distributed/criteo.txt", "{dir}/distributed/launched"
 # A 2-rank run on a Criteo-format file of 7,112 lines (10% held out by line hash: 729 test lines,
-# 6,383 training lines, 24 steps of 2 x 128), whose vocabulary rank 0 counts and caches on first
-# use.
+# 6,383 training lines, 24 steps of 2 x 128), whose vocabulary both ranks count (each its share)
+# and rank 0 caches on first use.
 CRITEO_RUN = ["--data=criteo", f"--train_path={CRITEO_FILE}", "--dnn_units=32,32",
               "--batch_size=256", "--log_every_steps=10", "--checkpoint_every_steps=10",
               *GTOPK_FLAGS, "--gradient_compression=fp16"]
@@ -259,10 +259,10 @@ def test_launcher_under_horovodrun(launched_run):
     # One writer of each kind: rank 0's (a second rank would add its own event files).
     for split in ("train", "test"):
         assert len(glob.glob(f"{run_dir}/logs/{split}/events.out.tfevents.*")) == 1
-    # run.json, vocabulary.json, trained_predictions.json: rank 0's
+    # run.json, vocabulary.parquet, trained_predictions.json: rank 0's
     assert sorted(os.listdir(f"{run_dir}/ckpt")) == [
         "latest", "run.json", "step-0000000020", "step-0000000024", "trained_predictions.json",
-        "vocabulary.json"]
+        "vocabulary.parquet"]
     # Bytes of the gradient exchange per step in TensorBoard (dense allreduce and gTop-k rounds).
     scalars = train_scalars(f"{run_dir}/logs")
     assert scalars["exchange/bytes_sent"] > 0 and scalars["exchange/bytes_received"] > 0, scalars

@@ -364,7 +364,7 @@ def test_resume_of_a_finished_run_reports_its_result(launched_jobs):
     assert "the run finished its 1 epochs at global step 10; nothing left to do" in again.stdout
     assert final and final[0] in again.stdout.splitlines(), again.stdout
     assert "resumed from" not in again.stdout
-    assert f"vocabulary: the resumed run's own, {checkpoint_dir}/vocabulary.json" in again.stdout
+    assert f"vocabulary: the resumed run's own, {checkpoint_dir}/vocabulary.parquet" in again.stdout
     assert "counting the categorical values" not in again.stdout
 
 

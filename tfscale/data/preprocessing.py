@@ -155,7 +155,7 @@ class Preprocessing:
             copy = vocabulary_lib.Vocabulary(**{
                 field: getattr(self.vocabulary, field)
                 for field in ("format_name", "min_count", "rows", "categorical", "dense_ranges",
-                              "bad_lines_skipped", "distinct", "sources")})
+                              "bad_lines_skipped", "distinct", "sources", "counting")})
             copy.save(vocabulary_file)
             config["encoding"] = {"kind": "vocabulary",
                                   "file": os.path.basename(vocabulary_file)}

@@ -24,7 +24,6 @@ import re
 import numpy as np
 import tensorflow as tf
 
-from tfscale.data import vocabulary as vocabulary_lib
 from tfscale.data.pipeline import without_autotuning
 from tfscale.data.preprocessing import is_present, source_preprocessing
 from tfscale.data.source import CTRSource
@@ -714,21 +713,19 @@ class DelimitedTextSource(CTRSource):
 
     @classmethod
     def build_vocabulary(cls, paths, *, min_count=1, on_bad_line="error",
-                         on_short_line="missing", test_fraction=None,
-                         chunk_lines=4 * CHUNK_LINES, progress=None):
+                         on_short_line="missing", test_fraction=None, progress=None,
+                         memory_mb=None):
         """Count categorical values and integer ranges in one streaming pass over `paths` (only
         the train side of the `test_fraction` split when given, as DelimitedTextSource splits
-        them); `progress(lines counted)` is called now and then."""
+        them), split over the ranks under horovodrun, in about `memory_mb` MB of counts
+        (tfscale.data.vocabulary_pass); `progress(lines counted)` is called now and then."""
+        from tfscale.data import vocabulary_pass  # it parses with this module's LineParser
+
         check_bad_line_policy(on_bad_line)
-        check_short_line_policy(on_short_line)
-        files = FileSet(cls.FORMAT, paths)
-        parser = LineParser(cls.FORMAT, files, skip_bad_lines=on_bad_line == "skip",
-                            on_short_line=on_short_line)
-        raw = parsed_chunks(files, parser, LineSelection(test_fraction),
-                            np.arange(len(files.paths)), chunk_lines)
-        return vocabulary_lib.count_vocabulary(
-            raw, format_name=cls.FORMAT.name, categorical_names=cls.FORMAT.categorical_names,
-            dense_names=cls.FORMAT.dense_names, min_count=min_count, progress=progress)
+        return vocabulary_pass.count_files(
+            cls.FORMAT, paths, min_count=min_count, on_bad_line=on_bad_line,
+            on_short_line=on_short_line, test_fraction=test_fraction, progress=progress,
+            memory_mb=memory_mb or vocabulary_pass.DEFAULT_MEMORY_MB)
 
 
 def held_out_fraction(test_paths, test_fraction):

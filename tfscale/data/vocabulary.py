@@ -1,28 +1,29 @@
 """Categorical vocabularies (and integer ranges) for the text readers.
 
-Owns: counting the categorical values and each integer field's min and max in one streaming pass
-over parsed rows, the min-count threshold, saving and loading as one readable JSON file, and
-looking values up as ids: row 0 = missing (empty), row 1 = out of vocabulary, then the kept values
-in a stable order (falling count, ties by value), so the most frequent value of a field is row 2.
+Owns the Vocabulary (kept values per categorical field with their counts, each integer field's
+min and max, the min-count threshold), turning counted totals into one (`from_totals`), counting
+a tf.data stream of parsed rows (`count_vocabulary`; files are counted by
+tfscale.data.vocabulary_pass), and looking values up as ids: row 0 = missing (empty), row 1 = out
+of vocabulary, then the kept values in a stable order (falling count, ties by value), so the most
+frequent value of a field is row 2. Its file is tfscale.data.vocabulary_file's.
 """
 
-import collections
 import dataclasses
-import json
-import os
 import time
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import tensorflow as tf
 
+from tfscale.data import vocabulary_file
 from tfscale.data.pipeline import without_autotuning
 from tfscale.data.schema import MISSING_ID
+from tfscale.data.value_counts import ValueCounts
 from tfscale.errors import UserError
 
 OOV_ID = 1
 FIRST_VALUE_ID = 2
-_FILE_KIND = "tfscale vocabulary"
-_FILE_VERSION = 1
 
 
 @dataclasses.dataclass
@@ -33,6 +34,8 @@ class Vocabulary:
     dense_ranges: field -> (min, max) of the values present, or None if the field was always empty.
     distinct: field -> distinct values counted (before the min count), when known.
     sources: what the counted files were (tfscale.data.vocabulary_cache), when it is a cache.
+    counting: how the counts were made (tfscale.data.vocabulary_pass): ranks, whether exact,
+      the sketch's size, the occurrences it counted and its error bound; None when unrecorded.
     """
 
     format_name: str
@@ -43,6 +46,7 @@ class Vocabulary:
     bad_lines_skipped: int = 0
     distinct: dict = None
     sources: dict = None
+    counting: dict = None
     path: str = dataclasses.field(default=None, compare=False)  # loaded from / saved to
 
     def size(self, name):
@@ -76,69 +80,28 @@ class Vocabulary:
     # -- files
 
     def save(self, path):
-        """Write as JSON, one line per field, atomically."""
-        path = os.fspath(path)
-        header = {"kind": _FILE_KIND, "version": _FILE_VERSION, "format": self.format_name,
-                  "min_count": self.min_count, "rows": self.rows,
-                  "bad_lines_skipped": self.bad_lines_skipped}
-        if self.distinct is not None:
-            header["distinct"] = self.distinct
-        if self.sources is not None:
-            header["sources"] = self.sources
-        dense_ranges = {name: None if r is None else [float(r[0]), float(r[1])]
-                        for name, r in self.dense_ranges.items()}
-        categorical = {name: [[value, count] for value, count in entries]
-                       for name, entries in self.categorical.items()}
-        text = (json.dumps(header)[:-1] + ',\n "dense_ranges": ' + _json_lines(dense_ranges)
-                + ',\n "categorical": ' + _json_lines(categorical) + "\n}\n")
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path + ".tmp", "w", encoding="utf-8") as stream:
-            stream.write(text)
-        os.replace(path + ".tmp", path)
-        self.path = path
+        """Write as a vocabulary file (tfscale.data.vocabulary_file), atomically."""
+        header = {"format": self.format_name, "min_count": self.min_count, "rows": self.rows,
+                  "bad_lines_skipped": self.bad_lines_skipped, "distinct": self.distinct,
+                  "sources": self.sources, "counting": self.counting}
+        vocabulary_file.write(path, header, self.dense_ranges, self.categorical)
+        self.path = str(path)
 
     @classmethod
     def load(cls, path):
-        """Read a vocabulary saved by `save` (UserError naming the file if missing or corrupt)."""
-        path = os.fspath(path)
-        if not os.path.isfile(path):
-            raise UserError(f"{path}: no such vocabulary file; build one with "
-                            "python -m launch.build_vocab")
+        """Read a vocabulary file, Parquet or the JSON of earlier versions (UserError naming the
+        file if missing or corrupt)."""
+        header, dense_ranges, categorical = vocabulary_file.read(path)
         try:
-            with open(path, encoding="utf-8") as stream:
-                data = json.load(stream)
-        except (OSError, UnicodeDecodeError, ValueError) as error:
-            raise UserError(f"{path}: not a readable vocabulary file ({error})") from None
-        try:
-            return cls._from_json(data, path)
-        except KeyError as error:
-            problem = f"no entry {error}"
-        except (TypeError, ValueError) as error:
-            problem = str(error)
-        raise UserError(f"{path}: not a valid vocabulary file ({problem}); rebuild it with "
-                        "python -m launch.build_vocab")
-
-    @classmethod
-    def _from_json(cls, data, path):
-        if not isinstance(data, dict) or (data.get("kind"), data.get("version")) != (
-                _FILE_KIND, _FILE_VERSION):
-            raise ValueError(f"expected a JSON object of kind {_FILE_KIND!r}, version "
-                             f"{_FILE_VERSION}")
-        categorical = {}
-        for name, entries in data["categorical"].items():
-            categorical[name] = [(str(value), int(count)) for value, count in entries]
-        dense_ranges = {name: None if r is None else (float(r[0]), float(r[1]))
-                        for name, r in data["dense_ranges"].items()}
-        return cls(format_name=str(data["format"]), min_count=int(data["min_count"]),
-                   rows=int(data["rows"]), categorical=categorical, dense_ranges=dense_ranges,
-                   bad_lines_skipped=int(data.get("bad_lines_skipped", 0)),
-                   distinct=data.get("distinct"), sources=data.get("sources"), path=path)
-
-
-def _json_lines(mapping):
-    """A JSON object with one line per key."""
-    items = [f"  {json.dumps(key)}: {json.dumps(value)}" for key, value in mapping.items()]
-    return "{\n" + ",\n".join(items) + "\n }" if items else "{}"
+            return cls(format_name=str(header["format"]), min_count=int(header["min_count"]),
+                       rows=int(header["rows"]), categorical=categorical,
+                       dense_ranges=dense_ranges,
+                       bad_lines_skipped=int(header.get("bad_lines_skipped", 0)),
+                       distinct=header.get("distinct"), sources=header.get("sources"),
+                       counting=header.get("counting"), path=str(path))
+        except (KeyError, TypeError, ValueError) as error:
+            raise UserError(f"{path}: not a valid vocabulary file ({error!r}); rebuild it with "
+                            "python -m launch.build_vocab") from None
 
 
 class VocabularyEncoder:
@@ -185,8 +148,9 @@ class VocabularyEncoder:
 
 # ----------------------------------------------------------------------------- counting
 
-def _summarise_chunk(raw):
-    """Per-chunk distinct values with counts per categorical field, integer min/max, row count."""
+def summarise_chunk(raw):
+    """Per-chunk distinct values with counts per categorical field, integer min/max, row count
+    and malformed lines, of the raw columns of a LineParser."""
     values, counts = [], []
     for column in tf.unstack(raw["categorical"], axis=1):
         unique = tf.unique_with_counts(tf.boolean_mask(column, tf.strings.length(column) > 0))
@@ -203,26 +167,36 @@ def _summarise_chunk(raw):
     }
 
 
+def add_summary(counts, summary):
+    """Counts the values of one summarise_chunk summary (as numpy) into `counts`, a
+    ValueCounts."""
+    lengths = [len(values) for values in summary["values"]]
+    if sum(lengths):
+        counts.add(np.repeat(np.arange(len(lengths), dtype=np.int16), lengths),
+                   pa.array(np.concatenate(summary["values"]), pa.binary()),
+                   np.concatenate(summary["counts"]).astype(np.int64))
+
+
 def count_vocabulary(raw_chunks, *, format_name, categorical_names, dense_names, min_count,
                      progress=None, progress_every_seconds=5.0):
     """A Vocabulary from one pass over `raw_chunks` (a tf.data.Dataset of the raw columns of a
-    LineParser): values seen at least `min_count` times, integer min/max per field, the rows
-    counted, the distinct values per field and the malformed lines skipped. `progress(rows)` is
-    called every `progress_every_seconds` while counting."""
+    LineParser, or a stream shaped alike): values seen at least `min_count` times, integer
+    min/max per field, the rows counted, the distinct values per field and the malformed lines
+    skipped, all exact. `progress(rows)` is called every `progress_every_seconds` while
+    counting."""
     if int(min_count) < 1:
         raise UserError(f"min_count must be at least 1, got {min_count}")
-    totals = [collections.defaultdict(int) for _ in categorical_names]
+    counts = ValueCounts(len(categorical_names), gate=min_count, max_values=np.iinfo(np.int64).max,
+                         sketch_width=1)
     lows = np.full(len(dense_names), np.inf)
     highs = np.full(len(dense_names), -np.inf)
     rows = bad_lines = 0
     last_report = time.monotonic()
     summaries = without_autotuning(raw_chunks.map(
-        _summarise_chunk, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+        summarise_chunk, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
     ).prefetch(tf.data.AUTOTUNE))
     for summary in summaries.as_numpy_iterator():
-        for total, values, counts in zip(totals, summary["values"], summary["counts"]):
-            for value, count in zip(values.tolist(), counts.tolist()):
-                total[value] += count
+        add_summary(counts, summary)
         lows = np.minimum(lows, summary["lows"])
         highs = np.maximum(highs, summary["highs"])
         rows += int(summary["rows"])
@@ -230,18 +204,37 @@ def count_vocabulary(raw_chunks, *, format_name, categorical_names, dense_names,
         if progress is not None and time.monotonic() - last_report >= progress_every_seconds:
             progress(rows)
             last_report = time.monotonic()
-    categorical = {name: _kept_values(total, min_count)
-                   for name, total in zip(categorical_names, totals)}
+    return from_totals(format_name=format_name, categorical_names=categorical_names,
+                       dense_names=dense_names, min_count=min_count, totals=counts.table(),
+                       distinct=counts.distinct(), lows=lows, highs=highs, rows=rows,
+                       bad_lines=bad_lines)
+
+
+def from_totals(*, format_name, categorical_names, dense_names, min_count, totals, distinct, lows,
+                highs, rows, bad_lines, counting=None):
+    """The Vocabulary of counted `totals` (a pyarrow table of field index, value bytes and
+    count): per field the values counted at least `min_count` times, by falling count then
+    value; `distinct` per field, integer `lows` and `highs` (inf and -inf for a field never
+    present)."""
+    kept = totals.filter(pc.greater_equal(totals["count"], int(min_count))).sort_by(
+        [("field", "ascending"), ("count", "descending"), ("value", "ascending")])
+    bounds = np.searchsorted(kept["field"].to_numpy(), np.arange(len(categorical_names) + 1))
+    values, counts = _decoded(kept["value"]), kept["count"].to_pylist()
+    categorical = {name: list(zip(values[bounds[i]:bounds[i + 1]],
+                                  counts[bounds[i]:bounds[i + 1]]))
+                   for i, name in enumerate(categorical_names)}
     dense_ranges = {name: None if low > high else (float(low), float(high))
                     for name, low, high in zip(dense_names, lows, highs)}
-    return Vocabulary(format_name=format_name, min_count=int(min_count), rows=rows,
+    return Vocabulary(format_name=format_name, min_count=int(min_count), rows=int(rows),
                       categorical=categorical, dense_ranges=dense_ranges,
-                      bad_lines_skipped=bad_lines,
-                      distinct={name: len(total) for name, total in zip(categorical_names, totals)})
+                      bad_lines_skipped=int(bad_lines),
+                      distinct={name: int(d) for name, d in zip(categorical_names, distinct)},
+                      counting=counting)
 
 
-def _kept_values(total, min_count):
-    """(value, count) with count >= min_count, by falling count then value."""
-    kept = [(value.decode("utf-8", "replace"), count)
-            for value, count in total.items() if count >= min_count]
-    return sorted(kept, key=lambda entry: (-entry[1], entry[0]))
+def _decoded(values):
+    """Python strings of binary values (invalid UTF-8 replaced, as the reader shows it)."""
+    try:
+        return values.cast(pa.string()).to_pylist()
+    except pa.ArrowInvalid:
+        return [value.decode("utf-8", "replace") for value in values.to_pylist()]

@@ -4,7 +4,8 @@ keep their size and modification time; any change, or other counting settings, c
 
 Owns: the cache file's name, what makes a cached vocabulary still valid (`sources`), and the
 messages while counting. The counting itself is the reader class's `build_vocabulary`
-(DelimitedTextSource's, or ParquetSource's).
+(DelimitedTextSource's, or ParquetSource's): under horovodrun every rank calls it, rank 0
+writes the cache and prints.
 """
 
 import hashlib
@@ -12,13 +13,12 @@ import json
 import os
 import time
 
-import tensorflow as tf
-
+from tfscale import distributed
 from tfscale.data.text_lines import resolve_paths
 from tfscale.data.vocabulary import Vocabulary
-from tfscale.errors import UserError, user_error_from_tf
+from tfscale.errors import UserError
 
-_SUFFIX = ".tfscale-vocab-{}.json"
+_SUFFIX = ".tfscale-vocab-{}.parquet"
 
 
 def files_signature(paths):
@@ -55,28 +55,23 @@ def cached_vocabulary(source_class, paths, *, min_count, test_fraction=None, on_
     """The Vocabulary of the training lines of `paths` (a reader class's train files; with
     `test_fraction`, only the lines its hashed split trains on), from the cache when it is valid,
     else counted now and cached. `print_fn` gets one line saying which, and progress lines while
-    counting."""
+    counting (on rank 0 only). Under horovodrun every rank must call it and gets the same."""
     files = resolve_paths(paths)
     settings = _settings(source_class, files, min_count, test_fraction, on_bad_line,
                          on_short_line)
     path = cache_path(files, settings, cache_dir)
     sources = dict(settings, signature=files_signature(files))
-    reason = "no cached vocabulary yet"
-    if os.path.exists(path):
-        try:
-            cached = Vocabulary.load(path)
-        except UserError as error:
-            cached, reason = None, f"the cached one is unreadable ({error})"
-        if cached is not None:
-            if cached.sources == sources:
-                print_fn(f"vocabulary: {_summary(cached)}, cached in {path} (the files are "
-                         "unchanged)")
-                return cached
-            reason = "the files changed since it was cached"
+    if not distributed.is_chief():
+        print_fn = lambda line: None  # noqa: E731 (rank 0 tells)
+    cached, reason = distributed.broadcast_from_chief(
+        lambda: _valid_cache(path, sources), name="tfscale_vocabulary_cache")
+    if cached is not None:
+        print_fn(f"vocabulary: {_summary(cached)}, cached in {path} (the files are unchanged)")
+        return cached
     described = files[0] + (f" (+{len(files) - 1} files)" if len(files) > 1 else "")
     total_bytes = sum(size for _, size, _ in sources["signature"])
-    print_fn(f"vocabulary: counting the categorical values of {described} ({total_bytes / 1e6:,.1f} "
-             f"MB; {reason})")
+    print_fn(f"vocabulary: counting the categorical values of {described} "
+             f"({total_bytes / 1e6:,.1f} MB; {reason})")
     started = time.monotonic()
 
     def progress(rows):
@@ -84,24 +79,32 @@ def cached_vocabulary(source_class, paths, *, min_count, test_fraction=None, on_
         print_fn(f"vocabulary: {rows:,} lines counted in {seconds:.0f} s "
                  f"({rows / max(seconds, 1e-9):,.0f} lines/s)")
 
-    try:
-        vocabulary = source_class.build_vocabulary(
-            files, min_count=min_count, on_bad_line=on_bad_line, on_short_line=on_short_line,
-            test_fraction=test_fraction, progress=progress)
-    except tf.errors.InvalidArgumentError as error:  # a bad line: a UserError every rank gets
-        user_error = user_error_from_tf(error)
-        if user_error is None:
-            raise
-        raise user_error from None
+    vocabulary = source_class.build_vocabulary(
+        files, min_count=min_count, on_bad_line=on_bad_line, on_short_line=on_short_line,
+        test_fraction=test_fraction, progress=progress)
     vocabulary.sources = sources
-    try:
-        vocabulary.save(path)
-    except OSError as error:
-        raise UserError(f"{path}: cannot write the vocabulary cache ({error}); give a writable "
-                        "`vocabulary_cache_dir`") from None
+    if distributed.is_chief():
+        try:
+            vocabulary.save(path)
+        except OSError as error:
+            raise UserError(f"{path}: cannot write the vocabulary cache ({error}); give a "
+                            "writable `vocabulary_cache_dir`") from None
     print_fn(f"vocabulary: {_summary(vocabulary)}, counted in {time.monotonic() - started:.1f} s "
              f"and cached in {path}")
     return vocabulary
+
+
+def _valid_cache(path, sources):
+    """(the cached Vocabulary, None) when `path` holds one of `sources`, else (None, why not)."""
+    if not os.path.exists(path):
+        return None, "no cached vocabulary yet"
+    try:
+        cached = Vocabulary.load(path)
+    except UserError as error:
+        return None, f"the cached one is unreadable ({error})"
+    if cached.sources != sources:
+        return None, "the files changed since it was cached"
+    return cached, None
 
 
 def _summary(vocabulary):

@@ -1,0 +1,370 @@
+"""The vocabulary pass over delimited text files: categorical values counted, integer ranges
+found, every line checked, in one streaming pass, split over the Horovod ranks when there are
+several.
+
+Owns: each rank's share of the files (a byte range of every plain file, aligned to lines; whole
+.gz files, file i to rank i mod P), reading it as blocks of whole lines, parsing a block with
+pyarrow's CSV reader and checking it, counting it into a ValueCounts (tfscale.data.value_counts),
+and handing the counts to tfscale.data.vocabulary_ranks to be added up over the ranks.
+
+The engine: pyarrow's C++ CSV parser (multi-threaded) and Arrow's hash kernels (`value_counts`
+per column per block, `group_by` to merge blocks), chosen over the reader's own tf.data parser by
+measuring both on the same file (benchmarks/vocab_pass.py, docs/results/vocab_pass.md): on a
+2-vCPU AMD EPYC, a 2M-line Criteo-format file with 7.4M distinct values counted at min count 10
+ran at 0.90-1.07x the reader's rows/s this way, and at 0.40-0.49x with tf.data chunks
+(LineParser, tf.unique_with_counts) counted into the same ValueCounts: tf.data parses every field
+through string ops as the reader does, so the reader's rate is its ceiling, while pyarrow parses
+at 4-10x the reader.
+
+The checks stay the reader's: a block is counted by pyarrow only when every line is one the
+reader takes as it is (the field count; the label "0" or "1"; integers matching
+[+-]?[0-9]+ and within int64; the format's extra checks, e.g. Avazu's hour); any other block (a
+malformed or a short line in it) is parsed by the reader's LineParser instead, which counts,
+skips or stops at it exactly as reading does (`on_bad_line`, `on_short_line`; errors name file
+and line). As the reader, every "\\r" is dropped.
+"""
+
+import concurrent.futures
+import dataclasses
+import gzip
+import math
+import os
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import tensorflow as tf
+
+from tfscale import distributed
+from tfscale.data import vocabulary as vocabulary_lib
+from tfscale.data import vocabulary_ranks
+from tfscale.data.text_lines import (BAD_LINE_POLICIES, FileSet, LineParser, LineSelection,
+                                     TextFormat, check_short_line_policy, compression_of,
+                                     in_test_split)
+from tfscale.data.value_counts import SKETCH_DEPTH, ValueCounts, sketch_dtype
+from tfscale.errors import UserError, user_error_from_tf
+
+BLOCK_BYTES = 8 << 20  # whole lines read, parsed and counted together
+PARSE_BLOCK_BYTES = 1 << 20  # pyarrow parses a block in pieces of this size, in parallel
+DEFAULT_MEMORY_MB = 64  # the counts' memory: half for the sketch, half for exact values
+BYTES_PER_EXACT_VALUE = 256  # an exact (field, value, count) row with its share of a merge
+_SIGNED_INTEGER = r"^[+-]?[0-9]+$"
+
+
+def counting_limits(memory_mb, gate):
+    """(max exact values, sketch width) that keep the counts within about `memory_mb` MB: half
+    for the sketch, the rest for exact values."""
+    budget = int(memory_mb) << 20
+    itemsize = np.dtype(sketch_dtype(gate)).itemsize
+    width = 1 << max(10, int(math.log2(max(budget // 2 // (itemsize * SKETCH_DEPTH), 1))))
+    return max(1024, (budget - itemsize * SKETCH_DEPTH * width) // BYTES_PER_EXACT_VALUE), width
+
+
+def count_files(text_format, paths, *, min_count=1, on_bad_line="error", on_short_line="missing",
+                test_fraction=None, memory_mb=DEFAULT_MEMORY_MB, progress=None,
+                progress_every_seconds=5.0):
+    """The Vocabulary of the lines of `paths` (only the train side of the `test_fraction` split
+    when given): values seen at least `min_count` times, integer ranges, distinct values and
+    malformed lines skipped. Under horovodrun (after tfscale.distributed.init()) every rank must
+    call it: each counts its share and all get the same Vocabulary. `memory_mb` bounds the
+    counts' memory (tfscale.data.value_counts says what is exact); `progress(lines counted)` is
+    called every `progress_every_seconds` (this rank's lines)."""
+    if int(min_count) < 1:
+        raise UserError(f"`min_count={min_count}`: give 1 or more")
+    if int(memory_mb) < 16:
+        raise UserError(f"`memory_mb={memory_mb}`: give 16 or more")
+    if on_bad_line not in BAD_LINE_POLICIES:
+        raise UserError(f"`on_bad_line={on_bad_line!r}`: give one of "
+                        f"{', '.join(BAD_LINE_POLICIES)}")
+    check_short_line_policy(on_short_line)
+    rank, size = distributed.rank(), distributed.size()
+    gate = math.ceil(min_count / size)
+    max_values, width = counting_limits(memory_mb, gate)
+    counts = ValueCounts(len(text_format.categorical_names), gate=gate, max_values=max_values,
+                         sketch_width=width)
+    local = vocabulary_ranks.RankCounts(counts, len(text_format.dense_names))
+    try:
+        files = FileSet(text_format, paths)
+        _FileCounter(text_format, files, local, on_bad_line == "skip", on_short_line,
+                     test_fraction, progress, progress_every_seconds).count(
+            rank_pieces(files.paths, rank, size))
+    except UserError as error:
+        local.error = error
+    totals = vocabulary_ranks.added_up(local)
+    counting = {"ranks": size, "exact": not totals.spilled, "memory_mb": int(memory_mb),
+                "sketch_width": width, "sketch_depth": SKETCH_DEPTH,
+                "sketched": totals.sketched,
+                "error_bound": min(gate, math.ceil(math.e / width * totals.sketched))}
+    return vocabulary_lib.from_totals(
+        format_name=text_format.name, categorical_names=text_format.categorical_names,
+        dense_names=text_format.dense_names, min_count=min_count, totals=totals.table,
+        distinct=totals.distinct, lows=totals.lows, highs=totals.highs, rows=totals.rows,
+        bad_lines=totals.bad_lines, counting=counting)
+
+
+# ----------------------------------------------------------------------------- the ranks' shares
+
+@dataclasses.dataclass(frozen=True)
+class Piece:
+    """Bytes [start, end) of file `file_index` (end None: to its end), beginning at a line."""
+
+    file_index: int
+    path: str
+    start: int
+    end: int
+
+
+def rank_pieces(paths, rank, size):
+    """The Pieces rank `rank` of `size` counts: its byte range of each plain file (the lines
+    starting in the rank-th of `size` equal ranges) and the .gz files i with i mod size = rank
+    (a gzip stream cannot be entered in the middle)."""
+    pieces = []
+    for index, path in enumerate(paths):
+        if compression_of(path):
+            if index % size == rank:
+                pieces.append(Piece(index, path, 0, None))
+            continue
+        length = os.path.getsize(path)
+        start, end = (_line_start(path, length * k // size, length) for k in (rank, rank + 1))
+        if start < end:
+            pieces.append(Piece(index, path, start, end))
+    return pieces
+
+
+def _line_start(path, offset, length):
+    """The offset of the first line starting at or after `offset`."""
+    if offset <= 0 or offset >= length:
+        return min(max(offset, 0), length)
+    with open(path, "rb") as stream:
+        stream.seek(offset - 1)
+        while True:
+            data = stream.read(1 << 16)
+            newline = data.find(b"\n")
+            if newline >= 0:
+                return stream.tell() - len(data) + newline + 1
+            if not data:
+                return length
+
+
+def _lines_before(path, offset):
+    """Lines ending before byte `offset` of a plain file."""
+    lines, done = 0, 0
+    with open(path, "rb") as stream:
+        while done < offset:
+            data = stream.read(min(BLOCK_BYTES, offset - done))
+            if not data:
+                break
+            lines += data.count(b"\n")
+            done += len(data)
+    return lines
+
+
+def blocks(piece, header_lines):
+    """(lines of `piece` before it, bytes) of the blocks of whole lines of `piece`, header lines
+    left out; every "\\r" is dropped, as the reader does."""
+    opener = gzip.open if compression_of(piece.path) else open
+    with opener(piece.path, "rb") as stream:
+        stream.seek(piece.start)
+        remaining = None if piece.end is None else piece.end - piece.start
+        carry, lines_before = b"", 0
+        skip = header_lines if piece.start == 0 else 0
+        while True:
+            wanted = BLOCK_BYTES if remaining is None else min(BLOCK_BYTES, remaining)
+            chunk = stream.read(wanted) if wanted else b""
+            if remaining is not None:
+                remaining -= len(chunk)
+            data = carry + chunk
+            cut = len(data) if not chunk else data.rfind(b"\n") + 1
+            block, carry = data[:cut], data[cut:]
+            while skip and block:
+                newline = block.find(b"\n")
+                block = b"" if newline < 0 else block[newline + 1:]
+                skip, lines_before = skip - 1, lines_before + 1
+            if b"\r" in block:
+                block = block.replace(b"\r", b"")
+            if block:
+                yield lines_before, block
+                lines_before += block.count(b"\n")
+            if not chunk:
+                return
+
+
+# ----------------------------------------------------------------------------- counting a share
+
+class _FileCounter:
+    """Counts the Pieces of one rank into a RankCounts."""
+
+    def __init__(self, text_format, files, local, skip_bad_lines, on_short_line, test_fraction,
+                 progress, progress_every_seconds):
+        self._format, self._files, self._local = text_format, files, local
+        self._test_fraction = test_fraction
+        self._progress, self._every = progress, progress_every_seconds
+        self._piece_lines = {}  # Piece -> lines of its file before it
+        parser = LineParser(text_format, files, skip_bad_lines, on_short_line)
+        self._summarise = tf.function(  # a graph: its errors end with context cut by user_error
+            lambda file_index, numbers, lines: vocabulary_lib.summarise_chunk(
+                parser(file_index, numbers, lines)),
+            input_signature=[tf.TensorSpec([], tf.int64), tf.TensorSpec([None], tf.int64),
+                             tf.TensorSpec([None], tf.string)])
+        layout = files.layout
+        names = list(text_format.dense_names) + list(text_format.categorical_names)
+        self._label = text_format.label_name if files.has_labels else None
+        self._extra_checks = type(text_format).extra_checks is not TextFormat.extra_checks
+        wanted = ([self._label] if self._label else []) + names + (
+            list(text_format.derived_from) if self._extra_checks else [])
+        self._read_options = pacsv.ReadOptions(column_names=list(layout.column_names),
+                                               block_size=PARSE_BLOCK_BYTES)
+        self._typed_options, self._text_options = (pacsv.ConvertOptions(
+            column_types={name: pa.binary() if name in text_format.categorical_names
+                          else typed if name in text_format.dense_names else pa.string()
+                          for name in layout.column_names},
+            include_columns=list(dict.fromkeys(wanted)), strings_can_be_null=False,
+            quoted_strings_can_be_null=False, null_values=nulls)
+            for typed, nulls in ((pa.int64(), [""]), (pa.string(), [])))
+        self._columns = concurrent.futures.ThreadPoolExecutor(2)  # value_counts of 2 columns
+
+    def count(self, pieces):
+        last_report = time.monotonic()
+        with self._columns:
+            self._count_pieces(pieces, last_report)
+
+    def _count_pieces(self, pieces, last_report):
+        for piece in pieces:
+            for lines_before, block, table in self._parsed_blocks(piece):
+                if table is None or not self._count_table(piece, lines_before, table):
+                    self._count_with_the_reader(piece, lines_before, block)
+                if self._progress and time.monotonic() - last_report >= self._every:
+                    self._progress(self._local.rows)
+                    last_report = time.monotonic()
+
+    def _parsed_blocks(self, piece):
+        """The blocks of `piece`, each with its pyarrow table (None when pyarrow found a line
+        with another number of fields), parsed one block ahead of the counting, in a thread."""
+        with concurrent.futures.ThreadPoolExecutor(1) as ahead:
+            pending = None
+            for lines_before, block in blocks(piece, self._files.header_lines):
+                future = ahead.submit(self._parse, block)
+                if pending is not None:
+                    yield pending[0], pending[1], pending[2].result()
+                pending = (lines_before, block, future)
+            if pending is not None:
+                yield pending[0], pending[1], pending[2].result()
+
+    def _parse(self, block):
+        """The pyarrow table of `block`, None when a line has another number of fields. Integer
+        fields are read as int64, unless the block holds a space or an "x": pyarrow's integers
+        also take surrounding spaces and 0x hex, which the reader refuses, so such blocks keep
+        them as text for _integer_range to check."""
+        invalid = []
+        options = pacsv.ParseOptions(
+            delimiter=self._format.delimiter, quote_char=False, double_quote=False,
+            escape_char=False, newlines_in_values=False, ignore_empty_lines=False,
+            invalid_row_handler=lambda row: invalid.append(row) or "skip")
+        as_text = b" " in block or b"x" in block or b"X" in block
+        try:
+            table = pacsv.read_csv(pa.py_buffer(block), self._read_options, options,
+                                   self._text_options if as_text else self._typed_options)
+        except pa.ArrowInvalid:  # not an integer pyarrow takes, invalid UTF-8 in a label...
+            return None
+        return None if invalid else table
+
+    def _count_table(self, piece, lines_before, table):
+        """Counts a block pyarrow parsed; False (nothing counted) when a line in it is one the
+        reader's parser must see."""
+        fmt = self._format
+        if self._label and not pc.all(pc.is_in(table[self._label], value_set=pa.array(
+                ["0", "1"]))).as_py():
+            return False
+        if self._extra_checks and self._extra_check_fails(table):
+            return False
+        if self._test_fraction is not None:
+            numbers = self._first_line(piece, lines_before) + np.arange(table.num_rows)
+            in_test = in_test_split(tf.constant(piece.file_index, tf.int64),
+                                    tf.constant(numbers, tf.int64), self._test_fraction)
+            table = table.filter(pa.array(np.logical_not(in_test.numpy())))
+        ranges = [_integer_range(table[name]) for name in fmt.dense_names]
+        if any(r is False for r in ranges):
+            return False
+        fields, values, counts = [], [], []
+        for index, found in enumerate(self._columns.map(
+                pc.value_counts, [table[name] for name in fmt.categorical_names])):
+            present = pc.greater(pc.binary_length(found.field("values")), 0)
+            values.append(found.field("values").filter(present))
+            counts.append(found.field("counts").filter(present))
+            fields.append(np.full(len(values[-1]), index, np.int16))
+        self._local.counts.add(np.concatenate(fields), pa.concat_arrays(values),
+                               pa.concat_arrays(counts).to_numpy())
+        self._local.add_ranges([np.inf if r is None else r[0] for r in ranges],
+                               [-np.inf if r is None else r[1] for r in ranges])
+        self._local.rows += table.num_rows
+        return True
+
+    def _extra_check_fails(self, table):
+        fields = _ArrowFields(table)
+        bad = [check.bad for check in self._format.extra_checks(fields)]
+        return bool(tf.reduce_any(tf.stack(bad)).numpy()) if bad else False
+
+    def _count_with_the_reader(self, piece, lines_before, block):
+        """Counts a block through the reader's LineParser: its checks, skips and errors."""
+        lines = block.split(b"\n")
+        if block.endswith(b"\n"):
+            lines.pop()
+        numbers = tf.constant(self._first_line(piece, lines_before) + np.arange(len(lines)),
+                              tf.int64)
+        file_index = tf.constant(piece.file_index, tf.int64)
+        keep = LineSelection(self._test_fraction)(file_index, numbers)
+        try:
+            summary = tf.nest.map_structure(np.asarray, self._summarise(
+                file_index, tf.boolean_mask(numbers, keep),
+                tf.boolean_mask(tf.constant(lines, tf.string), keep)))
+        except tf.errors.InvalidArgumentError as error:
+            user_error = user_error_from_tf(error)
+            if user_error is None:
+                raise
+            raise user_error from None
+        vocabulary_lib.add_summary(self._local.counts, summary)
+        self._local.add_ranges(summary["lows"], summary["highs"])
+        self._local.rows += int(summary["rows"])
+        self._local.bad_lines += int(summary["bad_lines"])
+
+    def _first_line(self, piece, lines_before):
+        """The line number (1-based in its file) of the line after the first `lines_before`
+        lines of `piece`; the lines before a piece are counted when first needed."""
+        if piece not in self._piece_lines:
+            self._piece_lines[piece] = _lines_before(piece.path, piece.start)
+        return self._piece_lines[piece] + lines_before + 1
+
+
+def _integer_range(column):
+    """(min, max) as float32 values (as the reader reads them) of the non-empty integers of a
+    column (int64, or text checked here), None when all are empty, False when one is not an
+    integer the fast path takes (not [+-]?[0-9]+, or outside int64: the reader's parser then
+    sees the block)."""
+    if column.type == pa.int64():
+        values = column
+    else:
+        text = column.filter(pc.greater(pc.binary_length(column), 0))
+        odd = text.filter(pc.invert(pc.ascii_is_decimal(text)))
+        if len(odd) and not pc.all(pc.match_substring_regex(odd, _SIGNED_INTEGER)).as_py():
+            return False
+        try:
+            values = pc.cast(text, pa.int64())
+        except pa.ArrowInvalid:  # "+5", or beyond int64
+            return False
+    low_high = pc.min_max(values)
+    if not low_high["min"].is_valid:
+        return None
+    return tuple(float(np.float32(low_high[key].as_py())) for key in ("min", "max"))
+
+
+class _ArrowFields:
+    """The columns of a parsed block as string tensors, looked up by name as a text_lines.Fields
+    is (what a TextFormat's extra_checks reads)."""
+
+    def __init__(self, table):
+        self._table = table
+
+    def __getitem__(self, name):
+        return tf.constant(self._table[name].to_numpy(zero_copy_only=False).astype(object))
