@@ -2,7 +2,10 @@
 text read (same features, labels, split and vocabulary); nulls are missing values; a column of a
 type its field does not take is refused naming file and column; a bad value is refused naming
 file, row, row group and column, or skipped and counted; the column mapping; the split over
-ranks by row ranges; shuffling, resuming and the test split's lines."""
+ranks by row ranges; shuffling, resuming and the test split's lines; the vocabulary pass over
+rows, in one process and over 2 ranks."""
+
+import os
 
 import numpy as np
 import pandas as pd
@@ -11,6 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 
+from benchmarks.vocab_pass import make_file
+from tests import grouped_launches
 from tests.test_avazu import avazu_line
 from tests.test_avazu import write as write_avazu
 from tests.test_criteo import HAND_LINES, collect, criteo_line, data_error, numbered_lines, write
@@ -18,6 +23,7 @@ from tfscale.data import PARQUET_FORMATS, AvazuCSV, AvazuParquet, CriteoParquet,
 from tfscale.data.criteo import CATEGORICAL_NAMES, DENSE_NAMES
 from tfscale.data.parquet import is_parquet
 from tfscale.data.text_lines import INT64_RANGE
+from tfscale.data.vocabulary import Vocabulary
 from tfscale.errors import UserError
 
 NAMES = ("label",) + DENSE_NAMES + CATEGORICAL_NAMES
@@ -167,6 +173,54 @@ def test_the_first_bad_row_of_a_later_row_group_is_named(tmp_path):
     assert data_error(CriteoParquet(path, path).test_batches(4)) == (
         f"{path} row 24 (row group 2): column 'I7' must be an integer, found 0.5; fix the file, "
         "or skip such rows with `on_bad_line='skip'`")
+
+
+def test_the_vocabulary_pass_refuses_a_bad_row_by_name_or_skips_and_counts_it(tmp_path):
+    table = criteo_table(numbered_lines(30))
+    table = table.set_column(NAMES.index("label"), "label", pa.array([0] * 23 + [2] * 7))
+    path = write_parquet(tmp_path / "bad.parquet", table, row_group_size=10)
+    with pytest.raises(UserError) as caught:
+        CriteoParquet.build_vocabulary(path, chunk_rows=4)
+    assert str(caught.value) == (
+        f"{path} row 24 (row group 2): column 'label' must be 0 or 1, found 2; fix the file, "
+        "or skip such rows with `on_bad_line='skip'`")
+    skipped = CriteoParquet.build_vocabulary(path, on_bad_line="skip", chunk_rows=4)
+    assert (skipped.rows, skipped.bad_lines_skipped) == (23, 7)
+
+
+# ----------------------------------------------------------------------------- 2 ranks
+
+RANKS_PARQUET = "{dir}/vocabulary-parquet/train.parquet"
+PARQUET_RANKS = grouped_launches.job(
+    "vocabulary-2-ranks-parquet", 2, "tests.multiworker.vocabulary_ranks", RANKS_PARQUET, 3, 16,
+    "{dir}/vocabulary-parquet/counted")
+
+
+@grouped_launches.prepare
+def write_parquet_rank_input(directory):
+    """20,000 generated lines (about 35K distinct values: 16 MB of counts spill) as Parquet in
+    row groups of 3,000 (the ranks' halves split a group), with the lines beside them."""
+    os.makedirs(directory / "vocabulary-parquet", exist_ok=True)
+    text = str(directory / "vocabulary-parquet" / "train.txt")
+    make_file(text, 20_000, seed=11)
+    with open(text) as stream:
+        lines = stream.read().splitlines()
+    write_parquet(directory / "vocabulary-parquet" / "train.parquet", criteo_table(lines),
+                  row_group_size=3000)
+
+
+def test_two_ranks_count_a_parquet_files_vocabulary_as_one_process_its_lines(launched_jobs):
+    result = launched_jobs[PARQUET_RANKS]
+    assert result.returncode == 0, result.output[-3000:]
+    text = str(launched_jobs.path("{dir}/vocabulary-parquet/train.txt"))
+    one = CriteoTSV.build_vocabulary(text, min_count=3, memory_mb=1024)  # exact
+    assert one.counting["exact"]
+    for rank in (0, 1):
+        path = launched_jobs.path(f"{{dir}}/vocabulary-parquet/counted.rank{rank}")
+        counted = Vocabulary.load(path)
+        assert counted.counting["ranks"] == 2 and not counted.counting["exact"]
+        assert (counted.categorical, counted.dense_ranges, counted.rows) == (
+            one.categorical, one.dense_ranges, 20_000)
 
 
 @pytest.mark.parametrize("column, values, takes", [

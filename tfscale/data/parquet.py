@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import tensorflow as tf
 
-from tfscale.data import vocabulary as vocabulary_lib
+from tfscale import distributed
 from tfscale.data.parquet_columns import ColumnMap, Problem, check_rows
 from tfscale.data.pipeline import without_autotuning
 from tfscale.data.preprocessing import source_preprocessing
@@ -423,20 +423,24 @@ class ParquetSource(CTRSource):
     @classmethod
     def build_vocabulary(cls, paths, *, columns=None, min_count=1, on_bad_line="error",
                          on_short_line="missing", test_fraction=None, chunk_rows=CHUNK_ROWS,
-                         progress=None):
+                         progress=None, memory_mb=None):
         """Count categorical values and integer ranges in one pass over `paths` (only the train
-        side of the `test_fraction` split when given); `progress(rows counted)` is called now
-        and then. `on_short_line` is taken as the text readers take it and has no effect: rows
-        have every field."""
+        side of the `test_fraction` split when given), split over the ranks by row ranges under
+        horovodrun, in about `memory_mb` MB of counts (tfscale.data.vocabulary_pass);
+        `progress(rows counted)` is called now and then. `on_short_line` is taken as the text
+        readers take it and has no effect: rows have every field."""
+        from tfscale.data import vocabulary_pass  # the counting shared with text files
+
         del on_short_line
         check_bad_line_policy(on_bad_line)
         fmt = cls.FORMAT
         files = ParquetFiles(paths, ColumnMap(fmt, cls.COLUMNS if columns is None else columns))
         reader = RowReader(files, fmt, on_bad_line == "skip", int(chunk_rows))
-        return vocabulary_lib.count_vocabulary(
-            reader.raw_blocks(Side(test_fraction), files.ranges()), format_name=fmt.name,
-            categorical_names=fmt.categorical_names, dense_names=fmt.dense_names,
-            min_count=min_count, progress=progress)
+        chunks = reader.raw_blocks(Side(test_fraction),
+                                   files.ranges(distributed.rank(), distributed.size()))
+        return vocabulary_pass.count_chunks(
+            fmt, chunks, min_count=min_count, progress=progress,
+            memory_mb=memory_mb or vocabulary_pass.DEFAULT_MEMORY_MB)
 
     @classmethod
     def with_columns(cls, columns):

@@ -40,6 +40,7 @@ import tensorflow as tf
 from tfscale import distributed
 from tfscale.data import vocabulary as vocabulary_lib
 from tfscale.data import vocabulary_ranks
+from tfscale.data.pipeline import without_autotuning
 from tfscale.data.text_lines import (BAD_LINE_POLICIES, FileSet, LineParser, LineSelection,
                                      TextFormat, check_short_line_policy, compression_of,
                                      in_test_split)
@@ -71,32 +72,83 @@ def count_files(text_format, paths, *, min_count=1, on_bad_line="error", on_shor
     call it: each counts its share and all get the same Vocabulary. `memory_mb` bounds the
     counts' memory (tfscale.data.value_counts says what is exact); `progress(lines counted)` is
     called every `progress_every_seconds` (this rank's lines)."""
-    if int(min_count) < 1:
-        raise UserError(f"`min_count={min_count}`: give 1 or more")
-    if int(memory_mb) < 16:
-        raise UserError(f"`memory_mb={memory_mb}`: give 16 or more")
+    local, width = _rank_counts(text_format, min_count, memory_mb)
     if on_bad_line not in BAD_LINE_POLICIES:
         raise UserError(f"`on_bad_line={on_bad_line!r}`: give one of "
                         f"{', '.join(BAD_LINE_POLICIES)}")
     check_short_line_policy(on_short_line)
-    rank, size = distributed.rank(), distributed.size()
-    gate = math.ceil(min_count / size)
-    max_values, width = counting_limits(memory_mb, gate)
-    counts = ValueCounts(len(text_format.categorical_names), gate=gate, max_values=max_values,
-                         sketch_width=width)
-    local = vocabulary_ranks.RankCounts(counts, len(text_format.dense_names))
     try:
         files = FileSet(text_format, paths)
         _FileCounter(text_format, files, local, on_bad_line == "skip", on_short_line,
                      test_fraction, progress, progress_every_seconds).count(
-            rank_pieces(files.paths, rank, size))
+            rank_pieces(files.paths, distributed.rank(), distributed.size()))
     except UserError as error:
         local.error = error
+    return _vocabulary(text_format, local, min_count, memory_mb, width)
+
+
+def count_chunks(text_format, chunks, *, min_count=1, memory_mb=DEFAULT_MEMORY_MB,
+                 progress=None, progress_every_seconds=5.0):
+    """The Vocabulary of rows a reader has parsed and checked: `chunks` is this rank's share as
+    a tf.data.Dataset of the raw columns a text_lines.LineParser gives (ParquetSource gives its
+    rank's row ranges so), counted within `memory_mb` and added up over the ranks as count_files
+    does; under horovodrun every rank must call it and all get the same Vocabulary."""
+    local, width = _rank_counts(text_format, min_count, memory_mb)
+    summaries = without_autotuning(chunks.map(
+        vocabulary_lib.summarise_chunk, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+    ).prefetch(tf.data.AUTOTUNE)).as_numpy_iterator()
+    last_report = time.monotonic()
+    try:
+        for summary in _user_errors(summaries):
+            vocabulary_lib.add_summary(local.counts, summary)
+            local.add_ranges(summary["lows"], summary["highs"])
+            local.rows += int(summary["rows"])
+            local.bad_lines += int(summary["bad_lines"])
+            if progress and time.monotonic() - last_report >= progress_every_seconds:
+                progress(local.rows)
+                last_report = time.monotonic()
+    except UserError as error:
+        local.error = error
+    return _vocabulary(text_format, local, min_count, memory_mb, width)
+
+
+def _user_errors(iterator):
+    """The elements of a tf.data `iterator`, a data error raised in it as its UserError."""
+    while True:
+        try:
+            yield next(iterator)
+        except StopIteration:
+            return
+        except tf.errors.OpError as error:
+            user_error = user_error_from_tf(error)
+            if user_error is None:
+                raise
+            raise user_error from None
+
+
+def _rank_counts(text_format, min_count, memory_mb):
+    """(this rank's empty RankCounts, the sketch's width) for counting at `min_count` in
+    `memory_mb` MB: a value enters a rank's exact table at ceil(min count / ranks)."""
+    if int(min_count) < 1:
+        raise UserError(f"`min_count={min_count}`: give 1 or more")
+    if int(memory_mb) < 16:
+        raise UserError(f"`memory_mb={memory_mb}`: give 16 or more")
+    gate = math.ceil(min_count / distributed.size())
+    max_values, width = counting_limits(memory_mb, gate)
+    counts = ValueCounts(len(text_format.categorical_names), gate=gate, max_values=max_values,
+                         sketch_width=width)
+    return vocabulary_ranks.RankCounts(counts, len(text_format.dense_names)), width
+
+
+def _vocabulary(text_format, local, min_count, memory_mb, width):
+    """The Vocabulary of every rank's counts (`local` is this rank's); raises the UserError that
+    stopped a rank."""
     totals = vocabulary_ranks.added_up(local)
-    counting = {"ranks": size, "exact": not totals.spilled, "memory_mb": int(memory_mb),
-                "sketch_width": width, "sketch_depth": SKETCH_DEPTH,
-                "sketched": totals.sketched,
-                "error_bound": min(gate, math.ceil(math.e / width * totals.sketched))}
+    counting = {"ranks": distributed.size(), "exact": not totals.spilled,
+                "memory_mb": int(memory_mb), "sketch_width": width,
+                "sketch_depth": SKETCH_DEPTH, "sketched": totals.sketched,
+                "error_bound": min(math.ceil(min_count / distributed.size()),
+                                   math.ceil(math.e / width * totals.sketched))}
     return vocabulary_lib.from_totals(
         format_name=text_format.name, categorical_names=text_format.categorical_names,
         dense_names=text_format.dense_names, min_count=min_count, totals=totals.table,
