@@ -274,7 +274,7 @@ def test_file_days_are_scored_trained_and_resumed_bitwise(day_files, file_runs):
     # The vocabulary of the first day alone (an online run cannot know the later ones), counted
     # by the first of the two runs side by side to look for it (the other may find it cached).
     assert f"vocabulary: counting the categorical values of {day_files[0]} (" in whole + stopped
-    caches = glob.glob(f"{os.path.dirname(day_files[0])}/*.tfscale-vocab-*.parquet")
+    caches = glob.glob(f"{os.path.dirname(day_files[0])}/*.tfscale-vocab-*")
     assert [os.path.basename(path).split(".")[0] for path in caches] == ["day1"]
     # Stopped on day 2; resumed from its step-8 checkpoint: day 2's score is the one taken
     # before the interruption, and everything ends as in the uninterrupted run.

@@ -14,6 +14,7 @@ from tests.test_avazu import HEADER, avazu_line
 from tests.test_criteo import collect, criteo_line, write
 from tfscale.data.avazu import AvazuCSV
 from tfscale.data.criteo import CATEGORICAL_NAMES as CATEGORICAL, CriteoTSV
+from tfscale.data.text_lines import resolve_paths
 from tfscale.data.vocabulary import Vocabulary
 from tfscale.errors import UserError
 
@@ -172,6 +173,8 @@ def test_automatic_vocabulary_is_counted_once_reused_and_recounted_when_the_file
     assert len(counted) == 1 and "counting the categorical values" in messages[0]
     cache_files = [p for p in os.listdir(tmp_path) if ".tfscale-vocab-" in p]
     assert len(cache_files) == 1
+    # A glob over the data's directory names the data, not the cache beside it.
+    assert resolve_paths(str(tmp_path / "*")) == [str(path)]
     second = cached_vocabulary(path, min_count=1, test_fraction=0.25, print_fn=messages.append)
     assert len(counted) == 1 and "the files are unchanged" in messages[-1]
     assert second.categorical == first.categorical and second.rows == first.rows

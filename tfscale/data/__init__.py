@@ -1,7 +1,7 @@
 """CTR data sources behind one interface (`source.CTRSource`): the built-in synthetic Criteo-like
 stream (`synthetic.SyntheticCTR`) and the file formats, listed once in `FILE_FORMATS` (the
 launcher's `--data` and `launch.build_vocab --format` read it), and their rows in Parquet files,
-in `PARQUET_FORMATS`. A new format is a `text_lines.DelimitedTextSource` subclass with its
+in `PARQUET_FORMATS`. A new format is a `delimited_text.DelimitedTextSource` subclass with its
 `TextFormat`, plus one line here (and a `parquet.ParquetSource` subclass of the same FORMAT for
 its Parquet files).
 `rank_batches` gives each Horovod rank its part of arrays, a tf.data.Dataset or a source."""

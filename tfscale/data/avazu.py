@@ -4,14 +4,15 @@ Owns what an Avazu line is: a header names the columns (id, click, hour, C1, ban
 app_*, device_*, C14..C21); `id` is dropped unparsed (it does not fit in int64); `hour`, YYMMDDHH,
 becomes two categorical fields with exact ids, hour of day and day of week; every other column is
 categorical. No dense features. Test files may lack `click`. Fields are split on commas (the data
-has no quoting). Reading, checking, encoding and splitting are in text_lines (and for Parquet
-files of the same columns, parquet).
+has no quoting). Reading, checking, encoding and splitting are in delimited_text and text_lines
+(and for Parquet files of the same columns, parquet).
 """
 
 import tensorflow as tf
 
 from tfscale.data.parquet import ParquetSource
-from tfscale.data.text_lines import Check, DelimitedTextSource, LineLayout, TextFormat, quoted
+from tfscale.data.delimited_text import DelimitedTextSource
+from tfscale.data.text_lines import Check, LineLayout, TextFormat, quoted
 from tfscale.errors import UserError
 
 LABEL = "click"

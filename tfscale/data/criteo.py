@@ -2,12 +2,14 @@
 
 Owns what a Criteo line is: tab-separated label, 13 integer features I1..I13 and 26 categorical
 features C1..C26 (8-hex-digit strings), an empty field being a missing value; test files have no
-label column (39 fields). Reading, checking, encoding and splitting are in text_lines (and for
+label column (39 fields). Reading, checking, encoding and splitting are in delimited_text and
+text_lines (and for
 Parquet files of the same fields, parquet).
 """
 
 from tfscale.data.parquet import ParquetSource
-from tfscale.data.text_lines import DelimitedTextSource, LineLayout, TextFormat
+from tfscale.data.delimited_text import DelimitedTextSource
+from tfscale.data.text_lines import LineLayout, TextFormat
 from tfscale.errors import UserError
 
 LABEL = "label"

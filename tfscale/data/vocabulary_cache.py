@@ -14,11 +14,13 @@ import os
 import time
 
 from tfscale import distributed
-from tfscale.data.text_lines import resolve_paths
+from tfscale.data.text_lines import VOCABULARY_CACHE_MARK, resolve_paths
 from tfscale.data.vocabulary import Vocabulary
 from tfscale.errors import UserError
 
-_SUFFIX = ".tfscale-vocab-{}.parquet"
+# No extension (the file is told by its first bytes), so that a "*.parquet" of the data's own
+# directory does not name it either.
+_SUFFIX = VOCABULARY_CACHE_MARK + "{}"
 
 
 def files_signature(paths):
