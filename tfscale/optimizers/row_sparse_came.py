@@ -41,7 +41,7 @@ import tensorflow as tf
 from tfscale import distributed
 from tfscale.embedding import table_names
 from tfscale.embedding.table import shard_of
-from tfscale.optimizers.came import CAME, state_dtype
+from tfscale.optimizers.came import CAME
 from tfscale.optimizers.capabilities import TableState
 from tfscale.optimizers.row_updates import RowUpdates
 
