@@ -49,7 +49,7 @@ flags.DEFINE_enum("embedding_update", "row", list(EMBEDDING_UPDATES),
                   "the batch. dense: every row every step, --l2 as a regularizer on whole tables "
                   "(the papers' update; CowClip's faithful mode, the official code's; CAME's "
                   "statistics over every row): a step's cost follows the table (CAME on DeepFM "
-                  "at batch 8,192: several times the row update's step, docs/results/came.md).")
+                  "at batch 8,192: 2.1-2.4x the row update's step, docs/results/came.md).")
 flags.DEFINE_float("learning_rate", None, "Dense learning rate (default: the rule's, else 2e-4 "
                    "for came, the reference's README value, and 1e-3 for the others).")
 flags.DEFINE_float("embedding_learning_rate", None,
