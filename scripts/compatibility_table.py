@@ -57,8 +57,9 @@ def tables():
         lines.append(f"| `{name}` | {yes(exchange.can_run_stale)} | {yes(exchange.carries_counts)} "
                      f"| {yes(issubclass(exchange, AveragingExchange))} "
                      f"| {yes(exchange.acts_in_one_process)} |")
-    candidates = [optimizers.RowSparseAdam, optimizers.RowSparseAdagrad, optimizers.RowSparseSGD,
-                  optimizers.CowClip, optimizers.CAME, optimizers.FusedAdam, keras.optimizers.Adam]
+    candidates = [optimizers.RowSparseAdam, optimizers.RowSparseAdagrad, optimizers.RowSparseCAME,
+                  optimizers.RowSparseSGD, optimizers.CowClip, optimizers.CAME,
+                  optimizers.FusedAdam, keras.optimizers.Adam]
     lines += ["", "Optimizers (the tables' updates):", "",
               "| optimizer | updates only the batch's rows | needs an exchange with counts "
               f"| may update {' or '.join(partitioned)} tables |",

@@ -16,7 +16,7 @@ import tensorflow as tf
 from tests.test_row_sparse_adam import _data, _model, _tables
 from tfscale.embedding import table_names
 from tfscale.optimizers import (CowClip, FusedAdam, RowSparseAdagrad, RowSparseAdam,
-                                RowSparseSGD, factory, large_batch_settings)
+                                RowSparseCAME, RowSparseSGD, factory, large_batch_settings)
 from tfscale.optimizers.loss_scaling import LossScaleOptimizer
 from tfscale.optimizers.table_state import per_row_state
 
@@ -122,11 +122,13 @@ def _op_counts(graph, variable):
     (_launcher_default, 2), (lambda: RowSparseAdagrad(1e-2, table_l2=1e-3), 1),
     (lambda: RowSparseSGD(1e-2, momentum=0.9), 1),
     (lambda: CowClip(None, FusedAdam(1e-3), l2=1e-5), 2),
-], ids=["launcher_default", "adagrad", "sgd", "cowclip_scalable"])
+    (lambda: RowSparseCAME(1e-3, table_l2=1e-3), 1),
+], ids=["launcher_default", "adagrad", "sgd", "cowclip_scalable", "came"])
 def test_tables_and_their_per_row_state_are_only_read_and_written_by_row(optimizer, row_passes):
     """Each per-row slot of a table is gathered once and scattered once a step, and there are
     `row_passes` of them: Adam's moments in one slot (plus the last step with the catch-up),
-    not two, so its step reads and writes the moments' rows once."""
+    not two, so its step reads and writes the moments' rows once; CAME's momentum and row
+    statistics in one slot."""
     model = _model()
     model.compile(optimizer=optimizer(), loss="binary_crossentropy")
     ids, labels = _data()

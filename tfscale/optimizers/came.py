@@ -93,19 +93,24 @@ class CAME(RefusesUnaveragedGradients, DeclaresTableState, keras.optimizers.Opti
         self._rows, self._columns, self._instability_rows, self._instability_columns = \
             [], [], [], []
         for variable in var_list:
-            shape = tuple(variable.shape)
-            factored = len(shape) >= 2
-            self._momentums.append(self._add_state(variable, shape, "momentum"))
-            self._velocities.append(
-                None if factored else self._add_state(variable, shape, "velocity"))
-            row_shape, column_shape = shape[:-1], shape[:-2] + shape[-1:]
-            for slots, slot_shape, suffix in (
-                (self._rows, row_shape, "row"),
-                (self._columns, column_shape, "column"),
-                (self._instability_rows, row_shape, "instability_row"),
-                (self._instability_columns, column_shape, "instability_column"),
-            ):
-                slots.append(self._add_state(variable, slot_shape, suffix) if factored else None)
+            self._build_state(variable)
+
+    def _build_state(self, variable):
+        """Appends `variable`'s state to the lists of each kind of state (None where it keeps
+        none of that kind)."""
+        shape = tuple(variable.shape)
+        factored = len(shape) >= 2
+        self._momentums.append(self._add_state(variable, shape, "momentum"))
+        self._velocities.append(
+            None if factored else self._add_state(variable, shape, "velocity"))
+        row_shape, column_shape = shape[:-1], shape[:-2] + shape[-1:]
+        for slots, slot_shape, suffix in (
+            (self._rows, row_shape, "row"),
+            (self._columns, column_shape, "column"),
+            (self._instability_rows, row_shape, "instability_row"),
+            (self._instability_columns, column_shape, "instability_column"),
+        ):
+            slots.append(self._add_state(variable, slot_shape, suffix) if factored else None)
 
     def table_state(self, table):
         """Per row: the momentum and the row statistics; whole: the column statistics (summed
@@ -121,10 +126,10 @@ class CAME(RefusesUnaveragedGradients, DeclaresTableState, keras.optimizers.Opti
             per_row=(self._momentums[index], self._rows[index], self._instability_rows[index]),
             whole=(self._columns[index], self._instability_columns[index]))
 
-    def _add_state(self, variable, shape, suffix):
+    def _add_state(self, variable, shape, suffix, initializer="zeros"):
         prefix = getattr(variable, "path", variable.name).replace("/", "_").replace(":", "_")
         return self.add_variable(shape=shape, dtype=state_dtype(variable.dtype),
-                                 name=f"{prefix}_{suffix}")
+                                 initializer=initializer, name=f"{prefix}_{suffix}")
 
     def update_step(self, gradient, variable, learning_rate):
         """One CAME step of `variable` (docs/came.md steps 1-10; weight decay is the base

@@ -15,14 +15,14 @@ from tfscale.optimizers.cowclip import CowClip
 from tfscale.optimizers.fused_adam import FusedAdam
 from tfscale.optimizers.row_sparse_adagrad import RowSparseAdagrad
 from tfscale.optimizers.row_sparse_adam import RowSparseAdam
+from tfscale.optimizers.row_sparse_came import RowSparseCAME
 from tfscale.optimizers.row_sparse_sgd import RowSparseSGD
 
 # The optimizers the factory builds, by name ("cowclip": CowClip over Adam): the dense weights'
-# optimizer, and the tables' when they are updated by row. CAME's tables take row-sparse Adam:
-# CAME's factored statistics span every row of a table (docs/came.md).
+# optimizer, and the tables' when they are updated by row.
 OPTIMIZERS = {"cowclip": CowClip, "adam": FusedAdam, "came": CAME,
               "adagrad": keras.optimizers.Adagrad, "sgd": keras.optimizers.SGD}
-ROW_OPTIMIZERS = {"adam": RowSparseAdam, "came": RowSparseAdam, "adagrad": RowSparseAdagrad,
+ROW_OPTIMIZERS = {"adam": RowSparseAdam, "came": RowSparseCAME, "adagrad": RowSparseAdagrad,
                   "sgd": RowSparseSGD}
 EMBEDDING_UPDATES = ("row", "dense")
 

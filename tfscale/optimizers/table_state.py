@@ -98,8 +98,8 @@ def local_variables(model):
                     f"{tuple(slot.shape)} for the {table.strategy.description} table "
                     f"{shard.path}: state that is "
                     "neither per row nor summed over the shards by the optimizer; use an "
-                    "optimizer tfscale shards (Adam, RowSparseAdam, CowClip, CAME, SGD), or "
-                    "replicated tables")
+                    "optimizer tfscale shards (Adam, RowSparseAdam, CowClip, CAME, RowSparseCAME, "
+                    "SGD), or replicated tables")
         local += [shard, *state.per_row]
     return local
 

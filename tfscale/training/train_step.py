@@ -259,8 +259,8 @@ class TrainStep:
             warnings.warn(
                 f"embedding tables updated whole every step, so a step's cost grows with the "
                 f"table: {', '.join(whole)}; a tfscale row-sparse optimizer (RowSparseAdam, "
-                "RowSparseAdagrad, RowSparseSGD, CowClip(mode='scalable')) updates only the "
-                "batch's rows", stacklevel=2)
+                "RowSparseAdagrad, RowSparseCAME, RowSparseSGD, CowClip(mode='scalable')) "
+                "updates only the batch's rows", stacklevel=2)
         return tables_of(self.trainable_variables)
 
     def test_step(self, data):
@@ -292,8 +292,8 @@ def _refuse_whole_update_of_partitioned(table, optimizer):
         raise UserError(
             f"{type(optimizer).__name__} would update the {table.strategy.description} table "
             f"{table.variable.path} whole every step: give it an optimizer that updates it by "
-            "row (`embedding_update=row`: RowSparseAdam, RowSparseAdagrad, RowSparseSGD, "
-            "CowClip()), or tables of `sharding=replicated`")
+            "row (`embedding_update=row`: RowSparseAdam, RowSparseAdagrad, RowSparseCAME, "
+            "RowSparseSGD, CowClip()), or tables of `sharding=replicated`")
 
 
 def _batch_size(x):
