@@ -1,10 +1,9 @@
 """A dynamic table's memory follows the rows in use (docs/dynamic.md, tfscale.embedding.id_rows):
 tables, optimizer state and IdRows' per-row state start unwritten; rows are handed out from the
-high-water mark, then from the freed rows; a row handed out (after an eviction, after a restore)
-starts from its initializer row and fresh optimizer state, also in the step that builds the
-optimizer; checkpoints hold the rows in use only;
-a table updated whole has its other rows written with zeros; a capacity whose full tables pass
-the machine's memory is warned about."""
+high-water mark, then from the freed rows; a row handed out (after an eviction, after a restore,
+in the step that builds the optimizer) starts from its initializer row and fresh optimizer
+state; checkpoints hold the rows in use only; a table updated whole has its other rows written
+with zeros; a capacity whose full tables pass the machine's memory is warned about."""
 
 import json
 import logging
