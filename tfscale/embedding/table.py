@@ -189,16 +189,6 @@ def written_rows(variable):
     return int(variable.shape[0]) if table is None else table.strategy.written_rows(table)
 
 
-def write_unwritten_rows(model):
-    """Writes the rows of `model`'s tables never handed out (TableStrategy.write_unwritten_rows),
-    for a writer of whole variables (a SavedModel export, in one process)."""
-    by_strategy = {}
-    for table in tables_of(model.variables):
-        by_strategy.setdefault(id(table.strategy), (table.strategy, []))[1].append(table)
-    for strategy, tables in by_strategy.values():
-        strategy.write_unwritten_rows(tables)
-
-
 def shard_of(variable):
     """The RowShard of a partitioned table's variable (a Keras variable or the tf.Variable it
     holds), or None (a replicated table, or not a table)."""
