@@ -85,13 +85,15 @@ def test_the_saved_model_holds_the_rows_in_use_only(exported):
 
 
 def test_served_scores_are_the_trained_models_for_seen_and_unseen_ids(exported):
-    model, seen, _, path = exported
+    model, seen, rows_in_use, path = exported
     unseen = np.array([[7, (1 << 50) + 3, 12345678901], [1 << 55, 0, 1]], np.int64)
     partly = seen[:4].copy()
     partly[:, 1] = 1 << 45  # a known id of field 0 beside an unseen one of field 1
     ids = np.concatenate([seen, unseen, partly])
     loaded = tf.saved_model.load(path)  # held: its variables live as long as it does
     served = loaded.serve(tf.constant(ids)).numpy()
+    shapes = sorted(tuple(v.shape) for v in loaded.variables)
+    assert (rows_in_use, WIDTH) in shapes and (rows_in_use, 1) in shapes, shapes  # compact
     expected = model.predict(ids, verbose=0)
     np.testing.assert_allclose(served, expected, rtol=0, atol=1e-6)
     assert len(np.unique(np.round(expected, 6))) > len(ids) // 2  # rows differ, not all unknown

@@ -4,7 +4,8 @@ the embedding tables in the form their strategies serve (TableStrategy.served: a
 rows in use only), and of the model's state only what the endpoints read: the variables (Keras
 tracks those) and the TensorFlow resources, such as lookup tables, that they capture (tracking
 the whole model would write every variable whole, a dynamic table's rows never handed out
-too)."""
+too). The loaded SavedModel's `variables`, `trainable_variables` and `non_trainable_variables`
+are those the endpoints read (Keras's `model.export` lists all of the model's)."""
 
 import contextlib
 
@@ -44,14 +45,29 @@ def write_saved_model(model, path, endpoints):
         for strategy, held in _by_strategy(tables):
             resources += serving.enter_context(strategy.served(held))
         archive = keras.export.ExportArchive()
-        functions = [archive.add_endpoint(name, function, input_signature=signature)
-                     for name, function, signature in endpoints]
-        captured = {id(tensor) for function in functions
-                    for tensor in function.get_concrete_function().captured_inputs}
+        traced = [archive.add_endpoint(name, function, input_signature=signature)
+                  .get_concrete_function() for name, function, signature in endpoints]
+        captured = {id(tensor) for function in traced for tensor in function.captured_inputs}
         for resource in resources:
             if id(resource.resource_handle) in captured:
                 archive.track(resource)
+        read = _in_model_order({id(v): v for function in traced
+                                for v in function.variables}.values(), model, tables)
+        for name, variables in (("variables", read),
+                                ("trainable_variables", [v for v in read if v.trainable]),
+                                ("non_trainable_variables", [v for v in read if not v.trainable])):
+            archive.add_variable_collection(name, variables)
         archive.write_out(path, verbose=False)
+
+
+def _in_model_order(variables, model, tables):
+    """`variables` (tf.Variables) in the order of `model`'s, then of `tables`' (in their served
+    form), then by name: a traced function lists those it read in no fixed order."""
+    order = {}
+    for variable in [*model.variables, *(t.variable for t in tables)]:
+        held = variable.value if isinstance(variable, keras.Variable) else variable
+        order.setdefault(id(held), len(order))
+    return sorted(variables, key=lambda v: (order.get(id(v), len(order)), v.name))
 
 
 def _resources(model):
