@@ -70,7 +70,8 @@ class Table:
     which; `partitioned` tables hold different rows on each rank (never broadcast, averaged or
     written whole by one rank). `row_index` is the strategy's own state of this rank's rows
     that differs between ranks (a dynamic table's id map, tfscale.embedding.id_rows.IdRows),
-    or None."""
+    or None. While a SavedModel is written, a strategy's `served` form may stand in for both
+    (TableStrategy.served)."""
 
     def __init__(self, name, rows, width, strategy, layer):
         self.name = name
