@@ -1,9 +1,9 @@
 """A dynamic table's memory follows the rows in use (docs/dynamic.md, tfscale.embedding.id_rows):
 tables, optimizer state and IdRows' per-row state start unwritten; rows are handed out from the
-high-water mark, then from the freed rows; a row handed out (after an eviction, after a restore)
-starts from its initializer row and fresh optimizer state; checkpoints hold the rows in use only;
-a table updated whole has its other rows written with zeros; a capacity whose full tables pass
-the machine's memory is warned about."""
+high-water mark, then from the freed rows; a row handed out (after an eviction, after a restore,
+in the step that builds the optimizer) starts from its initializer row and fresh optimizer
+state; checkpoints hold the rows in use only; a table updated whole has its other rows written
+with zeros; a capacity whose full tables pass the machine's memory is warned about."""
 
 import json
 import logging
@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from tests.test_dynamic_tables import embedding, held, lookup, small_model
 from tfscale.embedding.initializers import keyed_rows
-from tfscale.optimizers import FusedAdam, RowSparseAdagrad, table_state
+from tfscale.optimizers import FusedAdam, RowSparseAdagrad, RowSparseAdam, row_updates, table_state
 from tfscale.training.checkpoints import CheckpointStore
 
 
@@ -148,3 +148,24 @@ def test_a_row_handed_out_starts_from_adagrads_initial_accumulator():
     assert (accumulated > 0.1).all() and (accumulated < 1).all()
     np.testing.assert_allclose(np.abs(table.numpy()[row] - initial),
                                0.5 * np.sqrt((accumulated - 0.1) / accumulated), rtol=1e-3)
+
+
+def garbage(shape, dtype=None):
+    """What an `unwritten` buffer may hold where its memory was used before: NaN (the largest
+    int for integer state)."""
+    dtype = tf.as_dtype(dtype or "float32")
+    fill = float("nan") if dtype.is_floating else dtype.max
+    return tf.fill(shape, tf.constant(fill, dtype))
+
+
+def test_an_optimizer_built_by_the_first_step_gives_its_new_rows_fresh_state(monkeypatch):
+    """train_on_batch with an optimizer not built before it (no `fit`, which builds it first):
+    the first step's new rows start from fresh state, not from the unwritten memory of the
+    state it creates."""
+    monkeypatch.setattr(row_updates, "unwritten", garbage)
+    model, layer = small_model(capacity=8)
+    model.compile(optimizer=RowSparseAdam(learning_rate=0.01), loss="binary_crossentropy")
+    assert not model.optimizer.built
+    model.train_on_batch(np.array([[3, 13]]), np.array([[1.0]]))
+    assert_fresh(model, layer, 3, step=1)
+    assert np.isfinite(model.predict(np.array([[3, 13]]), verbose=0)).all()

@@ -162,7 +162,8 @@ def test_own_model_on_two_ranks(launched_jobs):
     assert job.returncode == 0, job.output
     for check in ("broadcast", "metrics", "uneven arrays", "unknown length",
                   "batch not divisible", "load_weights", "plain model refused",
-                  "callbacks refused", "row uneven evaluation", "dynamic uneven evaluation"):
+                  "callbacks refused", "in-job export", "row uneven evaluation",
+                  "dynamic uneven evaluation"):
         assert job.output.count(f"{check} ok") == 2, (check, job.output)
 
 

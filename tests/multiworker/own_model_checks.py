@@ -14,6 +14,8 @@ them equal), prints one "<check> ok" line per rank and check:
 - load_weights: each rank loads another file; rank 0's weights end on every rank;
 - plain model: a keras.Model compiled with RowSparseAdam is refused at its first step;
 - callbacks: BackupAndRestore refused; ModelCheckpoint refused with row-sharded tables;
+- in-job export: a SavedModel of row-sharded or dynamic tables refused on every rank; a
+  replicated model's, written by rank 0, scores as the model;
 - checkpoints: a model with row-sharded tables and one with dynamic tables trained one epoch
   with tfscale.callbacks.Checkpoint in OUT_DIR/<kind>-checkpoints, validated on test parts of
   17 and 16 batches (fit's validation loss and `evaluate` those of every test row), their predictions of a fixed
@@ -36,6 +38,7 @@ from tfscale.data import rank_batches
 from tfscale.errors import UserError
 from tfscale.optimizers import RowSparseAdam
 from tfscale.optimizers.table_state import local_variables
+from tfscale.serving.saved_model import write_saved_model
 
 FIELDS, ROWS_PER_FIELD, GLOBAL_BATCH = 4, 50, 64
 KINDS = ("row", "dynamic")
@@ -188,6 +191,28 @@ def check_refusals(rank, ids, labels, out_dir):
     print(f"rank {rank}: callbacks refused ok", flush=True)
 
 
+def check_in_job_export(rank, out_dir):
+    """A SavedModel written in the job: refused for tables spread over the ranks (each holds its
+    share); a replicated model, the same on every rank, written by rank 0 scores as it does."""
+    signature = [tf.TensorSpec([None, FIELDS], tf.int64, name="ids")]
+    for kind in KINDS:
+        model = readme_model(sharding=kind)
+        try:
+            write_saved_model(model, os.path.join(out_dir, f"{kind}-in-job-{rank}"),
+                              [("serve", model.__call__, signature)])
+            raise AssertionError(f"a SavedModel of {kind} tables was written in the job")
+        except UserError as error:
+            assert "spread over the 2 ranks" in str(error), error
+    if rank == 0:
+        model = readme_model()
+        path = os.path.join(out_dir, "replicated-in-job")
+        write_saved_model(model, path, [("serve", model.__call__, signature)])
+        loaded = tf.saved_model.load(path)
+        np.testing.assert_allclose(loaded.serve(tf.constant(fixed_batch())).numpy(),
+                                   model.predict(fixed_batch(), verbose=0), atol=1e-6)
+    print(f"rank {rank}: in-job export ok", flush=True)
+
+
 def fixed_batch():
     return arrays(32, seed=9)[0]
 
@@ -263,6 +288,7 @@ def main(step, out_dir):
     check_uneven_data(rank, ids, labels, log)
     check_load_weights(rank, out_dir)
     check_refusals(rank, ids, labels, out_dir)
+    check_in_job_export(rank, out_dir)
     if rank == 0:
         np.save(os.path.join(out_dir, "fixed_batch.npy"), fixed_batch())
     for kind in KINDS:

@@ -14,7 +14,8 @@ optimizer state (Table.record_lookup's `fresh_rows`). The tables start unwritten
 (tfscale.embedding.table.unwritten), so a rank's memory follows the rows handed out, not the
 capacity; a table updated whole (every row read every step) has its other rows written with
 zeros first (`updated_whole`). Evaluation and prediction look ids up without counting or
-admitting them."""
+admitting them. A SavedModel holds the rows in use only, in compact tables
+(tfscale.embedding.dynamic_serving)."""
 
 import dataclasses
 
@@ -24,6 +25,7 @@ import tensorflow as tf
 from tfscale import distributed
 from tfscale.embedding import placement
 from tfscale.embedding.by_id_checkpoint import BY_ID
+from tfscale.embedding.dynamic_serving import served_tables
 from tfscale.embedding.id_rows import IdRows, write_rows_from
 from tfscale.embedding.initializers import keyed_rows, with_rank_0_seed
 from tfscale.embedding.row_sharding import check_partitioned_arguments, gradient_divided_by
@@ -133,17 +135,13 @@ class DynamicTables(TableStrategy):
     def written_rows(self, table):
         return int(table.row_index.next_row.numpy())
 
-    def write_unwritten_rows(self, tables):
-        """Zeros in the tables' rows never handed out, ids -1 in their row indexes'."""
-        indexes = {}
-        for table in tables:
-            indexes[id(table.row_index)] = table.row_index
-            write_rows_from(table.variable, self.written_rows(table), 0.0)
-        for index in indexes.values():
-            index.write_unused_rows()
+    def served(self, tables):
+        """The rows in use, copied into compact tables (tfscale.embedding.dynamic_serving)."""
+        return served_tables(tables)
 
     def lookup(self, tables, keys, embedding, training=False):
-        return lookup(tables, keys, embedding.row_index, training,
+        # The Tables' row index, not the layer's: a served Table reads through its own.
+        return lookup(tables, keys, tables[0].row_index, training,
                       name=f"tfscale_{embedding.name}", scalars=embedding.scalars)
 
 

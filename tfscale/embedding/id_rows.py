@@ -82,6 +82,9 @@ class IdRows(keras.layers.Layer):
             self.step = weight("step", (), "zeros")
             self.sketch = (weight("sketch", (2, max(self.sketch_primes)), "zeros", "int32")
                            if self.sketch_primes else None)
+        # Outside any graph being traced, as Keras creates variables: a subclassed model is
+        # built in a scratch graph, which a table created there would not outlive.
+        with tf.init_scope(), tf.device("/cpu:0"):
             self.map = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, NO_ROW,
                                                                name=f"{self.name}_map")
 
@@ -101,16 +104,6 @@ class IdRows(keras.layers.Layer):
         """The entries of `variable` (one of this layer's per-row variables, or a table's) of
         the rows handed out so far, read in place."""
         return tf.gather(variable.value, tf.range(self.next_row.value.read_value()))
-
-    def write_unused_rows(self):
-        """Writes the entries never handed out (ids -1, zeros elsewhere; eagerly): for a reader
-        of whole variables, as a SavedModel is."""
-        first = int(self.next_row.numpy())
-        for variable, fill in ((self.row_ids, NO_ROW), (self.last_seen, 0),
-                               (self.seen_count, 0)):
-            write_rows_from(variable, first, fill)
-        write_rows_from(self.free_rows, int(self.free_count.numpy()), 0)
-
 
     def rows_of(self, keys):
         """The rows of `keys` (int64 [n]), NO_ROW for ids without one; changes nothing."""

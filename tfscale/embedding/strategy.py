@@ -27,6 +27,8 @@ optimizer state apart from the rest of a checkpoint, every rank its own rows:
   restore_rank_local(parts, directory)  after rank 0's restore and broadcast, on the others:
                                    the rows that differ between ranks."""
 
+import contextlib
+
 from tfscale.embedding.by_row_checkpoint import BY_ROW
 
 
@@ -151,13 +153,19 @@ class TableStrategy:
             An int, at most the rows of this rank's variable."""
         return int(table.variable.shape[0])
 
-    def write_unwritten_rows(self, tables):
-        """Writes the rows of `tables` (built, this strategy's) and of their row indexes never
-        handed out, eagerly, for a writer of whole variables (a SavedModel export): nothing by
-        default.
+    @contextlib.contextmanager
+    def served(self, tables):
+        """Holds `tables` (built, this strategy's) in the form a SavedModel serves while it is
+        traced and written (tfscale.serving.saved_model), and back in their training form after:
+        by default the training form itself.
 
         Args:
-            tables: built Tables of this strategy."""
+            tables: built Tables of this strategy, in one process.
+
+        Yields:
+            The TensorFlow resources (lookup tables) that form reads besides variables, which
+            the SavedModel must hold: none by default."""
+        yield []
 
     def lookup(self, tables, rows, embedding, training=False):
         """The rows `rows` of each of `tables`, each table's de-duplicated lookup recorded on it

@@ -70,7 +70,8 @@ class Table:
     which; `partitioned` tables hold different rows on each rank (never broadcast, averaged or
     written whole by one rank). `row_index` is the strategy's own state of this rank's rows
     that differs between ranks (a dynamic table's id map, tfscale.embedding.id_rows.IdRows),
-    or None."""
+    or None. While a SavedModel is written, a strategy's `served` form may stand in for both
+    (TableStrategy.served)."""
 
     def __init__(self, name, rows, width, strategy, layer):
         self.name = name
@@ -187,16 +188,6 @@ def written_rows(variable):
     for a table whose strategy hands out rows (TableStrategy.written_rows)."""
     table = table_of(variable)
     return int(variable.shape[0]) if table is None else table.strategy.written_rows(table)
-
-
-def write_unwritten_rows(model):
-    """Writes the rows of `model`'s tables never handed out (TableStrategy.write_unwritten_rows),
-    for a writer of whole variables (a SavedModel export, in one process)."""
-    by_strategy = {}
-    for table in tables_of(model.variables):
-        by_strategy.setdefault(id(table.strategy), (table.strategy, []))[1].append(table)
-    for strategy, tables in by_strategy.values():
-        strategy.write_unwritten_rows(tables)
 
 
 def shard_of(variable):

@@ -3,10 +3,10 @@ into click probabilities with the same parsing and encoding as training (text_li
 data.preprocessing.Preprocessing), and the TensorFlow SavedModel that carries them for serving.
 
 Owns: what a served model takes (`RawInputs`: the training file's layout, the columns a request
-names), the two serving functions, and writing the SavedModel with Keras's ExportArchive. The
-SavedModel holds the whole preprocessing in its graph (hashing or the vocabulary's sorted keys,
-the integer transform, missing values) and the model's variables; it loads with
-`tf.saved_model.load` alone, without tfscale or Keras.
+names) and the two serving functions, written by tfscale.serving.saved_model. The SavedModel
+holds the whole preprocessing in its graph (hashing or the vocabulary's sorted keys, the integer
+transform, missing values) and the model's variables (of a dynamic table, the rows in use); it
+loads with `tf.saved_model.load` alone, without tfscale or Keras.
 
 Signatures:
   serving_default(<one string tensor [n] per input column>) -> {"probability": float32 [n]}:
@@ -19,11 +19,10 @@ Signatures:
 
 import dataclasses
 
-import keras
 import tensorflow as tf
 
 from tfscale.data.text_lines import LineLayout, LineParser, LinesOf
-from tfscale.embedding.table import write_unwritten_rows
+from tfscale.serving.saved_model import write_saved_model
 
 SERVING_DEFAULT = "serving_default"
 SCORE_LINES = "score_lines"
@@ -103,12 +102,10 @@ def export_saved_model(model, preprocessing, raw_inputs, path):
         path: the SavedModel's directory.
 
     Raises:
-        UserError: `raw_inputs.on_short_line` is not a short-line policy ("missing", "error")."""
+        UserError: `raw_inputs.on_short_line` is not a short-line policy ("missing", "error");
+            in a Horovod job of several ranks, `model` has tables spread over the ranks."""
     scorer = RawScorer(model, preprocessing, raw_inputs)
     names = raw_inputs.field_names
-    write_unwritten_rows(model)  # a SavedModel holds whole variables
-    archive = keras.export.ExportArchive()
-    archive.track(model)
 
     def serve_fields(*columns):
         return {OUTPUT: scorer.fields(columns)}
@@ -116,8 +113,6 @@ def export_saved_model(model, preprocessing, raw_inputs, path):
     def serve_lines(lines):
         return {OUTPUT: scorer.lines(lines)}
 
-    archive.add_endpoint(SERVING_DEFAULT, serve_fields,
-                         input_signature=[tf.TensorSpec([None], tf.string, name=n) for n in names])
-    archive.add_endpoint(SCORE_LINES, serve_lines,
-                         input_signature=[tf.TensorSpec([None], tf.string, name="lines")])
-    archive.write_out(path, verbose=False)
+    write_saved_model(model, path, [
+        (SERVING_DEFAULT, serve_fields, [tf.TensorSpec([None], tf.string, name=n) for n in names]),
+        (SCORE_LINES, serve_lines, [tf.TensorSpec([None], tf.string, name="lines")])])

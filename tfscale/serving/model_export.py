@@ -1,7 +1,8 @@
 """A user's own Keras model as one TensorFlow SavedModel: `export_model` restores the newest
 checkpoint a (possibly multi-rank) run wrote, its tables assembled from every rank's rows, into
-the model built in one process, and writes it with Keras's `model.export`. The SavedModel loads
-with `tf.saved_model.load` alone, without tfscale or Keras, and serves `serve` (and the
+the model built in one process, and writes it as Keras's `model.export` does, with its dynamic
+tables' rows in use only (tfscale.serving.saved_model). The SavedModel loads with
+`tf.saved_model.load` alone, without tfscale or Keras, and serves `serve` (and the
 `serving_default` signature) on the model's inputs.
 
 Run it in one process (plain `python`, not under horovodrun): a model built there holds every
@@ -11,12 +12,18 @@ into the graph."""
 import os
 
 import keras
+# Keras has no public form of these: the class of functional models (which record their inputs)
+# and the signature `Model.export` reads from a functional or Sequential model's inputs.
+from keras.src.export.export_utils import get_input_signature
+from keras.src.models.functional import Functional
 
 from tfscale import distributed
 from tfscale.data.rank_batches import zero_batch
-from tfscale.embedding.table import write_unwritten_rows
 from tfscale.errors import UserError
+from tfscale.serving.saved_model import write_saved_model
 from tfscale.training.run import restore_trained_weights
+
+SERVE = "serve"  # the endpoint, as Keras's `model.export` names it
 
 
 def export_model(model, path, checkpoint_dir=None, input_signature=None):
@@ -32,7 +39,7 @@ def export_model(model, path, checkpoint_dir=None, input_signature=None):
             run's checkpoints) whose newest weights to export; None exports `model` as it is.
         input_signature: a list with one tf.TensorSpec (or a structure of them) per argument
             of the model's call, as `keras.Model.export` takes it; needed for a subclassed model
-            (Keras reads a functional model's from its inputs).
+            (Keras reads a functional or Sequential model's from its inputs).
 
     Returns:
         The checkpoint's progress dict (global step, epoch, ...), or None without
@@ -40,8 +47,8 @@ def export_model(model, path, checkpoint_dir=None, input_signature=None):
 
     Raises:
         UserError: it runs in a Horovod job of several ranks; `path` exists; the model is not
-            built and no `input_signature` is given; `checkpoint_dir` holds no checkpoint, or
-            one that cannot be read or does not match the model.
+            built, or is subclassed, and no `input_signature` is given; `checkpoint_dir` holds
+            no checkpoint, or one that cannot be read or does not match the model.
 
     Example:
         ```python
@@ -60,12 +67,17 @@ def export_model(model, path, checkpoint_dir=None, input_signature=None):
             raise UserError("the model is not built: give `input_signature` (its inputs' "
                             "tf.TensorSpecs) or call it once on a batch first")
         model(*zero_batch(list(input_signature), rows=1), training=False)
+    if input_signature is None:
+        if not isinstance(model, (Functional, keras.Sequential)):
+            raise UserError(
+                f"{type(model).__name__} is a subclassed model: Keras does not record the "
+                "shapes and dtypes of its inputs, which the SavedModel is traced with; give "
+                "`input_signature` (its inputs' tf.TensorSpecs)")
+        input_signature = get_input_signature(model)
     progress = None
     if checkpoint_dir is not None:
         progress = restore_trained_weights(model, checkpoint_dir)
         if progress is None:
             raise UserError(f"`checkpoint_dir={checkpoint_dir}` holds no checkpoint")
-    write_unwritten_rows(model)  # a SavedModel holds whole variables
-    kwargs = {} if input_signature is None else {"input_signature": input_signature}
-    keras.Model.export(model, path, format="tf_saved_model", verbose=False, **kwargs)
+    write_saved_model(model, path, [(SERVE, model.__call__, input_signature)])
     return progress

@@ -219,10 +219,15 @@ class TrainStep:
         if lookups.tables:
             self._step_scalars.record("embedding/unique_id_rate", lookups.unique_rate())
 
-        # Rows given to new ids in this step start with fresh optimizer state.
+        # Rows given to new ids in this step start with fresh optimizer state, which must exist
+        # by then: an optimizer not built before the first step (train_on_batch, a loop of the
+        # user's own) is built here rather than in its update, or those rows' state would be
+        # read unwritten.
+        if not self.optimizer.built:
+            self.optimizer.build(variables)
         for table in tables_of(variables):
             lookup = table.step_lookup()
-            if lookup is not None and lookup.fresh_rows is not None and self.optimizer.built:
+            if lookup is not None and lookup.fresh_rows is not None:
                 table_state.reset_rows(self.optimizer, table.variable, lookup.fresh_rows)
 
         # Exchange
