@@ -121,9 +121,10 @@ def run_directories(logdir, checkpoint_dir):
 FINGERPRINT_BUCKETS = (1 << 56) - 1
 
 
-def build_model(schema, settings, optimizer_name, dtype_policy="float32"):
+def build_model(schema, settings, optimizer_name, dtype_policy="float32", dynamic_capacity=None):
     """The --model over `schema`, initialised and regularised as `settings` (LargeBatchSettings)
-    say for the optimizer `optimizer_name`, computing in `dtype_policy`."""
+    say for the optimizer `optimizer_name`, computing in `dtype_policy`; `dynamic_capacity`:
+    hybrid_flags.dynamic_capacity's answer."""
     from launch import hybrid_flags
     from tfscale.embedding.initializers import RowSeededNormal
     from tfscale.optimizers.factory import model_regularization
@@ -132,7 +133,7 @@ def build_model(schema, settings, optimizer_name, dtype_policy="float32"):
         FLAGS.model, schema, embedding_dim=FLAGS.embedding_dim, hidden_units=_dnn_units(),
         embeddings_initializer=RowSeededNormal(stddev=settings.embedding_init_stddev),
         dtype=dtype_policy, deduplicate_ids=FLAGS.dedup_ids,
-        embedding_sharding=hybrid_flags.table_strategy(),
+        embedding_sharding=hybrid_flags.table_strategy(dynamic_capacity),
         **model_regularization(settings, optimizer_name, FLAGS.embedding_update),
         **_model_specific_config())
 

@@ -57,9 +57,10 @@ def run():
     else:
         days, source = None, common_flags.build_source(resumed_run)
     check_test_split_is_labelled(source)  # before anything is written
-    hybrid_flags.check_dynamic_capacity(source, distributed.local_batch_size(FLAGS.batch_size))
+    capacity = hybrid_flags.dynamic_capacity(
+        source, distributed.local_batch_size(FLAGS.batch_size), whole_files=not FLAGS.progressive)
     model = common_flags.build_model(source.schema, settings, optimizer_name,
-                                     precision_flags.dtype_policy())
+                                     precision_flags.dtype_policy(), capacity)
     steps_per_epoch = source.train_steps_per_epoch(
         distributed.local_batch_size(FLAGS.batch_size), distributed.size())
     optimizer = precision_flags.with_loss_scaling(
