@@ -43,8 +43,9 @@ flags.DEFINE_enum("categorical_encoding", "vocabulary",
                   "(tables sized from the data: --vocabulary, or by default one counted from the "
                   "training lines on first use and cached beside the data; with --progressive, "
                   "from the first day), or hash them into --hash_buckets per field. For tables "
-                  "whose rows are given to ids as they arrive (--embedding_sharding=dynamic): "
-                  "fingerprint gives every value of the files its own 56-bit id; raw passes "
+                  "whose rows are given to ids as they arrive (--embedding_sharding=dynamic, "
+                  "which these two choose when --embedding_sharding is not given): fingerprint "
+                  "gives every value of the files its own 56-bit id; raw passes "
                   "--data=drifting's integer ids as they are, in [0, 2^56).")
 flags.DEFINE_integer("hash_buckets", 1_000_000,
                      "--categorical_encoding=hash: hash buckets per categorical field (at most; "

@@ -72,6 +72,23 @@ def table_strategy(dynamic_capacity=None):
     return {"name": FLAGS.embedding_sharding, **settings}
 
 
+# Encodings giving ids of any size (up to 2**56), which only tables that take any ids hold.
+ANY_ID_ENCODINGS = ("fingerprint", "raw")
+
+
+def choose_tables_for_encoding():
+    """Without --embedding_sharding, a --categorical_encoding of ANY_ID_ENCODINGS chooses the
+    tables that take any ids (TableStrategy.takes_any_ids), so that one flag turns a file's
+    fixed tables into dynamic ones; sets --embedding_sharding (a default that follows another
+    flag; the run's description line names the tables)."""
+    if FLAGS["embedding_sharding"].present or FLAGS.categorical_encoding not in ANY_ID_ENCODINGS:
+        return
+    from tfscale.embedding import strategies
+
+    FLAGS.embedding_sharding = next(name for name in strategies.names()
+                                    if strategies.get(name).takes_any_ids)
+
+
 def strategy():
     """The TableStrategy --embedding_sharding names (from the registry)."""
     from tfscale.embedding import strategies

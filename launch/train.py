@@ -44,6 +44,7 @@ def run():
     from tfscale.training.run import TrainingConfig, check_test_split_is_labelled, train
 
     distributed_flags.init_horovod()
+    hybrid_flags.choose_tables_for_encoding()
     progressive_flags.check_flags()
     common_flags.seed_everything(FLAGS.seed, FLAGS.deterministic)
     logdir, checkpoint_dir = common_flags.run_directories(FLAGS.logdir, FLAGS.checkpoint_dir)

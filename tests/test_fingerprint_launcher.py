@@ -1,6 +1,8 @@
-"""`launch.train` on a file with no vocabulary pass: every value keyed by its fingerprint into
-dynamic tables whose capacity, with no --dynamic_capacity, is one row per categorical value the
-training rows could hold. The run is a job of the grouped launches (tests/grouped_launches.py)."""
+"""`launch.train` on a file with no vocabulary pass, one flag away from the default: every value
+keyed by its fingerprint (--categorical_encoding=fingerprint, which chooses dynamic tables when
+--embedding_sharding is not given), the tables' capacity, with no --dynamic_capacity, one row per
+categorical value the training rows could hold. The run is a job of the grouped launches
+(tests/grouped_launches.py)."""
 
 import pathlib
 import re
@@ -12,7 +14,7 @@ TRAIN = f"{RUN_DIR}/train.txt"
 ROWS = 700
 FINGERPRINTED = grouped_launches.launcher_job(
     "fingerprint-capacity-from-the-file", 1, "--data=criteo", f"--train_path={TRAIN}",
-    "--embedding_sharding=dynamic", "--categorical_encoding=fingerprint", "--batch_size=64",
+    "--categorical_encoding=fingerprint", "--batch_size=64",
     "--dnn_units=16", "--epochs=1", "--logdir=none", "--checkpoint_dir=none",
     "--warmup_epochs=0")
 
@@ -39,4 +41,5 @@ def test_fingerprinted_tables_take_their_capacity_from_the_training_rows(launche
     assert 0.8 * ROWS <= rows < ROWS  # the training rows: a tenth of the lines held out
     assert capacity == rows * 26
     assert "vocabulary:" not in out  # no pass over the file
+    assert "tables dynamic (rows given to ids as they arrive)" in out
     assert re.search(r"^final test AUC [\d.]+", out, re.MULTILINE), out
