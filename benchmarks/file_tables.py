@@ -9,7 +9,9 @@
               then fixed tables sized from it, replicated;
   dynamic     no pass: every value keyed by its 56-bit fingerprint
               (--categorical_encoding=fingerprint), rows handed out as ids arrive
-              (--embedding_sharding=dynamic), capacity from the file size.
+              (--embedding_sharding=dynamic), capacity from the file size;
+  dynamic_min_count_10  the same, a value getting a row of its own once seen 10 times (as the
+              vocabulary's default min count; until then its field's unknown row).
 
 The files, Criteo format (label, 13 integers, 26 categorical values):
   long_tailed  SyntheticCTR's rows (Zipf-drawn ids of Criteo's cardinalities / 20, a planted
@@ -51,6 +53,8 @@ flags.DEFINE_bool("report", False, "Only print the table of --results.")
 SETTINGS = {
     "vocabulary": [],
     "dynamic": ["--embedding_sharding=dynamic", "--categorical_encoding=fingerprint"],
+    "dynamic_min_count_10": ["--embedding_sharding=dynamic", "--categorical_encoding=fingerprint",
+                             "--dynamic_min_count=10"],
 }
 COMMON_FLAGS = ["--data=criteo", "--logdir=none", "--checkpoint_dir=none", "--log_every_steps=1"]
 DRIFTING_DAYS = 4  # three training days, then the test day
