@@ -43,8 +43,9 @@ flags.DEFINE_enum("categorical_encoding", "vocabulary",
                   "(tables sized from the data: --vocabulary, or by default one counted from the "
                   "training lines on first use and cached beside the data; with --progressive, "
                   "from the first day), or hash them into --hash_buckets per field. For tables "
-                  "whose rows are given to ids as they arrive (--embedding_sharding=dynamic): "
-                  "fingerprint gives every value of the files its own 56-bit id; raw passes "
+                  "whose rows are given to ids as they arrive (--embedding_sharding=dynamic, "
+                  "which these two choose when --embedding_sharding is not given): fingerprint "
+                  "gives every value of the files its own 56-bit id; raw passes "
                   "--data=drifting's integer ids as they are, in [0, 2^56).")
 flags.DEFINE_integer("hash_buckets", 1_000_000,
                      "--categorical_encoding=hash: hash buckets per categorical field (at most; "
@@ -121,9 +122,10 @@ def run_directories(logdir, checkpoint_dir):
 FINGERPRINT_BUCKETS = (1 << 56) - 1
 
 
-def build_model(schema, settings, optimizer_name, dtype_policy="float32"):
+def build_model(schema, settings, optimizer_name, dtype_policy="float32", dynamic_capacity=None):
     """The --model over `schema`, initialised and regularised as `settings` (LargeBatchSettings)
-    say for the optimizer `optimizer_name`, computing in `dtype_policy`."""
+    say for the optimizer `optimizer_name`, computing in `dtype_policy`; `dynamic_capacity`:
+    hybrid_flags.dynamic_capacity's answer."""
     from launch import hybrid_flags
     from tfscale.embedding.initializers import RowSeededNormal
     from tfscale.optimizers.factory import model_regularization
@@ -132,7 +134,7 @@ def build_model(schema, settings, optimizer_name, dtype_policy="float32"):
         FLAGS.model, schema, embedding_dim=FLAGS.embedding_dim, hidden_units=_dnn_units(),
         embeddings_initializer=RowSeededNormal(stddev=settings.embedding_init_stddev),
         dtype=dtype_policy, deduplicate_ids=FLAGS.dedup_ids,
-        embedding_sharding=hybrid_flags.table_strategy(),
+        embedding_sharding=hybrid_flags.table_strategy(dynamic_capacity),
         **model_regularization(settings, optimizer_name, FLAGS.embedding_update),
         **_model_specific_config())
 

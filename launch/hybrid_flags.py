@@ -31,7 +31,9 @@ flags.DEFINE_enum("sharded_wire_dtype", "float32", ["float32", "bfloat16"],
                   "bits on the way (the tables stay float32; docs/sharding.md).")
 flags.DEFINE_integer("dynamic_capacity", None,
                      "--embedding_sharding=dynamic: rows in use at most per table, over all "
-                     "ranks (default: the data's vocabulary sizes summed).", lower_bound=1)
+                     "ranks (default: the data's vocabulary sizes summed; with "
+                     "--categorical_encoding=fingerprint, one row per categorical value the "
+                     "training files could hold, their rows x categorical fields).", lower_bound=1)
 flags.DEFINE_integer("dynamic_min_count", 1,
                      "--embedding_sharding=dynamic: occurrences in training batches before an id "
                      "gets a row of its own (until then it reads its field's unknown row).",
@@ -52,19 +54,39 @@ STRATEGY_SETTINGS = {
 }
 
 
-def table_strategy():
+def table_strategy(dynamic_capacity=None):
     """FieldEmbedding's `sharding` for the flags: the registered name, or its config with the
-    settings the flags give (TableStrategy.get_config)."""
+    settings the flags give (TableStrategy.get_config); `dynamic_capacity` (dynamic_capacity's
+    answer) stands for --dynamic_capacity when that is not given."""
     given = [flag for flag in STRATEGY_SETTINGS if FLAGS[flag].value != FLAGS[flag].default]
     misplaced = [f"--{flag}={FLAGS[flag].value} goes with --embedding_sharding={STRATEGY_SETTINGS[flag][0]}"
                  for flag in given if STRATEGY_SETTINGS[flag][0] != FLAGS.embedding_sharding]
     if misplaced:
         raise UserError(f"{'; '.join(misplaced)} (not --embedding_sharding="
                         f"{FLAGS.embedding_sharding})")
-    if not given:
+    settings = {STRATEGY_SETTINGS[flag][1]: FLAGS[flag].value for flag in given}
+    if dynamic_capacity is not None:
+        settings[STRATEGY_SETTINGS["dynamic_capacity"][1]] = int(dynamic_capacity)
+    if not settings:
         return FLAGS.embedding_sharding
-    return {"name": FLAGS.embedding_sharding,
-            **{STRATEGY_SETTINGS[flag][1]: FLAGS[flag].value for flag in given}}
+    return {"name": FLAGS.embedding_sharding, **settings}
+
+
+# Encodings giving ids of any size (up to 2**56), which only tables that take any ids hold.
+ANY_ID_ENCODINGS = ("fingerprint", "raw")
+
+
+def choose_tables_for_encoding():
+    """Without --embedding_sharding, a --categorical_encoding of ANY_ID_ENCODINGS chooses the
+    tables that take any ids (TableStrategy.takes_any_ids), so that one flag turns a file's
+    fixed tables into dynamic ones; sets --embedding_sharding (a default that follows another
+    flag; the run's description line names the tables)."""
+    if FLAGS["embedding_sharding"].present or FLAGS.categorical_encoding not in ANY_ID_ENCODINGS:
+        return
+    from tfscale.embedding import strategies
+
+    FLAGS.embedding_sharding = next(name for name in strategies.names()
+                                    if strategies.get(name).takes_any_ids)
 
 
 def strategy():
@@ -82,16 +104,29 @@ def any_id_strategies():
     return "|".join(name for name in strategies.names() if strategies.get(name).takes_any_ids)
 
 
-def check_dynamic_capacity(source, local_batch_size):
-    """Refuses a --dynamic_capacity below the distinct ids of this rank's first training batch
-    (the first step could not give them rows), before anything is written."""
+def dynamic_capacity(source, local_batch_size, whole_files):
+    """The dynamic tables' capacity (None: not dynamic tables): --dynamic_capacity; else, when
+    the vocabulary sizes are beyond what a dynamic table holds by default (ids keyed by
+    fingerprint) and `source` holds `whole_files` (not one day of several), one row per
+    categorical value its training rows could hold, rows x categorical fields, so that a pass
+    over the files never evicts; else the vocabulary sizes summed. Refuses a capacity below the
+    distinct ids of this rank's first training batch (the first step could not give them rows),
+    before anything is written."""
     if FLAGS.embedding_sharding != STRATEGY_SETTINGS["dynamic_capacity"][0]:
-        return
+        return None
     import numpy as np
 
     from tfscale import distributed
+    from tfscale.embedding.dynamic import MAX_DEFAULT_CAPACITY
 
     capacity = FLAGS.dynamic_capacity or sum(source.schema.vocabulary_sizes)
+    if not FLAGS.dynamic_capacity and capacity > MAX_DEFAULT_CAPACITY and whole_files:
+        ranks = distributed.size()
+        rows = source.train_steps_per_epoch(1, ranks) * ranks
+        capacity = min(MAX_DEFAULT_CAPACITY, max(1, rows * source.schema.num_categorical))
+        if distributed.is_chief():
+            print(f"dynamic tables: capacity {capacity:,} rows, one per categorical value "
+                  f"{rows:,} training rows could hold (--dynamic_capacity sets it)", flush=True)
     features, _ = next(iter(source.train_batches(local_batch_size, **distributed.data_shard())))
     ids = features["categorical"].numpy()
     distinct = sum(len(np.unique(ids[:, field])) for field in range(ids.shape[1]))
@@ -99,6 +134,7 @@ def check_dynamic_capacity(source, local_batch_size):
         raise UserError(f"--dynamic_capacity={capacity}: the first training batch alone holds "
                         f"{distinct:,} distinct ids; give the tables room for the ids of many "
                         "batches")
+    return capacity
 
 
 def row_gradient_flags():

@@ -44,6 +44,7 @@ def run():
     from tfscale.training.run import TrainingConfig, check_test_split_is_labelled, train
 
     distributed_flags.init_horovod()
+    hybrid_flags.choose_tables_for_encoding()
     progressive_flags.check_flags()
     common_flags.seed_everything(FLAGS.seed, FLAGS.deterministic)
     logdir, checkpoint_dir = common_flags.run_directories(FLAGS.logdir, FLAGS.checkpoint_dir)
@@ -57,9 +58,10 @@ def run():
     else:
         days, source = None, common_flags.build_source(resumed_run)
     check_test_split_is_labelled(source)  # before anything is written
-    hybrid_flags.check_dynamic_capacity(source, distributed.local_batch_size(FLAGS.batch_size))
+    capacity = hybrid_flags.dynamic_capacity(
+        source, distributed.local_batch_size(FLAGS.batch_size), whole_files=not FLAGS.progressive)
     model = common_flags.build_model(source.schema, settings, optimizer_name,
-                                     precision_flags.dtype_policy())
+                                     precision_flags.dtype_policy(), capacity)
     steps_per_epoch = source.train_steps_per_epoch(
         distributed.local_batch_size(FLAGS.batch_size), distributed.size())
     optimizer = precision_flags.with_loss_scaling(
