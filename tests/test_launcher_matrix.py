@@ -339,6 +339,7 @@ def test_no_warmup_gives_a_constant_dense_rate(facts):
     ("adagrad", "RowSparseAdagrad", 1e-3),
     ("sgd", "RowSparseSGD", 1e-3),
     ("adam_rate_and_l2", "RowSparseAdam", 1e-2),
+    ("came", "RowSparseCAME", 2e-4),
 ])
 def test_optimizer_without_rule_is_one_row_sparse_optimizer_at_its_default_rate(
         facts, name, optimizer_class, rate):
@@ -353,14 +354,9 @@ def test_optimizer_without_rule_is_one_row_sparse_optimizer_at_its_default_rate(
     assert not case["model"]["deep_table_regularized"]
 
 
-def test_came_updates_the_dense_weights_and_row_sparse_adam_the_tables(facts):
-    case = run(facts, "came")
-    assert case["optimizer"]["by_variable"] == {"deep_table": "embedding",
-                                                "wide_table": "embedding", "dense": "dense"}
-    assert inner(case, "dense")["class"] == "CAME"
-    assert inner(case, "embedding") == {"class": "RowSparseAdam", "name": "embedding",
-                                        "learning_rate": pytest.approx(2e-4, rel=1e-6),
-                                        "table_l2": 0.0}
+def test_came_on_every_row_is_the_papers_came(facts):
+    """--embedding_update=dense: CAME on every row of the tables (the by-row CAME is the
+    default, above)."""
     dense = run(facts, "came_dense")["optimizer"]
     assert dense == {"class": "CAME", "name": "dense",
                      "learning_rate": pytest.approx(2e-4, rel=1e-6)}

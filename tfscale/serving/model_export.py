@@ -14,8 +14,6 @@ import os
 import keras
 # Keras has no public form of these: the class of functional models (which record their inputs)
 # and the signature `Model.export` reads from a functional or Sequential model's inputs.
-from keras.src.export.export_utils import get_input_signature
-from keras.src.models.functional import Functional
 
 from tfscale import distributed
 from tfscale.data.rank_batches import zero_batch
@@ -68,12 +66,12 @@ def export_model(model, path, checkpoint_dir=None, input_signature=None):
                             "tf.TensorSpecs) or call it once on a batch first")
         model(*zero_batch(list(input_signature), rows=1), training=False)
     if input_signature is None:
-        if not isinstance(model, (Functional, keras.Sequential)):
+        input_signature = recorded_input_signature(model)
+        if input_signature is None:
             raise UserError(
                 f"{type(model).__name__} is a subclassed model: Keras does not record the "
                 "shapes and dtypes of its inputs, which the SavedModel is traced with; give "
                 "`input_signature` (its inputs' tf.TensorSpecs)")
-        input_signature = get_input_signature(model)
     progress = None
     if checkpoint_dir is not None:
         progress = restore_trained_weights(model, checkpoint_dir)
@@ -81,3 +79,15 @@ def export_model(model, path, checkpoint_dir=None, input_signature=None):
             raise UserError(f"`checkpoint_dir={checkpoint_dir}` holds no checkpoint")
     write_saved_model(model, path, [(SERVE, model.__call__, input_signature)])
     return progress
+
+
+def recorded_input_signature(model):
+    """The signature of `model.__call__` Keras records for a Functional or Sequential model (one
+    positional argument: the structure of its inputs' specs), or None for a subclassed model,
+    whose inputs Keras does not record."""
+    inputs = getattr(model, "inputs", None)  # a Functional or Sequential model's only
+    if not inputs:
+        return None
+    structure = inputs[0] if isinstance(model, keras.Sequential) else model.input
+    return [keras.tree.map_structure(
+        lambda tensor: keras.InputSpec(shape=tensor.shape, dtype=tensor.dtype), structure)]

@@ -38,8 +38,8 @@ def write_saved_model(model, path, endpoints):
             f"`model` has {spread[0].strategy.description} tables, spread over the "
             f"{distributed.size()} ranks of this job (each holds its share, read by "
             "collectives): a SavedModel of one rank would hold its share only. Export from one "
-            "process after the job's checkpoint: `python -m launch.export --checkpoint_dir=...`"
-            " or tfscale.serving.export_model(model, path, checkpoint_dir=...)")
+            "process after the job's checkpoint: tfscale.serving.export_model(model, path, "
+            "checkpoint_dir=...), or the launcher's launch.export")
     with contextlib.ExitStack() as serving:
         resources = _resources(model)
         for strategy, held in _by_strategy(tables):
