@@ -146,27 +146,31 @@ def run(kind, setting, train_paths, test_path):
 
 
 def report(path):
+    """A table per invocation (runs of one --note side by side; timings compare only within
+    one), the means over its rounds."""
     with open(path) as stream:
         records = [json.loads(line) for line in stream if line.strip()]
-    print("| file | setting | runs | first step s | total s | peak RSS GB | test AUC after "
-          "epoch 1 | after the last |")
-    print("|---|---|---|---|---|---|---|---|")
-    groups = {}
+    invocations = {}
     for record in records:
-        groups.setdefault((record["file"], record["setting"]), []).append(record)
-    for (kind, setting), runs in groups.items():
-        def mean(values):
-            return sum(values) / len(values)
+        invocations.setdefault(record["note"], []).append(record)
+    for note, runs_of_note in invocations.items():
+        print(f"\n{runs_of_note[0]['date']}, {runs_of_note[0]['machine']}; {note}\n")
+        print("| file | setting | runs | first step s | total s | peak RSS GB | "
+              "test AUC by epoch |")
+        print("|---|---|---|---|---|---|---|")
+        groups = {}
+        for record in runs_of_note:
+            groups.setdefault((record["file"], record["setting"]), []).append(record)
+        for (kind, setting), runs in groups.items():
+            def mean(values):
+                return sum(values) / len(values)
 
-        print(f"| {kind} | {setting} | {len(runs)} | "
-              f"{mean([r['first_step_s'] for r in runs]):.1f} | "
-              f"{mean([r['total_s'] for r in runs]):.1f} | "
-              f"{max(r['peak_rss_gb'] for r in runs):.2f} | "
-              f"{mean([r['epochs'][0]['auc'] for r in runs]):.4f} | "
-              f"{mean([r['epochs'][-1]['auc'] for r in runs]):.4f} |")
-    machines = {record["machine"] for record in records}
-    for machine in machines:
-        print(f"\nmachine: {machine}")
+            aucs = " / ".join(f"{mean([r['epochs'][e]['auc'] for r in runs]):.4f}"
+                              for e in range(len(runs[0]["epochs"])))
+            print(f"| {kind} | {setting} | {len(runs)} | "
+                  f"{mean([r['first_step_s'] for r in runs]):.1f} | "
+                  f"{mean([r['total_s'] for r in runs]):.1f} | "
+                  f"{max(r['peak_rss_gb'] for r in runs):.2f} | {aucs} |")
 
 
 def main(argv):
