@@ -30,6 +30,7 @@ step's) and to its exit, with its peak resident memory
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -162,14 +163,11 @@ def report(path):
         for record in runs_of_note:
             groups.setdefault((record["file"], record["setting"]), []).append(record)
         for (kind, setting), runs in groups.items():
-            def mean(values):
-                return sum(values) / len(values)
-
-            aucs = " / ".join(f"{mean([r['epochs'][e]['auc'] for r in runs]):.4f}"
+            aucs = " / ".join(f"{statistics.mean([r['epochs'][e]['auc'] for r in runs]):.4f}"
                               for e in range(len(runs[0]["epochs"])))
             print(f"| {kind} | {setting} | {len(runs)} | "
-                  f"{mean([r['first_step_s'] for r in runs]):.1f} | "
-                  f"{mean([r['total_s'] for r in runs]):.1f} | "
+                  f"{statistics.mean([r['first_step_s'] for r in runs]):.1f} | "
+                  f"{statistics.mean([r['total_s'] for r in runs]):.1f} | "
                   f"{max(r['peak_rss_gb'] for r in runs):.2f} | {aucs} |")
 
 
