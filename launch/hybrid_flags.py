@@ -105,13 +105,14 @@ def any_id_strategies():
 
 
 def dynamic_capacity(source, local_batch_size, whole_files):
-    """The dynamic tables' capacity (None: not dynamic tables): --dynamic_capacity; else, when
-    the vocabulary sizes are beyond what a dynamic table holds by default (ids keyed by
-    fingerprint) and `source` holds `whole_files` (not one day of several), one row per
-    categorical value its training rows could hold, rows x categorical fields, so that a pass
-    over the files never evicts; else the vocabulary sizes summed. Refuses a capacity below the
-    distinct ids of this rank's first training batch (the first step could not give them rows),
-    before anything is written."""
+    """The dynamic tables' capacity to give: --dynamic_capacity; else, when the vocabulary sizes
+    are beyond what a dynamic table holds by default (ids keyed by fingerprint) and `source`
+    holds `whole_files` (not one day of several), one row per categorical value its training
+    rows could hold, rows x categorical fields, so that a pass over the files never evicts;
+    else None (not dynamic tables, or the library's default: the vocabulary sizes summed, which
+    it refuses beyond MAX_DEFAULT_CAPACITY). Refuses a capacity below the distinct ids of this
+    rank's first training batch (the first step could not give them rows), before anything is
+    written."""
     if FLAGS.embedding_sharding != STRATEGY_SETTINGS["dynamic_capacity"][0]:
         return None
     import numpy as np
@@ -119,8 +120,9 @@ def dynamic_capacity(source, local_batch_size, whole_files):
     from tfscale import distributed
     from tfscale.embedding.dynamic import MAX_DEFAULT_CAPACITY
 
-    capacity = FLAGS.dynamic_capacity or sum(source.schema.vocabulary_sizes)
-    if not FLAGS.dynamic_capacity and capacity > MAX_DEFAULT_CAPACITY and whole_files:
+    capacity = FLAGS.dynamic_capacity
+    vocabulary_rows = sum(source.schema.vocabulary_sizes)
+    if capacity is None and vocabulary_rows > MAX_DEFAULT_CAPACITY and whole_files:
         ranks = distributed.size()
         rows = source.train_steps_per_epoch(1, ranks) * ranks
         capacity = min(MAX_DEFAULT_CAPACITY, max(1, rows * source.schema.num_categorical))
@@ -130,10 +132,10 @@ def dynamic_capacity(source, local_batch_size, whole_files):
     features, _ = next(iter(source.train_batches(local_batch_size, **distributed.data_shard())))
     ids = features["categorical"].numpy()
     distinct = sum(len(np.unique(ids[:, field])) for field in range(ids.shape[1]))
-    if distinct > capacity:
-        raise UserError(f"--dynamic_capacity={capacity}: the first training batch alone holds "
-                        f"{distinct:,} distinct ids; give the tables room for the ids of many "
-                        "batches")
+    if distinct > (capacity or vocabulary_rows):
+        raise UserError(f"--dynamic_capacity={capacity or vocabulary_rows}: the first training "
+                        f"batch alone holds {distinct:,} distinct ids; give the tables room for "
+                        "the ids of many batches")
     return capacity
 
 
