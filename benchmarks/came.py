@@ -22,9 +22,7 @@ bytes start at offsets drawn from --seed; validation windows are evenly spaced a
 
 import os
 import pathlib
-import platform
 import statistics
-import sysconfig
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -38,6 +36,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 import models  # noqa: E402
+from benchmarks.byte_corpus import stdlib_corpus, validation_windows, windows  # noqa: E402
 from benchmarks.timing import StepDurations, machine_description  # noqa: E402
 from models.transformer import TransformerLM  # noqa: E402
 from tfscale.data.synthetic import SyntheticCTR  # noqa: E402
@@ -90,26 +89,6 @@ def make_optimizer(name, peak, steps, warmup_steps):
     return OPTIMIZERS[name](learning_rate=schedule)
 
 
-def stdlib_corpus():
-    """(train bytes, validation bytes, description) of the standard library's .py files."""
-    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p.relative_to(root) for p in root.rglob("*.py")
-                   if "site-packages" not in p.relative_to(root).parts)
-    splits = {"train": [], "validation": []}
-    for index, path in enumerate(files):
-        splits["validation" if index % 10 == 9 else "train"].append((root / path).read_bytes())
-    train, validation = (np.frombuffer(b"".join(splits[s]), np.uint8) for s in splits)
-    description = (f"Python {platform.python_version()} standard library .py files under {root} "
-                   f"(site-packages excluded): {len(files)} files, {train.size:,} train bytes, "
-                   f"{validation.size:,} validation bytes (every 10th file)")
-    return train, validation, description
-
-
-def windows(data, starts, length):
-    """int32 [len(starts), length + 1] windows of `data`: inputs [:, :-1], targets [:, 1:]."""
-    return data[np.asarray(starts)[:, None] + np.arange(length + 1)].astype(np.int32)
-
-
 class LanguageModelRun:
     """One optimizer training one transformer; `train` advances it by a chunk of batches."""
 
@@ -157,8 +136,7 @@ def language_model_benchmark(report):
     rng = np.random.default_rng(FLAGS.seed)
     batches = windows(train, rng.integers(0, train.size - length - 1,
                                           FLAGS.steps * FLAGS.batch_size), length)
-    validation = windows(validation_bytes, np.linspace(
-        0, validation_bytes.size - length - 1, FLAGS.validation_windows).astype(np.int64), length)
+    validation = validation_windows(validation_bytes, FLAGS.validation_windows, length)
     runs = [LanguageModelRun(name, peak) for name, peak in parse_runs(FLAGS.optimizers)]
     for run in runs:
         run.validate(validation)

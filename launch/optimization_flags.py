@@ -50,8 +50,8 @@ flags.DEFINE_enum("embedding_update", "row", list(EMBEDDING_UPDATES),
                   "(the papers' update; CowClip's faithful mode, the official code's; CAME's "
                   "statistics over every row): a step's cost follows the table (CAME on DeepFM "
                   "at batch 8,192: 2.1-2.4x the row update's step, docs/results/came.md).")
-flags.DEFINE_float("learning_rate", None, "Dense learning rate (default: the rule's, else 2e-4 "
-                   "for came, the reference's README value, and 1e-3 for the others).")
+flags.DEFINE_float("learning_rate", None, "Dense learning rate (default: the rule's, else 1e-3; "
+                   "for came, the best of a sweep at batch 8,192, docs/results/came.md).")
 flags.DEFINE_float("embedding_learning_rate", None,
                    "Embedding learning rate (default: the rule's, else --learning_rate).")
 flags.DEFINE_float("l2", None, "L2 strength on the embedding tables, wide tables and the dense "
@@ -75,7 +75,7 @@ for _name in ("learning_rate", "embedding_learning_rate", "clip_r", "base_learni
 # Without a rule: the optimizer's plain defaults.
 _NO_RULE = dict(rule="flags", embedding_learning_rate=None, warmup_epochs=0.0, l2=0.0,
                 embedding_init_stddev=1e-2, clip=False, r=1.0, zeta=1e-5)
-_DEFAULT_LEARNING_RATE = {"came": 2e-4}  # else 1e-3
+_DEFAULT_LEARNING_RATE = 1e-3  # every optimizer's (CAME's too: docs/results/came.md)
 _BASE = {"base_batch_size": "batch_size", "base_learning_rate": "dense_learning_rate",
          "base_embedding_learning_rate": "embedding_learning_rate", "base_l2": "l2"}
 _OVERRIDES = {"learning_rate": "dense_learning_rate",
@@ -135,7 +135,7 @@ def resolve_settings():
                             "(sqrt, linear, none; cowclip with --optimizer=cowclip)")
         settings = LargeBatchSettings(
             batch_size=FLAGS.batch_size,
-            dense_learning_rate=_DEFAULT_LEARNING_RATE.get(optimizer, 1e-3), **_NO_RULE)
+            dense_learning_rate=_DEFAULT_LEARNING_RATE, **_NO_RULE)
     else:
         settings = large_batch_settings(FLAGS.batch_size, rule, _base())
     overrides = {field: getattr(FLAGS, flag) for flag, field in _OVERRIDES.items()

@@ -339,7 +339,7 @@ def test_no_warmup_gives_a_constant_dense_rate(facts):
     ("adagrad", "RowSparseAdagrad", 1e-3),
     ("sgd", "RowSparseSGD", 1e-3),
     ("adam_rate_and_l2", "RowSparseAdam", 1e-2),
-    ("came", "RowSparseCAME", 2e-4),
+    ("came", "RowSparseCAME", 1e-3),
 ])
 def test_optimizer_without_rule_is_one_row_sparse_optimizer_at_its_default_rate(
         facts, name, optimizer_class, rate):
@@ -359,7 +359,7 @@ def test_came_on_every_row_is_the_papers_came(facts):
     default, above)."""
     dense = run(facts, "came_dense")["optimizer"]
     assert dense == {"class": "CAME", "name": "dense",
-                     "learning_rate": pytest.approx(2e-4, rel=1e-6)}
+                     "learning_rate": pytest.approx(1e-3, rel=1e-6)}
 
 
 @pytest.mark.parametrize("name, factor", [

@@ -208,7 +208,7 @@ def test_each_flag_overrides_its_value_only(parsed, flag, value, field):
         dataclasses.replace(rule, **{field: value})
 
 
-@pytest.mark.parametrize("optimizer, dense_rate", [("adam", 1e-3), ("came", 2e-4),
+@pytest.mark.parametrize("optimizer, dense_rate", [("adam", 1e-3), ("came", 1e-3),
                                                    ("sgd", 1e-3)])
 def test_without_a_rule_one_rate_no_warmup_no_l2(parsed, optimizer, dense_rate):
     settings = parsed(f"--optimizer={optimizer}", "--batch_size=8192")

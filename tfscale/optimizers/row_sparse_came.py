@@ -63,7 +63,7 @@ class RowSparseCAME(RowUpdates, CAME):
 
     Example:
         ```python
-        model.compile(optimizer=tfscale.optimizers.RowSparseCAME(2e-4), loss="binary_crossentropy")
+        model.compile(optimizer=tfscale.optimizers.RowSparseCAME(1e-3), loss="binary_crossentropy")
         ```
     """
 
