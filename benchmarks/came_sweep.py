@@ -252,6 +252,12 @@ def train_language_model(run):
 
 # ---- report ----------------------------------------------------------------------------------
 
+def finished_groups(done, grid, batch, seed):
+    """{optimizer: {rate: record}} of one batch and seed; None while an optimizer has none."""
+    groups = {o: finished_rates(done, grid, batch, o, seed) for o in grid.rates}
+    return groups if all(groups.values()) else None
+
+
 def best_of(finished):
     rate = best_rate(finished)
     return rate, finished[rate]
@@ -280,8 +286,8 @@ def transformer_report(done, lines, figures):
               f"warm-up {config['warmup_fraction']:.0%} then cosine to 10%; validation loss "
               f"(nats per byte) on {config['validation_windows']} fixed windows.", ""]
     for batch in grid.batches:
-        groups = {o: finished_rates(done, grid, batch, o, first) for o in grid.rates}
-        if not all(groups.values()):
+        groups = finished_groups(done, grid, batch, first)
+        if groups is None:
             continue
         lines += [f"### Batch {batch} x {config['sequence_length']} bytes", "",
                   "| optimizer | peak lr | final val loss (seed " + str(first) + ") | other "
@@ -345,8 +351,8 @@ def deepfm_report(done, lines):
               f"{config['train_rows']:,} rows, test AUC on {config['test_rows']:,}; tables by "
               f"row; warm-up {config['warmup_fraction']:.0%} of the epoch; seed {first}.", ""]
     for batch in grid.batches:
-        groups = {o: finished_rates(done, grid, batch, o, first) for o in grid.rates}
-        if not all(groups.values()):
+        groups = finished_groups(done, grid, batch, first)
+        if groups is None:
             continue
         best = {o: best_of(g) for o, g in groups.items()}
         lines += [f"### Batch {batch:,}", "", "| optimizer | lr | test AUC | vs best Adam |",

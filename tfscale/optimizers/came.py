@@ -36,19 +36,19 @@ class CAME(RefusesUnaveragedGradients, DeclaresTableState, keras.optimizers.Opti
     """Confidence-guided Adaptive Memory Efficient optimizer.
 
     Args:
-        learning_rate: float, schedule or callable. The default, 1e-3, was the best rate of a
-            sweep on a small transformer (batch 32 x 64 bytes, 3,000 steps) and on DeepFM
-            (batch 8,192), where Adam's best was 1e-2 (docs/results/came.md); the reference
-            has no default, its README uses 2e-4 and the authors advise 0.5-0.9x the AdamW
-            rate. There is no bias
-            correction: the instability average starts at 0, so at step t the update is about
+        learning_rate: float, schedule or callable. The default, 1e-3, was CAME's best in a
+            bracketed sweep on a small transformer (batch 32, 3,000 steps) and on DeepFM
+            (batch 8,192), where Adam's best was 1e-2; with a small batch or few steps 3e-4
+            was (docs/results/came.md). The reference has no default (its README uses 2e-4;
+            the authors advise 0.5-0.9x the AdamW rate). There is no bias correction: the
+            instability average starts at 0, so at step t the update is about
             1 / sqrt(1 - beta_3^t) times what a bias-corrected one would be (100x at step 1,
-            4x at step 600 with beta_3 = 0.9999; a first step moves each element by about
-            11x lr). Use a warmup, and for short runs a much smaller rate than Adam's
-            (benchmarks/came.py).
+            2x at step 3,000 with beta_3 = 0.9999; a first step moves each element by about
+            11x lr). Use a warmup, and a rate about a tenth of Adam's.
         beta_1: decay of the momentum of the clipped update.
         beta_2: decay of the squared-gradient statistics.
-        beta_3: decay of the instability statistics.
+        beta_3: decay of the instability statistics (the paper's 0.9999; in a 3,000-step run
+            0.999 did better, docs/results/came.md).
         epsilon_1: added to the squared gradient.
         epsilon_2: added to the instability.
         clip_threshold: the update is scaled down to RMS <= clip_threshold (per variable).
