@@ -191,10 +191,11 @@ def sweep():
                   f"{run['rate']:g} seed {run['seed']}", flush=True)
         if not running:
             return
-        finished = [k for k, (_, process, *_) in running.items() if process.poll() is not None]
-        if not finished:
+        finished = []
+        while not finished:  # the results change only when a run finishes
             time.sleep(2)
-            continue
+            finished = [k for k, (_, process, *_) in running.items()
+                        if process.poll() is not None]
         for k in finished:
             record = finish(*running.pop(k))
             score = record.get("final_loss", record.get("auc"))
