@@ -1,35 +1,35 @@
-"""Horovod set-up: whether this process is one rank of a multi-process Horovod job, starting
-Horovod when `horovodrun` launched the process, this rank's index, the job's size and the
-compression of dense gradient allreduces.
+"""Which engine this process runs on, starting it, and this process's place in the job: rank,
+size, local rank, and the compression of dense gradient allreduces.
 
-Horovod is imported by `init` only, and only under `horovodrun`: a script that calls `init()`
-runs unchanged as one process. Until Horovod is initialised with more than one rank (and in
-every single-process run) `is_active()` is False and rank/size are 0/1, so single-process code
-paths never import or call Horovod.
+`init()` picks the engine from how the process was launched: under `horovodrun` (HOROVOD_RANK
+and HOROVOD_SIZE set), Horovod; with TF_CONFIG naming two or more tasks (`python -m
+tfscale.run`, Kubernetes' TFJob, Vertex AI, SageMaker), TensorFlow's own collective runtime;
+`TFSCALE_ENGINE=horovod|tf` forces one; neither, one process, where nothing is started and
+rank/size are 0/1. The started engine is this module's one piece of state (`engine()`), as a
+collective runtime is one per process.
 
-tfscale does not start Horovod on its own: `require_started` refuses, under horovodrun, to build
-tables or compile a model before `init()`. Starting a collective runtime from inside a layer's
-build would hide it in an unrelated call and fix its options (gradient compression) silently;
-one explicit line, named by the error when it is missing, is what Horovod users write anyway."""
+tfscale does not start an engine on its own: `require_started` refuses, in a launched job, to
+build tables or compile a model before `init()`. Starting a collective runtime from inside a
+layer's build would hide it in an unrelated call and fix its options silently; TensorFlow's
+runtime must also start before any other op runs."""
 
 import os
-import sys
 
+from tfscale.distributed import horovod_engine, tf_cluster
 from tfscale.errors import UserError
 
 COMPRESSIONS = ("none", "fp16")
+ENGINES = ("horovod", "tf")
 
-# How a dead rank ends the job (measured with horovodrun --gloo, 2 ranks): a rank that exits
-# (SIGKILL, os._exit, even with status 0) closes its sockets, the others' next collective fails at
-# once ("Horovod has been shut down"), and horovodrun terminates the job with a non-zero status. A
-# rank that is frozen (SIGSTOP, a hung host) is only noticed when a peer's Gloo receive times out
-# after HOROVOD_GLOO_TIMEOUT_SECONDS: Gloo's default of 30 s, pinned here because the "a dead
-# rank ends the job within a minute" guarantee relies on it (horovodrun --gloo-timeout-seconds or
-# the variable itself override it). A slow but live rank (e.g. rank 0 writing a checkpoint) is not
-# a timeout: its Horovod background thread keeps answering.
-GLOO_TIMEOUT_SECONDS = "30"
+# How long one collective may wait for its peers before the job fails, on either engine (Gloo's
+# receive timeout under Horovod; every collective's `timeout` on TensorFlow's runtime). A process
+# that dies closes its sockets and its peers fail at once on both engines; this bounds the wait
+# for one that hangs. On TensorFlow's runtime it also bounds a peer's slow stretch between two
+# collectives (rank 0 counting a vocabulary, the first trace), hence minutes, not seconds.
+# TFSCALE_COLLECTIVE_TIMEOUT_SECONDS overrides it.
+COLLECTIVE_TIMEOUT_SECONDS = 300
 
-_settings = {"gradient_compression": "none"}
+_started = {"engine": None, "gradient_compression": "none"}
 
 
 def launched_by_horovodrun():
@@ -43,13 +43,89 @@ def launched_by_horovodrun():
         tfscale.distributed.launched_by_horovodrun()  # False under plain `python`
         ```
     """
-    return "HOROVOD_RANK" in os.environ and "HOROVOD_SIZE" in os.environ
+    return horovod_engine.launched_by_horovodrun()
+
+
+def launched_engine():
+    """The engine the environment asks for: "horovod", "tf", or None for one process.
+
+    Returns:
+        TFSCALE_ENGINE when set; else "horovod" under horovodrun, "tf" when TF_CONFIG is set,
+        None otherwise.
+
+    Raises:
+        UserError: TFSCALE_ENGINE is set to something else than "horovod" or "tf".
+
+    Example:
+        ```python
+        tfscale.distributed.launched_engine()  # "tf" under `python -m tfscale.run -np 2`
+        ```
+    """
+    forced = os.environ.get("TFSCALE_ENGINE", "").strip()
+    if forced:
+        if forced not in ENGINES:
+            raise UserError(f"TFSCALE_ENGINE={forced!r}: give one of {', '.join(ENGINES)} (or "
+                            "leave it unset to follow the launcher)")
+        return forced
+    if launched_by_horovodrun():
+        return "horovod"
+    if tf_cluster.configured():
+        return "tf"
+    return None
+
+
+def announced_size():
+    """The number of processes the launcher announces (1 in one process), known before `init()`.
+
+    Returns:
+        HOROVOD_SIZE under horovodrun, the tasks of TF_CONFIG on TensorFlow's engine, else 1.
+
+    Example:
+        ```python
+        tfscale.distributed.announced_size()  # 4 under `python -m tfscale.run -np 4`
+        ```
+    """
+    engine_name = launched_engine()
+    if engine_name == "horovod":
+        return horovod_engine.announced_size()
+    if engine_name == "tf":
+        return tf_cluster.announced_size()
+    return 1
+
+
+def collective_timeout_seconds():
+    """COLLECTIVE_TIMEOUT_SECONDS, or TFSCALE_COLLECTIVE_TIMEOUT_SECONDS when set.
+
+    Returns:
+        Seconds, a float.
+
+    Raises:
+        UserError: TFSCALE_COLLECTIVE_TIMEOUT_SECONDS is not a positive number.
+
+    Example:
+        ```python
+        tfscale.distributed.collective_timeout_seconds()  # 300.0
+        ```
+    """
+    text = os.environ.get("TFSCALE_COLLECTIVE_TIMEOUT_SECONDS", "").strip()
+    if not text:
+        return float(COLLECTIVE_TIMEOUT_SECONDS)
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise UserError(f"TFSCALE_COLLECTIVE_TIMEOUT_SECONDS={text!r}: give a positive number "
+                        "of seconds")
+    return seconds
 
 
 def init(gradient_compression="none"):
-    """Starts Horovod (`hvd.init()`) when `horovodrun` launched this process, and does nothing
-    otherwise. Call it first, before building the model: under horovodrun tfscale refuses to
-    build tables or compile a model until it has run.
+    """Starts the engine the launcher asks for (`launched_engine`), and does nothing in one
+    process. Call it first, before building the model or running any TensorFlow op: in a
+    launched job tfscale refuses to build tables or compile a model until it has run.
+
+    Each process then sees the GPU of its local rank only (when the host has GPUs).
 
     Args:
         gradient_compression: "none" or "fp16" (COMPRESSIONS), applied to the dense gradient
@@ -57,6 +133,8 @@ def init(gradient_compression="none"):
 
     Raises:
         ValueError: `gradient_compression` is not one of COMPRESSIONS.
+        UserError: TF_CONFIG or TFSCALE_ENGINE is malformed, or `init` ran before on another
+            engine.
 
     Example:
         ```python
@@ -67,56 +145,99 @@ def init(gradient_compression="none"):
     if gradient_compression not in COMPRESSIONS:
         raise ValueError(f"`gradient_compression={gradient_compression!r}`: give one of "
                          f"{', '.join(COMPRESSIONS)}")
-    if not launched_by_horovodrun():
-        _settings["gradient_compression"] = gradient_compression
+    _started["gradient_compression"] = gradient_compression
+    wanted = launched_engine()
+    started = _started["engine"]
+    if started is not None:
+        if started.name != wanted:
+            raise UserError(f"`init()` started the {started.name} engine before; this process "
+                            f"is now asked for {wanted}")
         return
-    os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", GLOO_TIMEOUT_SECONDS)
-    import horovod.tensorflow as hvd
+    if wanted == "horovod":
+        engine = horovod_engine.HorovodEngine(collective_timeout_seconds())
+        _see_local_gpu_only(engine.local_rank)
+    elif wanted == "tf":
+        from tfscale.distributed import tf_engine  # imports TensorFlow: after the choice
 
-    hvd.init()
-    _settings["gradient_compression"] = gradient_compression
+        cluster = tf_cluster.read_cluster()
+        if cluster.size < 2:
+            return
+        tf_engine.start_runtime(cluster)
+        engine = tf_engine.TFEngine(cluster, collective_timeout_seconds())
+    else:
+        return
+    _started["engine"] = engine
+
+
+def _see_local_gpu_only(local_rank):
+    """Hides every GPU but the one of `local_rank` (Horovod's usual pinning)."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        tf.config.set_visible_devices(gpus[local_rank % len(gpus)], "GPU")
 
 
 def require_started(what):
-    """Raises a UserError under `horovodrun` when Horovod has not been started by `init()`:
-    `what` would otherwise size itself for one process and the ranks would train separate models.
+    """Raises a UserError in a launched job (horovodrun, TF_CONFIG) when `init()` has not
+    started its engine: `what` would otherwise size itself for one process and the ranks would
+    train separate models.
 
     Args:
         what: what is about to happen, named in the error (e.g. "building FieldEmbedding 'x'").
 
     Raises:
-        UserError: this process runs under horovodrun and `init()` has not started Horovod.
+        UserError: this process was launched as one of several and `init()` has not run.
 
     Example:
         ```python
         tfscale.distributed.require_started("building my tables")  # a UserError before init()
         ```
     """
-    if launched_by_horovodrun() and not _initialized():
+    if announced_size() > 1 and _started["engine"] is None:
         raise UserError(
-            f"{what} under horovodrun before Horovod started: add `tfscale.distributed.init()` "
-            "at the top of the script, before building the model (in one process it does "
-            "nothing)")
+            f"{what} in a job of {announced_size()} processes before its engine started: add "
+            "`tfscale.distributed.init()` at the top of the script, before building the model "
+            "(in one process it does nothing)")
 
 
-def _initialized():
-    hvd = sys.modules.get("horovod.tensorflow")
-    return hvd is not None and hvd.is_initialized()
+def engine():
+    """The started Engine (tfscale.distributed.engine) of a job of two or more processes, else
+    None.
+
+    Returns:
+        An Engine, or None in one process (and before `init()`).
+
+    Example:
+        ```python
+        engine = tfscale.distributed.engine()
+        print("one process" if engine is None else f"{engine.name}: {engine.size} ranks")
+        ```
+    """
+    started = _started["engine"]
+    return started if started is not None and started.size > 1 else None
 
 
-def horovod():
-    """The `horovod.tensorflow` module when Horovod runs with more than one rank, else None."""
-    hvd = sys.modules.get("horovod.tensorflow")
-    if hvd is None or not hvd.is_initialized() or hvd.size() < 2:
-        return None
-    return hvd
+def engine_name():
+    """"horovod", "tf", or "none" in one process.
+
+    Returns:
+        The started engine's name.
+
+    Example:
+        ```python
+        tfscale.distributed.engine_name()  # "none" under plain `python`
+        ```
+    """
+    started = engine()
+    return "none" if started is None else started.name
 
 
 def is_active():
-    """True in a rank of a Horovod job of two or more processes.
+    """True in a rank of a job of two or more processes whose engine `init()` started.
 
     Returns:
-        Whether Horovod runs, started by `init()`, with more than one rank.
+        Whether an engine runs with more than one rank.
 
     Example:
         ```python
@@ -124,11 +245,11 @@ def is_active():
             print(f"rank {tfscale.distributed.rank()} of {tfscale.distributed.size()}")
         ```
     """
-    return horovod() is not None
+    return engine() is not None
 
 
 def rank():
-    """This process's rank (0 outside Horovod).
+    """This process's rank (0 in one process).
 
     Returns:
         An int from 0 to `size() - 1`.
@@ -138,27 +259,57 @@ def rank():
         shard = tfscale.distributed.rank()  # 0 .. size() - 1
         ```
     """
-    hvd = horovod()
-    return 0 if hvd is None else hvd.rank()
+    started = engine()
+    return 0 if started is None else started.rank
 
 
 def size():
-    """The number of ranks (1 outside Horovod).
+    """The number of ranks (1 in one process).
 
     Returns:
-        The number of processes of the Horovod job, an int.
+        The number of processes of the job, an int.
 
     Example:
         ```python
         per_rank = 65536 // tfscale.distributed.size()
         ```
     """
-    hvd = horovod()
-    return 1 if hvd is None else hvd.size()
+    started = engine()
+    return 1 if started is None else started.size
+
+
+def local_rank():
+    """This process's index among the job's processes on its host (0 in one process).
+
+    Returns:
+        An int; each process uses the GPU of this index.
+
+    Example:
+        ```python
+        tfscale.distributed.local_rank()  # 0 .. local_size() - 1
+        ```
+    """
+    started = engine()
+    return 0 if started is None else started.local_rank
+
+
+def local_size():
+    """The number of the job's processes on this host (1 in one process).
+
+    Returns:
+        An int.
+
+    Example:
+        ```python
+        tfscale.distributed.local_size()
+        ```
+    """
+    started = engine()
+    return 1 if started is None else started.local_size
 
 
 def is_chief():
-    """True on rank 0, the rank that prints, logs and checkpoints (and outside Horovod).
+    """True on rank 0, the rank that prints, logs and checkpoints (and in one process).
 
     Returns:
         Whether `rank()` is 0.
@@ -170,13 +321,6 @@ def is_chief():
         ```
     """
     return rank() == 0
-
-
-def gradient_compression():
-    """The Horovod compressor for dense gradient allreduces chosen at `init`."""
-    hvd = horovod()
-    return hvd.Compression.fp16 if _settings["gradient_compression"] == "fp16" \
-        else hvd.Compression.none
 
 
 def gradient_compression_name():
@@ -191,5 +335,4 @@ def gradient_compression_name():
         tfscale.distributed.gradient_compression_name()  # "fp16"
         ```
     """
-    return _settings["gradient_compression"]
-
+    return _started["gradient_compression"]
