@@ -1,5 +1,6 @@
-"""Horovod and gradient-exchange flags (tfscale.distributed): started by `horovodrun -np P ...`,
-the launcher runs as one of P data-parallel ranks sharing the global --batch_size."""
+"""Multi-process and gradient-exchange flags (tfscale.distributed): started by `horovodrun -np P
+...` or `python -m tfscale.run -np P ...`, the launcher runs as one of P data-parallel ranks
+sharing the global --batch_size."""
 
 from absl import flags
 
@@ -9,7 +10,7 @@ from tfscale.distributed import COMPRESSIONS
 FLAGS = flags.FLAGS
 
 flags.DEFINE_enum("gradient_compression", "none", list(COMPRESSIONS),
-                  "Under horovodrun: send dense gradients as float16 in the allreduce (half the "
+                  "With several processes: send dense gradients as float16 in the allreduce (half the "
                   "bytes; values beyond float16's range become inf, which a loss scaler skips "
                   "and plain float32 training stops on). Embedding gradients are not compressed "
                   "unless --embedding_comm=dense.")
@@ -42,12 +43,12 @@ def _positive_warmup_density(value):
     return value is None or value > 0
 
 
-def init_horovod():
-    """Starts Horovod when horovodrun launched this process (nothing otherwise)."""
+def init_engine():
+    """Starts the engine this process was launched for: Horovod under horovodrun, TensorFlow's
+    collective runtime under tfscale.run (TF_CONFIG); nothing in one process."""
     from tfscale import distributed
 
-    if distributed.launched_by_horovodrun():
-        distributed.init(FLAGS.gradient_compression)
+    distributed.init(FLAGS.gradient_compression)
 
 
 def embedding_exchange(steps_per_epoch):
@@ -77,6 +78,6 @@ def describe(exchange):
     if not distributed.is_active():
         return "1 process" + (f", embedding exchange {exchange}"
                               if exchange.acts_in_one_process else "")
-    return (f"{distributed.size()} Horovod ranks at batch "
+    return (f"{distributed.size()} ranks ({distributed.engine_name()} engine) at batch "
             f"{distributed.local_batch_size(FLAGS.batch_size)} each, gradient compression "
             f"{FLAGS.gradient_compression}, embedding exchange {exchange}")

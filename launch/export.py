@@ -8,7 +8,7 @@ served model and launch.predict score a line alike. Signatures (tfscale/serving/
 `serving_default` takes the raw fields by name as strings (Criteo I1..I13, C1..C26, empty =
 missing; Avazu's columns) and `score_lines` raw lines in the training file's format, with or
 without the label; both return {"probability": float32 [n]}. Loading needs TensorFlow only.
-It runs in one process (not under horovodrun). Bad input ends with a one-paragraph error and exit
+It runs in one process (not under horovodrun or tfscale.run). Bad input ends with a one-paragraph error and exit
 status 2."""
 
 
@@ -34,10 +34,10 @@ def run():
     from tfscale.errors import UserError
     from tfscale.serving.export import SCORE_LINES, SERVING_DEFAULT, export_saved_model
 
-    if distributed.launched_by_horovodrun():
+    if distributed.announced_size() > 1:
         raise UserError("launch.export writes one SavedModel from the checkpoint in one process "
                         "(every table's rows, whatever the number of ranks that trained it): "
-                        "run `python -m launch.export` without horovodrun")
+                        "run `python -m launch.export` without horovodrun or tfscale.run")
     if os.path.exists(FLAGS.output):
         raise UserError(f"--output={FLAGS.output} exists already; give a new directory (TF "
                         "Serving reads numbered versions: served/1, served/2, ...)")

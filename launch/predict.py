@@ -8,7 +8,8 @@ Reads any file the data flags of launch.train accept (Criteo TSV or Avazu CSV, l
 (launch/run_record.py). Writes CSV with a header: `probability`, or `id,probability` when the
 file has Avazu's id column; without --output the CSV goes to stdout and the report to stderr.
 Prints the AUC (when both labels occur) and log loss when the file has labels. Bad input ends
-with a one-paragraph error and exit status 2."""
+with a one-paragraph error and exit status 2. It runs in one process (not under horovodrun or
+tfscale.run)."""
 
 import os
 import sys
@@ -31,9 +32,14 @@ flags.mark_flags_as_required(["checkpoint_dir", "input"])
 def run():
     logging.set_verbosity(logging.WARNING)  # TF's SavedModel writer logs at INFO
     from launch import run_record
+    from tfscale import distributed
     from tfscale.errors import UserError
     from tfscale.serving.prediction import FilePredictions
 
+    if distributed.announced_size() > 1:
+        raise UserError("launch.predict scores a file in one process (every table's rows, "
+                        "whatever the number of ranks that trained it): run `python -m "
+                        "launch.predict` without horovodrun or tfscale.run")
     if FLAGS.output is not None and not os.path.isdir(
             os.path.dirname(os.path.abspath(FLAGS.output))):
         raise UserError(f"--output={FLAGS.output}: its directory does not exist")

@@ -43,7 +43,7 @@ def run():
     from tfscale.training.progressive import ProgressiveConfig, check_days, train_progressively
     from tfscale.training.run import TrainingConfig, check_test_split_is_labelled, train
 
-    distributed_flags.init_horovod()
+    distributed_flags.init_engine()
     hybrid_flags.choose_tables_for_encoding()
     progressive_flags.check_flags()
     common_flags.seed_everything(FLAGS.seed, FLAGS.deterministic)

@@ -192,12 +192,15 @@ def _readme_model():
         ids, keras.layers.Dense(1, activation="sigmoid")(keras.layers.Flatten()(vectors)))
 
 
-def test_refusals_of_horovodruns_variables_in_one_process(launched_jobs):
-    """tests/multiworker/own_model_refusals.py: building or compiling under horovodrun before
-    init, and a plain keras.Model's step with a tfscale optimizer in a job of two, refused."""
+def test_refusals_of_launchers_variables_in_one_process(launched_jobs):
+    """tests/multiworker/own_model_refusals.py: building or compiling under horovodrun or
+    tfscale.run before init, and a plain keras.Model's step with a tfscale optimizer in a job of
+    two, refused."""
     job = launched_jobs[REFUSALS]
     assert job.returncode == 0, job.output
-    assert "init before building ok" in job.output and "plain model refused ok" in job.output
+    for launcher in ("horovodrun", "tfscale.run"):
+        assert f"{launcher}: init before building ok" in job.output, job.output
+        assert f"{launcher}: plain model refused ok" in job.output, job.output
 
 
 def test_rank_batches_in_one_process_are_the_global_batches():

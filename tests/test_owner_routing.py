@@ -1,20 +1,20 @@
-"""Which rank holds which row, checked in one process without Horovod: the owner of each id
+"""Which rank holds which row, checked in one process without an engine: the owner of each id
 (rank id mod P) on a lookup's way out and on its gradient's way back, for row-sharded tables
 (tfscale.embedding.row_sharding) and dynamic ones (tfscale.embedding.dynamic), with P ranks
-simulated by threads sharing an in-process alltoall and allreduce (SimulatedRanks); and where a
+simulated by threads sharing an in-process Engine (SimulatedRanks); and where a
 checkpoint's table rows land when it is resumed at another number of ranks
 (tfscale.embedding.by_row_checkpoint)."""
 
 import concurrent.futures
-import sys
 import threading
-import types
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from tfscale.distributed import runtime
+from tfscale.distributed.engine import Engine
 from tfscale.embedding.dynamic import FIELD_BITS, DynamicTables
 from tfscale.embedding.field_embedding import FieldEmbedding
 from tfscale.embedding.table import RowShard
@@ -23,27 +23,20 @@ from tfscale.embedding import by_row_checkpoint
 from tfscale.embedding.by_row_checkpoint import TableVariable
 
 
-class SimulatedRanks(types.ModuleType):
-    """A stand-in for `horovod.tensorflow` with `size` ranks, each a thread (`run`): eager
-    alltoall (its gradient the alltoall back) and allreduce (Sum, Max) exchange through shared
-    memory, every rank calling them in the same order."""
+class SimulatedRanks(Engine):
+    """An Engine of `size` ranks, each a thread (`run`): eager alltoall and allreduce (sum, max)
+    exchange through shared memory, every rank calling them in the same order."""
 
-    Sum, Max = "sum", "max"
+    name = "simulated"
 
     def __init__(self, size):
-        super().__init__("horovod.tensorflow")
-        self._size = size
+        self.size, self.local_size, self.local_rank = size, size, 0
         self._local = threading.local()
         self._barrier = threading.Barrier(size, timeout=60)
         self._posted = [None] * size
         self.alltoalls = 0  # calls of rank 0
 
-    def is_initialized(self):
-        return True
-
-    def size(self):
-        return self._size
-
+    @property
     def rank(self):
         return self._local.rank
 
@@ -57,12 +50,12 @@ class SimulatedRanks(types.ModuleType):
                 self._barrier.abort()  # the other ranks stop waiting for this one
                 raise
 
-        with concurrent.futures.ThreadPoolExecutor(self._size) as pool:
-            return [f.result() for f in [pool.submit(as_rank, r) for r in range(self._size)]]
+        with concurrent.futures.ThreadPoolExecutor(self.size) as pool:
+            return [f.result() for f in [pool.submit(as_rank, r) for r in range(self.size)]]
 
     def _everyones(self, value):
         """Every rank's `value`, in rank order."""
-        self._posted[self.rank()] = value
+        self._posted[self.rank] = value
         self._barrier.wait()
         posted = list(self._posted)
         self._barrier.wait()  # all have read before the next exchange posts
@@ -71,7 +64,7 @@ class SimulatedRanks(types.ModuleType):
     def _exchange(self, tensor, splits):
         values, splits = np.asarray(tensor), np.asarray(splits)
         everyone = self._everyones((values, splits))
-        rank = self.rank()
+        rank = self.rank
         parts, received = [], []
         for sent, sent_splits in everyone:
             start = int(np.sum(sent_splits[:rank]))
@@ -80,39 +73,40 @@ class SimulatedRanks(types.ModuleType):
         return (tf.constant(np.concatenate(parts), tensor.dtype),
                 tf.constant(received, tf.int32))
 
-    def alltoall(self, tensor, splits, name=None):
+    def alltoall(self, tensor, splits, name):
         del name
-        self.alltoalls += self.rank() == 0
-        tensor = tf.convert_to_tensor(tensor)
-        received, received_splits = self._exchange(tensor, splits)
-        if not tensor.dtype.is_floating:
-            return received, received_splits
+        self.alltoalls += self.rank == 0
+        return self._exchange(tf.convert_to_tensor(tensor), splits)
 
-        @tf.custom_gradient
-        def through(values):
-            del values
-
-            def gradient(upstream):
-                return self._exchange(tf.convert_to_tensor(upstream), received_splits)[0]
-
-            return tf.identity(received), gradient
-
-        return through(tensor), received_splits
-
-    def allreduce(self, tensor, op, name=None):
+    def allreduce(self, tensor, op, name):
         del name
         tensor = tf.convert_to_tensor(tensor)
         everyone = np.stack(self._everyones(np.asarray(tensor)))
-        reduced = everyone.sum(axis=0) if op == self.Sum else everyone.max(axis=0)
+        reduced = everyone.sum(axis=0) if op == "sum" else everyone.max(axis=0)
         return tf.constant(reduced, tensor.dtype)
+
+    def grouped_allreduce(self, tensors, op, name):
+        raise NotImplementedError
+
+    def allgather(self, tensor, name):
+        raise NotImplementedError
+
+    def broadcast_variables(self, variables, root_rank=0):
+        raise NotImplementedError
+
+    def broadcast_object(self, value, name, root_rank=0):
+        raise NotImplementedError
+
+    def allgather_object(self, value, name):
+        raise NotImplementedError
 
 
 @pytest.fixture
 def simulated(monkeypatch):
-    """SimulatedRanks(P) installed as `horovod.tensorflow` for the test."""
+    """SimulatedRanks(P) installed as the started engine for the test."""
     def install(size):
         ranks = SimulatedRanks(size)
-        monkeypatch.setitem(sys.modules, "horovod.tensorflow", ranks)
+        monkeypatch.setitem(runtime._started, "engine", ranks)
         return ranks
 
     return install
@@ -161,7 +155,7 @@ def test_a_row_sharded_lookup_reads_each_id_from_its_owner_and_sends_its_gradien
         return outputs.numpy(), densify(gradient).numpy()
 
     results = ranks.run(work)
-    assert ranks.alltoalls == 2  # ids out, rows back
+    assert ranks.alltoalls == 3  # ids out, rows back, their gradient back
     expected_gradient = np.zeros_like(whole)
     for rank_ids, rank_weights in zip(ids, weights):
         np.add.at(expected_gradient, rank_ids, rank_weights / num_ranks)
@@ -223,7 +217,7 @@ def test_a_dynamic_lookup_gives_each_id_a_row_on_its_owner_and_sends_its_gradien
         return held, outputs.numpy(), densify(gradient).numpy()
 
     results = ranks.run(work)
-    assert ranks.alltoalls == 4  # ids out, rows back; twice
+    assert ranks.alltoalls == 5  # ids out, rows back; twice; the gradient back once
     expected_gradient = {key: np.zeros(DIM) for key in all_keys}
     for rank_keys, rank_weights in zip(keys, weights):
         for pair, row_weights in zip(rank_keys, rank_weights):

@@ -153,7 +153,7 @@ def _report_left_out(examples, steps, global_batch_size):
 
 def agreed_batches(batches):
     """`batches` (this rank's) ending on every rank at the first step where some rank has none
-    left (module docstring); unchanged outside Horovod.
+    left (module docstring); unchanged in one process.
 
     Args:
         batches: this rank's tf.data.Dataset of batches.
@@ -168,13 +168,13 @@ def agreed_batches(batches):
 
 def _agreed(batches):
     """Yields this rank's batches while every rank has one; then reports what was left out."""
-    hvd = runtime.horovod()
+    engine = runtime.engine()
     step = 0
     for batch in _with_end(batches):
-        everyone = int(hvd.allreduce(tf.constant(int(batch is not None)), op=hvd.Min,
-                                     name="tfscale_rank_batches_left"))
+        everyone = int(engine.allreduce(tf.constant(int(batch is not None)), "min",
+                                        "tfscale_rank_batches_left"))
         if not everyone:
-            _report_uneven_end(hvd, step, batch)
+            _report_uneven_end(engine, step, batch)
             return
         yield batch
         step += 1
@@ -185,10 +185,10 @@ def _with_end(batches):
     yield None  # "none left": the agreement then ends every rank's epoch at this step
 
 
-def _report_uneven_end(hvd, step, batch):
+def _report_uneven_end(engine, step, batch):
     left = 0 if batch is None else int(tf.shape(tf.nest.flatten(batch)[0])[0])
-    lefts = hvd.allgather_object(left, name="tfscale_rank_batches_left_out")
-    if hvd.rank() == 0:
+    lefts = engine.allgather_object(left, "tfscale_rank_batches_left_out")
+    if engine.rank == 0:
         ended = [r for r, rows in enumerate(lefts) if rows == 0]
         LOG.warning(
             f"the epoch ended after {step:,} steps, when rank(s) {ended} ran out of data; "

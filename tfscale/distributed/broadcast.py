@@ -11,7 +11,7 @@ from tfscale.errors import UserError
 
 def broadcast_model_and_optimizer(model, local=()):
     """Overwrites every variable of `model` and of its (built) optimizer with rank 0's values,
-    except those in `local`; does nothing outside Horovod.
+    except those in `local`; does nothing in one process.
 
     Args:
         model: a built Keras model with a built optimizer.
@@ -27,28 +27,28 @@ def broadcast_model_and_optimizer(model, local=()):
         tfscale.distributed.broadcast_model_and_optimizer(model)  # every rank starts as rank 0
         ```
     """
-    hvd = runtime.horovod()
-    if hvd is None:
+    engine = runtime.engine()
+    if engine is None:
         return
     local_ids = {id(v) for v in local}
     variables = [v for v in list(model.variables) + list(model.optimizer.variables)
                  if id(v) not in local_ids]
-    _check_same_variables(hvd, variables)
-    # Keras 3 variables wrap a tf.Variable (`.value`), which is what Horovod assigns to.
-    hvd.broadcast_variables([v.value for v in variables], root_rank=0)
+    _check_same_variables(engine, variables)
+    # Keras 3 variables wrap a tf.Variable (`.value`), which is what an engine assigns to.
+    engine.broadcast_variables([v.value for v in variables], root_rank=0)
 
 
-def _check_same_variables(hvd, variables):
+def _check_same_variables(engine, variables):
     """Raises on every rank when the ranks' variable lists differ (names, shapes, order): their
     broadcasts would pair different variables, or wait for one that never comes."""
     listing = [(v.path, tuple(v.shape), str(v.dtype)) for v in variables]
-    listings = hvd.allgather_object(listing, name="tfscale_variable_listing")
+    listings = engine.allgather_object(listing, "tfscale_variable_listing")
     for rank, other in enumerate(listings):
         if other != listing:
             first = next((i for i, (mine, theirs) in enumerate(zip(listing, other))
                           if mine != theirs), min(len(listing), len(other)))
             raise RuntimeError(
-                f"rank {hvd.rank()} holds {len(listing)} model and optimizer variables to "
+                f"rank {engine.rank} holds {len(listing)} model and optimizer variables to "
                 f"broadcast, rank {rank} holds {len(other)}; they must be the same on every rank "
                 f"(build the model and its optimizer the same way on each); first difference at "
                 f"position {first}: {listing[first:first + 1]} here, {other[first:first + 1]} "
@@ -75,25 +75,25 @@ def broadcast_from_chief(compute, name):
         vocabulary = tfscale.distributed.broadcast_from_chief(count_vocabulary, name="vocabulary")
         ```
     """
-    hvd = runtime.horovod()
-    if hvd is None:
+    engine = runtime.engine()
+    if engine is None:
         return compute()
-    if hvd.rank() != 0:
-        value, error = hvd.broadcast_object(None, root_rank=0, name=name)
+    if engine.rank != 0:
+        value, error = engine.broadcast_object(None, name)
         if error is not None:
             raise error
         return value
     try:
         value = compute()
     except UserError as error:
-        hvd.broadcast_object((None, error), root_rank=0, name=name)
+        engine.broadcast_object((None, error), name)
         raise
-    hvd.broadcast_object((value, None), root_rank=0, name=name)
+    engine.broadcast_object((value, None), name)
     return value
 
 
 def barrier(name):
-    """Returns once every rank has called it with `name` (at once outside Horovod).
+    """Returns once every rank has called it with `name` (at once in one process).
 
     Args:
         name: identifies the barrier; the same on every rank.
@@ -103,13 +103,13 @@ def barrier(name):
         tfscale.distributed.barrier(name="files_written")
         ```
     """
-    hvd = runtime.horovod()
-    if hvd is not None:
-        hvd.allreduce(tf.constant(0.0), name=name)
+    engine = runtime.engine()
+    if engine is not None:
+        engine.barrier(name)
 
 
 def any_rank(flag, name):
-    """Whether `flag` is true on at least one rank (`flag` itself outside Horovod).
+    """Whether `flag` is true on at least one rank (`flag` itself in one process).
 
     Args:
         flag: this rank's value, read as a bool.
@@ -124,7 +124,7 @@ def any_rank(flag, name):
             raise SystemExit("a rank failed its check")
         ```
     """
-    hvd = runtime.horovod()
-    if hvd is None:
+    engine = runtime.engine()
+    if engine is None:
         return bool(flag)
-    return float(hvd.allreduce(tf.constant(float(flag)), op=hvd.Max, name=name)) > 0
+    return float(engine.allreduce(tf.constant(float(flag)), "max", name)) > 0

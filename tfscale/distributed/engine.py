@@ -68,4 +68,6 @@ class Engine(abc.ABC):
 
     def barrier(self, name):
         """Returns once every rank has called it with `name`. Eager."""
-        self.allgather_object(None, name)
+        import tensorflow as tf
+
+        self.allreduce(tf.constant(0.0), "sum", name)

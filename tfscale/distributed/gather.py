@@ -8,7 +8,7 @@ from tfscale.distributed import runtime
 
 def allgather_array(array, name):
     """The concatenation of every rank's `array` (first dimensions may differ between ranks);
-    `array` itself outside Horovod.
+    `array` itself in one process.
 
     Args:
         array: this rank's numpy array; the other dimensions and the dtype equal on every rank.
@@ -22,7 +22,7 @@ def allgather_array(array, name):
         labels = tfscale.distributed.allgather_array(my_labels, name="test_labels")  # every rank's
         ```
     """
-    hvd = runtime.horovod()
-    if hvd is None:
+    engine = runtime.engine()
+    if engine is None:
         return array
-    return hvd.allgather(tf.convert_to_tensor(array), name=name).numpy()
+    return engine.allgather(tf.convert_to_tensor(array), name).numpy()

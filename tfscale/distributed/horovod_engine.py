@@ -4,6 +4,8 @@ imports Horovod; its Keras wrappers are not used (they are written for Keras 2).
 
 import os
 
+import tensorflow as tf
+
 from tfscale.distributed.engine import Engine
 
 # How a dead rank ends the job (measured with horovodrun --gloo, 2 ranks): a rank that exits
@@ -58,7 +60,12 @@ class HorovodEngine(Engine):
         return self._hvd.allgather(tensor, name=name)
 
     def alltoall(self, tensor, splits, name):
-        return self._hvd.alltoall(tensor, splits=splits, name=name)
+        if tensor.dtype != tf.bfloat16:
+            return self._hvd.alltoall(tensor, splits=splits, name=name)
+        # Horovod's alltoall takes no bfloat16: the bits travel as int16.
+        received, received_splits = self._hvd.alltoall(tf.bitcast(tensor, tf.int16),
+                                                       splits=splits, name=name)
+        return tf.bitcast(received, tf.bfloat16), received_splits
 
     def broadcast_variables(self, variables, root_rank=0):
         self._hvd.broadcast_variables(list(variables), root_rank=root_rank)

@@ -2,7 +2,8 @@
 gradient exchanges (docs/gtopk.md):
 
 - `gtopk_allreduce`: the global top-k of the sum (gTopKAllReduce), as a butterfly of log2(P)
-  pairwise `hvd.alltoall` rounds of k pairs each: O(k log P) bytes per rank;
+  pairwise alltoall rounds of k pairs each: O(k log P) bytes per rank (on TensorFlow's engine,
+  whose alltoall takes equal chunks, a round sends k rows to every rank, most of them padding);
 - `topk_allgather`: every rank's candidates allgathered and summed (TopKAllReduce, the
   baseline): O(k P) bytes per rank.
 
@@ -59,9 +60,9 @@ def gtopk_allreduce(indices, values, k, name):
         summed.indices, summed.values  # the same on every rank
         ```
     """
-    hvd = runtime.horovod()
-    num_ranks = 1 if hvd is None else hvd.size()
-    rank = 0 if hvd is None else hvd.rank()
+    engine = runtime.engine()
+    num_ranks = 1 if engine is None else engine.size
+    rank = 0 if engine is None else engine.rank
     indices, rows, flat = _as_rows(indices, values)
     k = tf.cast(k, tf.int32)
     own = tf.ones_like(indices, tf.int32)
@@ -78,7 +79,7 @@ def gtopk_allreduce(indices, values, k, name):
         receiving = partner is not None and not sending
         if extra:
             incoming, sent_now, received_now = _swap(
-                hvd, entries, partner if sending else None, partner if receiving else None,
+                engine, entries, partner if sending else None, partner if receiving else None,
                 f"{name}_fold")
             sent, received = sent + sent_now, received + received_now
         if receiving:
@@ -86,7 +87,7 @@ def gtopk_allreduce(indices, values, k, name):
         for round_index in range(power.bit_length() - 1):
             butterfly_partner = rank ^ (1 << round_index) if rank < power else None
             incoming, sent_now, received_now = _swap(
-                hvd, entries, butterfly_partner, butterfly_partner, f"{name}_round{round_index}")
+                engine, entries, butterfly_partner, butterfly_partner, f"{name}_round{round_index}")
             sent, received = sent + sent_now, received + received_now
             if butterfly_partner is not None:
                 theirs = _without_flags(incoming)
@@ -95,7 +96,7 @@ def gtopk_allreduce(indices, values, k, name):
         if extra:
             # Unfold: rank i returns the result, with which of the guest's entries survived.
             incoming, sent_now, received_now = _swap(
-                hvd, _with_guest_as_own(entries) if receiving else entries,
+                engine, _with_guest_as_own(entries) if receiving else entries,
                 partner if receiving else None, partner if sending else None, f"{name}_unfold",
                 carry_flag=True)
             sent, received = sent + sent_now, received + received_now
@@ -131,16 +132,16 @@ def topk_allgather(indices, values, name):
         summed.indices, summed.values  # the same on every rank
         ```
     """
-    hvd = runtime.horovod()
+    engine = runtime.engine()
     indices, rows, flat = _as_rows(indices, values)
     packed = _pack(indices, rows)
     sent = received = tf.constant(0.0, tf.float64)
-    if hvd is not None:
-        everyone = hvd.allgather(packed, name=name)
+    if engine is not None:
+        everyone = engine.allgather(packed, name)
         own_bytes = tensor_bytes(packed)
         # Ring allgather: each rank forwards P-1 chunks and receives the P-1 others'.
         received = tensor_bytes(everyone) - own_bytes
-        sent = own_bytes * (hvd.size() - 1)
+        sent = own_bytes * (engine.size - 1)
         packed = everyone
     all_indices, all_rows = _unpack(packed, rows.dtype)
     unique, segment = tf.unique(all_indices, out_idx=tf.int32)
@@ -212,7 +213,7 @@ def _with_guest_as_own(entries):
     return indices, rows, flags[:, ::-1]
 
 
-def _swap(hvd, entries, send_to, receive_from, name, carry_flag=False):
+def _swap(engine, entries, send_to, receive_from, name, carry_flag=False):
     """One alltoall every rank calls: this rank sends `entries` to `send_to` (None: nothing) and
     gets the list `receive_from` sends (None: nothing expected). With `carry_flag` the own-flag
     column travels too. Returns (received entries or None, bytes sent, bytes received)."""
@@ -223,8 +224,8 @@ def _swap(hvd, entries, send_to, receive_from, name, carry_flag=False):
     if send_to is None:
         packed = packed[:0]
     count = tf.shape(packed)[0]
-    splits = tf.one_hot(send_to if send_to is not None else 0, hvd.size(), dtype=tf.int32) * count
-    output, _ = hvd.alltoall(packed, splits=splits, name=name)
+    splits = tf.one_hot(send_to if send_to is not None else 0, engine.size, dtype=tf.int32) * count
+    output, _ = engine.alltoall(packed, splits, name)
     sent = tensor_bytes(packed)
     received = tensor_bytes(output)
     if receive_from is None:

@@ -23,12 +23,13 @@ import keras
 import tensorflow as tf
 
 from tfscale import distributed
+from tfscale.distributed.owner_routing import rows_from_owners
 from tfscale.embedding import placement
 from tfscale.embedding.by_id_checkpoint import BY_ID
 from tfscale.embedding.dynamic_serving import served_tables
 from tfscale.embedding.id_rows import IdRows, write_rows_from
 from tfscale.embedding.initializers import keyed_rows, with_rank_0_seed
-from tfscale.embedding.row_sharding import check_partitioned_arguments, gradient_divided_by
+from tfscale.embedding.row_sharding import check_partitioned_arguments
 from tfscale.embedding.strategy import TableStrategy
 from tfscale.embedding.table import RowShard, Table, unwritten
 from tfscale.errors import UserError
@@ -191,20 +192,9 @@ def lookup(tables, keys, row_index, training, name, scalars=None):
 
 
 def _through_owners(tables, row_index, unique_keys, counts, training, name, scalars):
-    """_owned_rows of each key, fetched from its owner (rank key mod P) by alltoall."""
-    hvd = distributed.runtime.horovod()
-    num_ranks = distributed.size()
-    owner = tf.cast(unique_keys % num_ranks, tf.int32)
-    order = tf.argsort(owner, stable=True)
-    splits = tf.math.bincount(owner, minlength=num_ranks, maxlength=num_ranks, dtype=tf.int32)
-    outgoing = tf.stack([tf.gather(unique_keys, order), tf.gather(counts, order)], axis=1)
-    incoming, incoming_splits = hvd.alltoall(outgoing, splits=splits, name=f"{name}_ids")
-    owned, owned_position = tf.unique(incoming[:, 0], out_idx=tf.int64)
-    owned_counts = tf.math.unsorted_segment_sum(incoming[:, 1], owned_position, tf.size(owned))
-    rows = tf.gather(_owned_rows(tables, row_index, owned, owned_counts, training, scalars),
-                     owned_position)
-    returned, _ = hvd.alltoall(rows, splits=incoming_splits, name=f"{name}_rows")
-    return tf.gather(gradient_divided_by(num_ranks)(returned), tf.math.invert_permutation(order))
+    """_owned_rows of each key, fetched from its owner (rank key mod P)."""
+    return rows_from_owners(unique_keys, counts, lambda owned, owned_counts: _owned_rows(
+        tables, row_index, owned, owned_counts, training, scalars), name).rows
 
 
 def _owned_rows(tables, row_index, keys, counts, training, scalars):

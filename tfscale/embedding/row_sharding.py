@@ -3,16 +3,14 @@
 sharded table (owner `id mod P`, local row `id div P`), their optimizer state with them, and
 looks rows up from the other ranks by alltoall.
 
-A lookup (`lookup`), per FieldEmbedding and step: this rank's unique ids; one `hvd.alltoall` of (id,
-occurrences) pairs (int32 while the table's ids fit) to the owners (one for all the layer's tables,
-which share their rows); unique again on the owner, whose occurrence sums are the global batch's
-counts; one gather per table of the owned rows; one alltoall of the tables' rows (packed side by
-side) back, in float32 or, with `wire_dtype`, bfloat16 (tfscale.embedding.row_wire); gathered to the
-batch positions. The backward pass is the mirror, by Horovod's alltoall gradient: each rank's row
-gradients, divided by P, return to the owner and are summed per id by the gather's gradient, so a
-shard's gradient holds one row per id the global batch looked up there: the gradient of the global
-batch's mean loss (each rank's loss is the mean over its B/P examples), summed in rank order as the
-allgather exchange sums the replicated tables' rows.
+A lookup (`lookup`), per FieldEmbedding and step: this rank's unique ids go to their owners and
+their rows come back by tfscale.distributed.owner_routing, one routing for all the layer's tables
+(which share their rows; (id, count) pairs as int32 while the table's ids fit; rows packed side by
+side, in float32 or, with `wire_dtype`, bfloat16); the owner answers with one gather per table of
+its rows, recording each lookup with the global batch's counts; gathered to the batch positions. A
+shard's gradient then holds one row per id the global batch looked up there: the gradient of the
+global batch's mean loss, summed in rank order as the allgather exchange sums the replicated
+tables' rows.
 tfscale.exchanges.sharded keeps it out of every allreduce. Sharded tables are never broadcast: every
 rank initialises its rows from (seed, global id) (tfscale.embedding.initializers.RowSeededNormal),
 so the tables equal the whole ones a replicated model starts from, whatever P."""
@@ -22,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfscale import distributed
+from tfscale.distributed.owner_routing import rows_from_owners
 from tfscale.embedding import placement, row_wire
 from tfscale.embedding.initializers import is_row_independent, with_rank_0_seed
 from tfscale.embedding.strategy import TableStrategy
@@ -151,26 +150,16 @@ def lookup(tables, rows, name, scalars=None, wire_dtype="float32"):
 
 
 def _through_owners(tables, unique_ids, counts, shard, name, wire_dtype, scalars=None):
-    """[len(unique_ids), sum of widths]: each id's rows, fetched from its owner by alltoall."""
-    hvd = distributed.runtime.horovod()
-    owner = tf.cast(unique_ids % shard.num_shards, tf.int32)
-    order = tf.argsort(owner, stable=True)
-    splits = tf.math.bincount(owner, minlength=shard.num_shards, maxlength=shard.num_shards,
-                              dtype=tf.int32)
+    """[len(unique_ids), sum of widths]: each id's rows, fetched from its owner."""
     id_dtype = _id_dtype(shard.total_rows)
-    outgoing = tf.stack([tf.cast(tf.gather(unique_ids, order), id_dtype),
-                         tf.cast(tf.gather(counts, order), id_dtype)], axis=1)
-    incoming, incoming_splits = hvd.alltoall(outgoing, splits=splits, name=f"{name}_ids")
-    incoming = tf.cast(incoming, tf.int64)
-    owned, owned_position = tf.unique(incoming[:, 0], out_idx=tf.int64)
-    owned_counts = tf.math.unsorted_segment_sum(incoming[:, 1], owned_position, tf.size(owned))
-    rows = tf.gather(_gather_owned(tables, owned, owned_counts, shard), owned_position)
-    returned = row_wire.exchange_rows(rows, incoming_splits, wire_dtype, f"{name}_rows")
+    routed = rows_from_owners(
+        unique_ids, counts, lambda owned, owned_counts: _gather_owned(
+            tables, owned, owned_counts, shard), name, id_dtype, wire_dtype)
     if scalars is not None:
-        _record_bytes(scalars, splits, incoming_splits, shard.index, 2 * id_dtype.size,
+        _record_bytes(scalars, routed.splits, routed.incoming_splits, shard.index,
+                      2 * id_dtype.size,
                       row_wire.wire_bytes(wire_dtype) * sum(table.width for table in tables))
-    return tf.gather(gradient_divided_by(shard.num_shards)(returned),
-                     tf.math.invert_permutation(order))
+    return routed.rows
 
 
 def _id_dtype(total_rows):
@@ -188,17 +177,6 @@ def _record_bytes(scalars, splits, incoming_splits, rank, pair_bytes, row_bytes)
                    pair_bytes * to_others + row_bytes * (from_others + to_others))
     scalars.record("sharding/alltoall_bytes_received",
                    pair_bytes * from_others + row_bytes * (to_others + from_others))
-
-
-def gradient_divided_by(num_ranks):
-    """The identity, whose gradient is divided by `num_ranks` (a division, as Horovod's
-    average divides)."""
-
-    @tf.custom_gradient
-    def identity(rows):
-        return tf.identity(rows), lambda gradient: tf.convert_to_tensor(gradient) / num_ranks
-
-    return identity
 
 
 def _gather_owned(tables, owned_ids, counts, shard):

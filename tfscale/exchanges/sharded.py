@@ -64,13 +64,9 @@ class RowShardedExchange(SynchronousExchange):
 
 def finite_everywhere(gradients):
     """Whether every one of `gradients` (this rank's shard gradients) is finite on every rank:
-    the same boolean on every rank, by one 4-byte allreduce under Horovod."""
+    the same boolean on every rank, by one 4-byte allreduce."""
     finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(_values(g))) for g in gradients])
-    if distributed.is_active():
-        hvd = distributed.runtime.horovod()
-        finite = hvd.allreduce(tf.cast(finite, tf.float32), op=hvd.Min,
-                               name="tfscale_shards_finite") > 0.5
-    return finite
+    return distributed.true_on_every_rank(finite, "tfscale_shards_finite")
 
 
 def nan_unless(finite):

@@ -191,10 +191,7 @@ class TopKExchange(SynchronousExchange):
                         for i in chosen}
         finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(a))
                                 for a in accumulators.values()])
-        if distributed.is_active():
-            hvd = distributed.runtime.horovod()
-            finite = hvd.allreduce(tf.cast(finite, tf.float32), op=hvd.Min,
-                                   name="tfscale_topk_finite") > 0.5
+        finite = distributed.true_on_every_rank(finite, "tfscale_topk_finite")
         density = self.density_at(step)
         # NaN gradients make the loss scaler skip the step on every rank.
         step_factor = tf.where(finite, scale, tf.constant(float("nan"), tf.float32))

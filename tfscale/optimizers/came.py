@@ -227,5 +227,4 @@ class _WholeTable:
         return ops.sqrt(self._sum_over_shards(ops.sum(ops.square(update)), "rms") / total)
 
     def _sum_over_shards(self, value, name):
-        hvd = distributed.runtime.horovod()
-        return hvd.allreduce(value, op=hvd.Sum, name=f"tfscale_came_{self._name}_{name}")
+        return distributed.allreduce_sum(value, f"tfscale_came_{self._name}_{name}")

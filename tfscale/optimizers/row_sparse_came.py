@@ -199,5 +199,4 @@ class _BatchRows:
         return tf.sqrt(total / tf.maximum(count * int(update.shape[1]), 1))
 
     def _sum_over_shards(self, value, name):
-        hvd = distributed.runtime.horovod()
-        return hvd.allreduce(value, op=hvd.Sum, name=f"tfscale_row_came_{self._name}_{name}")
+        return distributed.allreduce_sum(value, f"tfscale_row_came_{self._name}_{name}")

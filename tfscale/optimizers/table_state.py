@@ -62,8 +62,7 @@ def warn_when_beyond_memory(model):
     dynamic tables, once every row is handed out, would take more than this machine's memory:
     the ranks on it x rows per rank x bytes per row (`dynamic_row_bytes`). `model.optimizer`
     is built."""
-    hvd = distributed.runtime.horovod() if distributed.is_active() else None
-    local_ranks, local_rank = (hvd.local_size(), hvd.local_rank()) if hvd else (1, 0)
+    local_ranks, local_rank = distributed.local_size(), distributed.local_rank()
     machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     for index, row_bytes in dynamic_row_bytes(model):
         if index.memory_checked:

@@ -23,7 +23,7 @@ from tfscale.optimizers.capabilities import wrapped_optimizers
 from tfscale.optimizers.loss_scaling import LossScaleOptimizer
 from tfscale.optimizers.row_sparse_adam import RowSparseAdam
 from tfscale.step_scalars import ReportsProgress, scalars_of
-from tfscale.training import horovod_fit
+from tfscale.training import distributed_fit
 from tfscale.training.checkpoints import CheckpointStore
 
 
@@ -333,7 +333,7 @@ class Checkpoint(keras.callbacks.Callback):
                                                     name="tfscale_fit_checkpoint")
         if progress is None:
             return
-        horovod_fit.broadcast_from_rank_0(model)
+        distributed_fit.broadcast_from_rank_0(model)
         self._store.finish_restore()
         # Keras's own resume point (keras.callbacks.BackupAndRestore sets it the same way).
         model._initial_epoch = progress["epoch"]

@@ -21,7 +21,7 @@ import tensorflow as tf
 from tfscale import distributed
 from tfscale.errors import UserError
 from tfscale.training import callbacks as tfs_callbacks
-from tfscale.training import horovod_fit
+from tfscale.training import distributed_fit
 from tfscale.training.checkpoints import CheckpointStore
 from tfscale.training.evaluation import evaluate_exact
 from tfscale.training.train_step import TrainStep
@@ -182,7 +182,7 @@ def train(model, source, config, print_fn=print):
     start_epoch, skip_batches, restored = distributed.broadcast_from_chief(
         lambda: _starting_position(store, config, print_fn), name="tfscale_start_position")
     if restored:  # a fresh start is set to rank 0's by fit (TrainStep.fit)
-        horovod_fit.broadcast_from_rank_0(model)
+        distributed_fit.broadcast_from_rank_0(model)
         store.finish_restore()
     if restored and start_epoch >= config.epochs:  # a finished run: nothing left to train
         return _finished_result(store, config, print_fn)

@@ -30,16 +30,16 @@ from tfscale import distributed, exchanges
 from tfscale.embedding import dedup, table_names
 from tfscale.embedding.table import model_tables, table_of, tables_of
 from tfscale.errors import UserError
-from tfscale.optimizers.averaged import averaged_over_ranks
+from tfscale.optimizers.averaged import averaged_by_train_step
 from tfscale.optimizers.came import CAME
 from tfscale.optimizers.capabilities import (optimizer_for, takes_counted_slices, takes_row_slices,
-                                             updates_rows_in_place)
+                                             updates_rows_in_place, wrapped_optimizers)
 from tfscale.optimizers.cowclip import CowClip
 from tfscale.optimizers import table_state
 from tfscale.optimizers.fused_adam import FusedAdam
 from tfscale.row_gradients import densify
 from tfscale.step_scalars import StepScalars, scalars_of
-from tfscale.training import horovod_fit
+from tfscale.training import distributed_fit
 
 # tfscale's optimizers that update a row-sharded table whole, correctly (the papers' dense
 # update, one flag away: docs/row_updates.md); any other optimizer must update shards by row.
@@ -94,6 +94,7 @@ class TrainStep:
                                  "shapes have no XLA kernels")
             jit_compile = False
         super().compile(*args, jit_compile=jit_compile, **kwargs)
+        averaged_by_train_step(wrapped_optimizers(self.optimizer))
         with_counts = takes_counted_slices(self.optimizer)
         if with_counts and not exchange.carries_counts:
             raise UserError(f"`embedding_exchange={exchange.name}` cannot be used with "
@@ -151,41 +152,41 @@ class TrainStep:
                 **self._step_scalars.summary_scalars()}
 
     def fit(self, *args, **kwargs):
-        """keras.Model.fit; in a Horovod job also (tfscale.training.horovod_fit): the model and
+        """keras.Model.fit; in a Horovod job also (tfscale.training.distributed_fit): the model and
         optimizer built and set to rank 0's before the first update, Keras's file-writing
         callbacks and progress bar on rank 0 only, and the epoch's metrics over every rank's
         rows. Give each rank its part of the data with `tfscale.data.rank_batches`."""
         arguments = inspect.signature(keras.Model.fit).bind(self, *args, **kwargs).arguments
         del arguments["self"]
-        arguments["callbacks"], arguments["verbose"] = horovod_fit.start_fit(
+        arguments["callbacks"], arguments["verbose"] = distributed_fit.start_fit(
             self, arguments.get("x"), arguments.get("callbacks"),
             arguments.get("verbose", "auto"))
         if arguments.get("validation_data") is not None:
-            arguments["validation_data"] = horovod_fit.evaluation_data(
+            arguments["validation_data"] = distributed_fit.evaluation_data(
                 self, arguments["validation_data"])
         return super().fit(**arguments)
 
     def evaluate(self, *args, **kwargs):
         """keras.Model.evaluate; in a Horovod job its metrics cover every rank's rows, and with
-        tables spread over the ranks every rank passes as many batches (horovod_fit)."""
+        tables spread over the ranks every rank passes as many batches (distributed_fit)."""
         arguments = inspect.signature(keras.Model.evaluate).bind(self, *args, **kwargs).arguments
         del arguments["self"]
         extra = arguments.pop("kwargs", {})
         if not extra.get("_use_cached_eval_dataset"):  # fit's validation: padded in fit
-            arguments["x"] = horovod_fit.evaluation_data(self, arguments.get("x"))
+            arguments["x"] = distributed_fit.evaluation_data(self, arguments.get("x"))
         return super().evaluate(**arguments, **extra)
 
     def load_weights(self, *args, **kwargs):
         """keras.Model.load_weights; in a Horovod job every rank then holds rank 0's weights."""
-        horovod_fit.check_load_weights(self)
+        distributed_fit.check_load_weights(self)
         super().load_weights(*args, **kwargs)
-        horovod_fit.after_load_weights(self)
+        distributed_fit.after_load_weights(self)
 
     def get_metrics_result(self):
         """keras.Model.get_metrics_result; when Keras reads it eagerly (at an epoch's end, after
-        `evaluate`) in a Horovod job, over every rank's rows (horovod_fit.results_over_ranks).
+        `evaluate`) in a Horovod job, over every rank's rows (distributed_fit.results_over_ranks).
         Inside the step it stays this rank's, so each step costs no metric collective."""
-        return horovod_fit.results_over_ranks(self.metrics, super().get_metrics_result)
+        return distributed_fit.results_over_ranks(self.metrics, super().get_metrics_result)
 
     def compile_from_config(self, config):
         """Keras's, which skips loading the compile state of any model that overrides `compile`;
@@ -236,7 +237,7 @@ class TrainStep:
 
         # Update, once the forward pass has used the rows it read (an update that needs nothing
         # from this step's forward pass, as a stale one, would not wait for it otherwise)
-        with tf.control_dependencies([loss]), averaged_over_ranks():
+        with tf.control_dependencies([loss]):
             self.optimizer.apply(gradients, variables)
         exchange.finish(gradients)
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)

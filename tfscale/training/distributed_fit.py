@@ -1,6 +1,6 @@
-"""What a TrainStep model's `fit`, `evaluate` and `load_weights` add in a Horovod job of two or
-more ranks (tfscale.training.train_step calls these; outside Horovod they change nothing but
-the memory warning of dynamic tables, logged in any process):
+"""What a TrainStep model's `fit`, `evaluate` and `load_weights` add in a job of two or more
+ranks, on either engine (tfscale.training.train_step calls these; in one process they change
+nothing but the memory warning of dynamic tables, logged in any process):
 
 - before `fit`'s first update: the model built (called on the data's first row) and its
   optimizer built (a warning when its dynamic tables once full would not fit in memory), then
@@ -16,7 +16,7 @@ the memory warning of dynamic tables, logged in any process):
   equals one process's metric over all the rows; an AUC's buckets too).
 
 Horovod's own Keras callbacks (BroadcastGlobalVariablesCallback, MetricAverageCallback) do not
-run under Keras 3, and averaging per-rank metrics is not the metric of all rows: hence these."""
+run under Keras 3 (and tf.distribute's need a strategy scope around the model), and averaging per-rank metrics is not the metric of all rows: hence these."""
 
 import warnings
 
@@ -79,10 +79,10 @@ def check_load_weights(model):
 def after_load_weights(model):
     """After every rank's `load_weights`: rank 0's model weights on every rank (a rank that
     read another file, or none, must not train from other weights)."""
-    hvd = runtime.horovod()
-    if hvd is None:
+    engine = runtime.engine()
+    if engine is None:
         return
-    hvd.broadcast_variables([v.value for v in model.variables], root_rank=0)
+    engine.broadcast_variables([v.value for v in model.variables], root_rank=0)
 
 
 def results_over_ranks(metrics, results):
@@ -95,10 +95,9 @@ def results_over_ranks(metrics, results):
     variables = [v for metric in metrics for v in metric.variables]
     if not variables:
         return results()
-    hvd = runtime.horovod()
     local = [tf.identity(v.value) for v in variables]
-    summed = hvd.grouped_allreduce([tf.cast(value, tf.float64) for value in local], op=hvd.Sum,
-                                   name="tfscale_metric_states")
+    summed = runtime.engine().grouped_allreduce([tf.cast(value, tf.float64) for value in local],
+                                                "sum", "tfscale_metric_states")
     for variable, total in zip(variables, summed):
         variable.assign(tf.cast(total, variable.dtype))
     try:
