@@ -250,7 +250,7 @@ def launched_run(launched_jobs):
 
 def test_launcher_under_horovodrun(launched_run):
     out, run_dir = launched_run
-    assert ("2 Horovod ranks at batch 128 each, gradient compression fp16, embedding exchange "
+    assert ("2 ranks (horovod engine) at batch 128 each, gradient compression fp16, embedding exchange "
             "gtopk at density 0.005") in out, out
     final_lines = re.findall(r"^\[(\d)\]<stdout>:final test AUC", out, re.MULTILINE)
     assert final_lines == ["0"], out
@@ -300,7 +300,7 @@ def test_resumed_two_rank_run_equals_uninterrupted_one(launched_run, launched_jo
 
 USER_ERRORS = [
     (["--batch_size=255", "--checkpoint_dir=none"],
-     "--batch_size=255 is the global batch and must divide evenly over the 2 Horovod ranks"),
+     "--batch_size=255 is the global batch and must divide evenly over the 2 ranks"),
     (["--checkpoint_dir={run_dir}/ckpt"], "already holds a checkpoint"),  # found by rank 0 only
 ]
 

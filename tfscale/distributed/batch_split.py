@@ -26,7 +26,7 @@ def local_batch_size(global_batch_size):
     ranks = runtime.size()
     if global_batch_size % ranks:
         raise UserError(f"`batch_size={global_batch_size}` is the global batch and must divide "
-                        f"evenly over the {ranks} Horovod ranks: use a multiple of {ranks}")
+                        f"evenly over the {ranks} ranks: use a multiple of {ranks}")
     return global_batch_size // ranks
 
 
