@@ -1,15 +1,21 @@
 """The multi-process test jobs of every test module, grouped into as few launches as possible:
-one process (or one `horovodrun -np P --gloo` launch) runs every job registered for its number
-of ranks and stage (tests/multiworker/jobs.py), so that TensorFlow and Horovod's Gloo ring start
+one process (or one launch of P ranks on an engine: `horovodrun -np P --gloo`, or `python -m
+tfscale.run -np P` for TensorFlow's collective runtime) runs every job registered for its number
+of ranks, engine and stage (tests/multiworker/jobs.py), so that TensorFlow and the engine start
 once per launch instead of once per job. A launch costs 15-25 s before its first job.
+
+A job of several ranks runs on each engine of its `engines` (Horovod's by default, ENGINES for
+both); its result on Horovod is `launched_jobs[name]`, on TensorFlow's engine
+`launched_jobs[on_engine(name, "tf")]`, and "{engine}" in its arguments names the engine, so
+that the two runs write apart.
 
 Test modules register their jobs when imported (`job(...)`; pytest imports every collected module
 before the first test runs) and the input files those jobs read (`prepare(...)`). When the
 session starts, tests/conftest.py starts the launches of the jobs of every module with a
 collected test that uses the fixture `launched_jobs`, in the background (InBackground), and
 orders those tests last; they wait for the launches to end. Stage 0's launches run before stage
-1's; within a stage the one-process launch runs beside the horovodrun launches, which run one
-after another (2, 3, then 4 ranks). A job may read what any job of an earlier stage wrote, and
+1's; within a stage the one-process launch runs beside the multi-process launches, which run one
+after another (Horovod's 2, 3, then 4 ranks, then TensorFlow's engine's). A job may read what any job of an earlier stage wrote, and
 what a horovodrun launch of fewer ranks in its own stage wrote. Paths in a job's arguments are
 written relative to the session's launch directory as "{dir}/..."."""
 
@@ -23,10 +29,16 @@ import sys
 import threading
 import time
 
-from tests.horovod_launch import horovodrun_command, side_by_side
+from tests.horovod_launch import horovodrun_command, side_by_side, tfscale_run_command
 
 _JOBS = {}
 _PREPARERS = []
+ENGINES = ("horovod", "tf")
+
+
+def on_engine(name, engine):
+    """The name a job registered as `name` runs under on `engine` ("horovod": `name` itself)."""
+    return name if engine == "horovod" else f"{name}@{engine}"
 
 
 @dataclasses.dataclass
@@ -39,23 +51,31 @@ class Job:
     args: list
     timeout: float
     before_horovod: bool
+    engine: str
 
 
-def job(name, ranks, module, *args, stage=0, timeout=240, before_horovod=False):
-    """Registers `module.main(*args)` to run on `ranks` ranks (1: one process without Horovod) in
-    launch stage `stage`; `timeout` is its share of its launch's timeout. A job that builds
-    something before Horovod starts gives `before_horovod` and runs first in its launch (one
-    such job per launch). Returns `name`."""
-    assert name not in _JOBS, f"two jobs named {name}"
-    _JOBS[name] = Job(_registering_module(), name, ranks, stage, module,
-                      [str(arg) for arg in args], timeout, before_horovod)
+def job(name, ranks, module, *args, stage=0, timeout=240, before_horovod=False,
+        engines=("horovod",)):
+    """Registers `module.main(*args)` to run on `ranks` ranks (1: one process, no engine) in
+    launch stage `stage`, on each of `engines` when `ranks` > 1 ("{engine}" in an argument is
+    replaced by the engine's name); `timeout` is its share of its launch's timeout. A job that
+    builds something before Horovod starts gives `before_horovod` (Horovod only) and runs first
+    in its launch (one such job per launch). Returns `name`."""
+    owner = _registering_module()
+    engines = ("horovod",) if ranks == 1 or before_horovod else engines
+    for engine in engines:
+        key = on_engine(name, engine)
+        assert key not in _JOBS, f"two jobs named {key}"
+        _JOBS[key] = Job(owner, key, ranks, stage, module,
+                         [str(arg).replace("{engine}", engine) for arg in args], timeout,
+                         before_horovod, engine if ranks > 1 else "none")
     return name
 
 
-def launcher_job(name, ranks, *flags, stage=0, timeout=240):
+def launcher_job(name, ranks, *flags, stage=0, timeout=240, engines=("horovod",)):
     """Registers `python -m launch.train FLAGS` as a job (tests/multiworker/launcher_run.py)."""
     return job(name, ranks, "tests.multiworker.launcher_run", *flags, stage=stage,
-               timeout=timeout)
+               timeout=timeout, engines=engines)
 
 
 def prepare(write_inputs):
@@ -160,12 +180,12 @@ class InBackground:
             groups = {}
             for j in jobs:
                 if j.stage == stage:
-                    groups.setdefault(j.ranks, []).append(j)
-            one_process = [groups[1]] if 1 in groups else []
-            horovodrun = [groups[ranks] for ranks in sorted(groups) if ranks > 1]
+                    groups.setdefault((j.engine != "horovod", j.engine, j.ranks), []).append(j)
+            one_process = [groups[key] for key in groups if key[2] == 1]
+            several = [groups[key] for key in sorted(groups) if key[2] > 1]
             with concurrent.futures.ThreadPoolExecutor(2) as pool:
                 lanes = [pool.submit(self._run_lane, stage, lane)
-                         for lane in (one_process, horovodrun)]
+                         for lane in (one_process, several)]
                 for lane in lanes:
                     lane.result()
 
@@ -174,7 +194,8 @@ class InBackground:
         for group in groups:
             group = sorted(group, key=lambda j: not j.before_horovod)
             assert sum(j.before_horovod for j in group) <= 1, [j.name for j in group]
-            self._jobs.update(self._launch(group, f"stage{stage}-P{group[0].ranks}"))
+            self._jobs.update(self._launch(
+                group, f"stage{stage}-P{group[0].ranks}-{group[0].engine}"))
 
     def _launch(self, group, label):
         """Runs the jobs of `group` (same ranks) in one launch; {name: JobResult}."""
@@ -185,7 +206,9 @@ class InBackground:
         plan_path.write_text(json.dumps(plan, indent=1))
         args = ["tests/multiworker/jobs.py", str(plan_path)]
         ranks, timeout = group[0].ranks, sum(j.timeout for j in group)
-        command = [sys.executable, *args] if ranks == 1 else horovodrun_command(ranks, args)
+        command = ([sys.executable, *args] if ranks == 1
+                   else horovodrun_command(ranks, args) if group[0].engine == "horovod"
+                   else tfscale_run_command(ranks, args))
         try:
             output = side_by_side([command], timeout, stop=self._stop)[0].stdout
         except subprocess.TimeoutExpired as expired:

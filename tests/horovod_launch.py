@@ -30,6 +30,18 @@ def horovodrun_command(num_ranks, args):
             sys.executable] + list(args)
 
 
+def tfscale_run_command(num_ranks, args):
+    """The command line of `python ARGS` on `num_ranks` local ranks of TensorFlow's collective
+    runtime (tfscale.run)."""
+    return [sys.executable, "-m", "tfscale.run", "-np", str(num_ranks)] + list(args)
+
+
+def tfscale_run(num_ranks, args, timeout=240):
+    """Runs `python ARGS` on `num_ranks` local ranks of TensorFlow's engine and returns the
+    CompletedProcess (stdout and stderr merged into stdout)."""
+    return _run(tfscale_run_command(num_ranks, args), timeout)
+
+
 def python(args, timeout=240):
     """Runs `python ARGS` as one process (no Horovod) and returns the CompletedProcess (stdout
     and stderr merged into stdout)."""

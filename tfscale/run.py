@@ -115,7 +115,7 @@ def _checked(options):
     if options.num_proc < 1:
         raise UserError(f"-np {options.num_proc}: give 1 or more processes")
     if options.port is not None and not 0 < options.port <= 65536 - options.num_proc:
-        raise UserError(f"port {options.port}: ports {options.port}..."
+        raise UserError(f"port {options.port}: ports {options.port}.."
                         f"{options.port + options.num_proc - 1} must lie in 1..65535")
     if not options.program:
         raise UserError("no program given: name a SCRIPT, or -m MODULE, after the options")

@@ -1,7 +1,8 @@
-"""Several test jobs in one process, so that one launch starts TensorFlow (and Horovod) once for
-all of them: `horovodrun -np P ... python tests/multiworker/jobs.py PLAN.json`, or plain
-`python tests/multiworker/jobs.py PLAN.json` for one process (tests/grouped_launches.py writes
-the plan and runs the launches).
+"""Several test jobs in one process, so that one launch starts TensorFlow (and its engine) once
+for all of them: `horovodrun -np P ... python tests/multiworker/jobs.py PLAN.json` or `python -m
+tfscale.run -np P tests/multiworker/jobs.py PLAN.json`, or plain `python
+tests/multiworker/jobs.py PLAN.json` for one process (tests/grouped_launches.py writes the plan
+and runs the launches).
 
 PLAN.json lists jobs {"name", "log_dir", "module", "args"}, run in order: each calls
 `module.main(*args)` (tests/multiworker/launcher_run.py runs `launch.train`) in a fresh Keras
@@ -10,9 +11,9 @@ TensorFlow's op determinism off, as a new process would start it. While a job ru
 what the process writes to its stdout and stderr (file descriptors 1 and 2, so TensorFlow's and
 Horovod's C++ output too) goes to LOG_DIR/rank<r>.stdout and .stderr; at its end the rank
 writes its exit status (main's return value, a SystemExit's code, 1 after an exception, whose
-traceback goes to the job's stderr) to LOG_DIR/rank<r>.status. Under horovodrun a job that
-fails ends the process at once: the other ranks' next collective then fails (a dead rank ends a
-Horovod job) instead of waiting for a rank that went on to another job; one process goes on to
+traceback goes to the job's stderr) to LOG_DIR/rank<r>.status. In a launch of several ranks a
+job that fails ends the process at once: the launcher then ends the others (a dead rank ends the
+job) instead of letting them wait for a rank that went on to another job; one process goes on to
 its next job (some are meant to fail: the launcher's refusals)."""
 
 import contextlib
@@ -82,8 +83,11 @@ def _cpu_seconds():
 def main(plan_path):
     with open(plan_path) as f:
         plan = json.load(f)
-    under_horovodrun = "HOROVOD_RANK" in os.environ
-    rank = os.environ.get("HOROVOD_RANK", "0")
+    from tfscale.distributed import runtime, tf_cluster
+
+    several = runtime.announced_size() > 1
+    rank = os.environ.get("HOROVOD_RANK") or (
+        str(tf_cluster.read_cluster().rank) if tf_cluster.configured() else "0")
     for job in plan:
         log = os.path.join(job["log_dir"], f"rank{rank}")
         os.makedirs(job["log_dir"], exist_ok=True)
@@ -95,7 +99,7 @@ def main(plan_path):
         print(f"rank {rank}: job {job['name']} ended with status {status} "
               f"({time.monotonic() - started:.1f} s, {_cpu_seconds() - cpu_before:.1f} CPU s)",
               flush=True)
-        if status != 0 and under_horovodrun:
+        if status != 0 and several:
             os._exit(status)
     return 0
 

@@ -1,0 +1,133 @@
+"""The two engines train the same model: each launcher path (every exchange, row-sharded,
+stale and dynamic tables, mixed precision with loss scaling, CowClip, CAME) runs with fixed
+seeds in float32 math under horovodrun and under tfscale.run (TensorFlow's collective runtime),
+and the checkpoints they end with hold the same values to 1e-6 relative (the per-rank state of
+the top-k exchanges and staleness queues included). A run stopped on one engine resumes on the
+other at another number of processes and ends where an uninterrupted run ends; a SavedModel
+exported from TensorFlow's engine's checkpoint scores as the model did."""
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests import grouped_launches
+from tests.grouped_launches import ENGINES, on_engine
+
+SMALL = ["--train_rows=3072", "--test_rows=512", "--synthetic_vocabulary_scale=0.002",
+         "--dnn_units=16,16", "--batch_size=256", "--epochs=1", "--logdir=none",
+         "--log_every_steps=4", "--deterministic"]
+PARITY_DIR = "{dir}/parity/{engine}"
+# path name: (ranks, the flags beside SMALL)
+PATHS = {
+    "allgather": (2, ["--optimizer=adam"]),
+    "cowclip": (2, ["--optimizer=cowclip"]),
+    "came": (2, ["--optimizer=came"]),
+    "topk": (2, ["--optimizer=adam", "--embedding_comm=topk", "--density=0.01"]),
+    "gtopk_4": (4, ["--optimizer=adam", "--embedding_comm=gtopk", "--density=0.01"]),
+    "row_sharded": (2, ["--optimizer=adam", "--embedding_sharding=row"]),
+    "row_sharded_bf16_wire": (2, ["--optimizer=adam", "--embedding_sharding=row",
+                                  "--sharded_wire_dtype=bfloat16"]),
+    "stale": (2, ["--optimizer=adam", "--embedding_staleness=2"]),
+    "dynamic": (2, ["--optimizer=adam", "--embedding_sharding=dynamic"]),
+    "dynamic_4": (4, ["--optimizer=adam", "--embedding_sharding=dynamic"]),
+    "loss_scaled": (2, ["--optimizer=adam", "--precision=float32", "--loss_scale=dynamic"]),
+}
+JOBS = {path: grouped_launches.launcher_job(
+    f"parity-{path}", ranks, *SMALL, *flags, f"--checkpoint_dir={PARITY_DIR}/{path}",
+    engines=ENGINES, timeout=120) for path, (ranks, flags) in PATHS.items()}
+
+# Stopped after 5 of 12 steps on one engine at 2 ranks and resumed on the other at 2, against
+# the uninterrupted 2-rank run; and resumed on TensorFlow's engine at 4 ranks (row-sharded
+# tables: their rows move between ranks when the number of ranks changes).
+RESUME = ["--optimizer=adam", "--embedding_sharding=row"]
+STOPPED = {engine: grouped_launches.launcher_job(
+    f"parity-stopped-{engine}", 2, *SMALL, *RESUME, "--stop_after_steps=5",
+    f"--checkpoint_dir={{dir}}/parity/resume-from-{engine}", engines=(engine,))
+    for engine in ENGINES}
+RESUMED = {engine: grouped_launches.launcher_job(
+    f"parity-resumed-from-{engine}", 2, *SMALL, *RESUME, "--resume",
+    f"--checkpoint_dir={{dir}}/parity/resume-from-{engine}", stage=1,
+    engines=tuple(e for e in ENGINES if e != engine)) for engine in ENGINES}
+UNINTERRUPTED = grouped_launches.launcher_job(
+    "parity-uninterrupted", 2, *SMALL, *RESUME, "--checkpoint_dir={dir}/parity/uninterrupted")
+STOPPED_FOR_4 = grouped_launches.launcher_job(
+    "parity-stopped-for-4", 2, *SMALL, *RESUME, "--stop_after_steps=5",
+    "--checkpoint_dir={dir}/parity/resume-at-4")
+RESUMED_AT_4 = grouped_launches.launcher_job(
+    "parity-resumed-at-4", 4, *SMALL, *RESUME, "--resume",
+    "--checkpoint_dir={dir}/parity/resume-at-4", stage=1, engines=("tf",))
+
+
+def latest_step(checkpoint_dir):
+    """The directory of the last checkpoint written to `checkpoint_dir`."""
+    checkpoint_dir = pathlib.Path(checkpoint_dir)
+    return checkpoint_dir / (checkpoint_dir / "latest").read_text().strip()
+
+
+def checkpoint_values(step_dir):
+    """{name: numpy array} of every value a checkpoint holds: its TensorFlow state and its
+    tables' arrays."""
+    values = {}
+    reader = tf.train.load_checkpoint(str(step_dir / "state"))
+    for name in reader.get_variable_to_shape_map():
+        value = reader.get_tensor(name)
+        if isinstance(value, np.ndarray):
+            values[f"state/{name}"] = value
+    for tables in sorted(step_dir.glob("*.npz")):
+        with np.load(tables) as arrays:
+            values.update({f"{tables.name}/{key}": arrays[key] for key in arrays.files})
+    return values
+
+
+def assert_same_values(mine, theirs, rtol=1e-6):
+    """Every value of `mine` and `theirs` (checkpoint_values) equal: integers exactly, floats to
+    `rtol` relative (atol 1e-9 for values near zero)."""
+    assert sorted(mine) == sorted(theirs)
+    for name, value in mine.items():
+        if value.dtype.kind == "f":
+            np.testing.assert_allclose(value, theirs[name], rtol=rtol, atol=1e-9, err_msg=name)
+        else:
+            np.testing.assert_array_equal(value, theirs[name], err_msg=name)
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_both_engines_end_with_the_same_weights(launched_jobs, path):
+    steps = {}
+    for engine in ENGINES:
+        job = launched_jobs[on_engine(JOBS[path], engine)]
+        assert job.returncode == 0, job.output
+        assert f"({engine} engine)" in job.output, job.output
+        step_dir = latest_step(launched_jobs.path(PARITY_DIR.replace("{engine}", engine)
+                                                  + f"/{path}"))
+        steps[engine] = step_dir
+    progress = [json.loads((steps[e] / "progress.json").read_text()) for e in ENGINES]
+    assert progress[0]["global_step"] == progress[1]["global_step"] > 0
+    assert_same_values(checkpoint_values(steps["tf"]), checkpoint_values(steps["horovod"]))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_run_stopped_on_one_engine_resumes_on_the_other(launched_jobs, engine):
+    other = next(e for e in ENGINES if e != engine)
+    stopped = launched_jobs[on_engine(STOPPED[engine], engine)]
+    assert stopped.returncode == 0, stopped.output
+    resumed = launched_jobs[on_engine(RESUMED[engine], other)]
+    assert resumed.returncode == 0, resumed.output
+    assert f"2 ranks ({other} engine)" in resumed.output, resumed.output
+    uninterrupted = launched_jobs[UNINTERRUPTED]
+    assert uninterrupted.returncode == 0, uninterrupted.output
+    assert_same_values(
+        checkpoint_values(latest_step(launched_jobs.path(f"{{dir}}/parity/resume-from-{engine}"))),
+        checkpoint_values(latest_step(launched_jobs.path("{dir}/parity/uninterrupted"))))
+
+
+def test_a_horovod_run_resumes_on_tensorflows_engine_at_4_ranks(launched_jobs):
+    assert launched_jobs[STOPPED_FOR_4].returncode == 0, launched_jobs[STOPPED_FOR_4].output
+    resumed = launched_jobs[on_engine(RESUMED_AT_4, "tf")]
+    assert resumed.returncode == 0, resumed.output
+    assert "4 ranks (tf engine)" in resumed.output, resumed.output
+    step_dir = latest_step(launched_jobs.path("{dir}/parity/resume-at-4"))
+    assert json.loads((step_dir / "progress.json").read_text())["global_step"] == 12
+    assert len(list(step_dir.glob("*.npz"))) == 4  # each of the 4 ranks' rows
