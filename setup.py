@@ -10,6 +10,8 @@ setup(
     description="Fast large-batch and multi-worker training for CTR and large-embedding Keras models",
     python_requires=">=3.10,<3.13",
     packages=find_packages(include=["tfscale", "tfscale.*"]),
+    # `tfscale-run -np N train.py`: `python -m tfscale.run`, the one-host launcher.
+    entry_points={"console_scripts": ["tfscale-run=tfscale.run:main"]},
     install_requires=[
         "tensorflow==2.21.0",
         "keras>=3.15,<3.16",

@@ -24,7 +24,6 @@ import pytest
 LAUNCHER = [sys.executable, "-m", "tfscale.run"]
 # A launch's bound: the launcher's and the ranks' start-up, then at most a few seconds of work.
 TIMEOUT = 240
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def write(path, text):

@@ -61,10 +61,10 @@ def _parser():
     parser.add_argument("-np", "--num-proc", dest="num_proc", type=int, required=True,
                         metavar="N", help="the number of processes (ranks) to start")
     parser.add_argument("-m", "--module", action="store_true",
-                        help="PROGRAM is a module, run as `python -m PROGRAM`")
+                        help="the program is a MODULE, run as `python -m MODULE`")
     parser.add_argument("--port", type=int, metavar="BASE",
                         help="rank i's server listens on port BASE+i (default: free ports "
-                             "picked at start)")
+                             "picked at start); with --network=host each must be free")
     parser.add_argument("--network", choices=NETWORKS, default="private",
                         help="private (default): the ranks run in a network namespace of their "
                              "own with only loopback, so their servers cannot be reached from "
@@ -145,10 +145,9 @@ def _find_module(name):
 
 def _launch(options, command):
     """Picks the ports, then runs the ranks (tfscale.run_ranks); returns the exit status."""
-    ports = list(range(options.port, options.port + options.num_proc)) \
-        if options.port is not None else None
     try:
-        ports = _checked_ports(ports) if ports else _free_ports(options.num_proc)
+        ports = _free_ports(options.num_proc) if options.port is None else _checked_ports(
+            range(options.port, options.port + options.num_proc))
     except UserError as error:
         _refuse(str(error))
     if options.network == "host":
@@ -156,29 +155,19 @@ def _launch(options, command):
                          "interface of this host, and TensorFlow's servers run what any client "
                          "connecting to them sends; use it on a trusted network only\n")
         sys.stderr.flush()
-    return run_ranks.run(command, [rank_environment(ports, rank)
+    return run_ranks.run(command, [_rank_environment(ports, rank)
                                    for rank in range(options.num_proc)])
 
 
-def rank_environment(ports, rank, environment=None):
-    """The environment of rank `rank` of a job on `ports` (one per rank, on localhost).
-
-    Args:
-        ports: the port of each rank's server.
-        rank: this rank.
-        environment: the launcher's environment (default: os.environ).
-
-    Returns:
-        A copy of `environment` without HOROVOD_* variables, with TFSCALE_ENGINE=tf and TF_CONFIG
-        naming every rank's `localhost:port` and this rank's index.
-    """
-    environment = os.environ if environment is None else environment
+def _rank_environment(ports, rank):
+    """The launcher's environment without HOROVOD_* variables, with TFSCALE_ENGINE=tf and a
+    TF_CONFIG naming every rank's `localhost:port` (in rank order) and `rank`'s index."""
     cluster = {"cluster": {"worker": [f"localhost:{port}" for port in ports]},
                "task": {"type": "worker", "index": rank}}
-    ranked = {key: value for key, value in environment.items()
-              if not key.startswith("HOROVOD_")}
-    ranked.update(TF_CONFIG=json.dumps(cluster), TFSCALE_ENGINE="tf")
-    return ranked
+    environment = {key: value for key, value in os.environ.items()
+                   if not key.startswith("HOROVOD_")}
+    environment.update(TF_CONFIG=json.dumps(cluster), TFSCALE_ENGINE="tf")
+    return environment
 
 
 def _free_ports(count):
@@ -195,7 +184,7 @@ def _free_ports(count):
 
 
 def _checked_ports(ports):
-    """`ports`, once each is found free on every interface.
+    """`ports` as a list, once each is found free on every interface.
 
     Raises:
         UserError: one of them is taken (or not allowed to this user).
@@ -206,7 +195,7 @@ def _checked_ports(ports):
                 probe.bind(("", port))
             except OSError as error:
                 raise UserError(f"port {port} cannot be used: {error.strerror}") from None
-    return ports
+    return list(ports)
 
 
 def _ports_text(ports):
@@ -244,8 +233,15 @@ def _in_private_network(launch):
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(status)
+
+    def forward(number, _):
+        try:
+            os.kill(child, number)
+        except ProcessLookupError:
+            pass
+
     for number in run_ranks.STOP_SIGNALS:
-        signal.signal(number, lambda number, _: os.kill(child, number))
+        signal.signal(number, forward)
     _, wait_status = os.waitpid(child, 0)
     return run_ranks.exit_status(os.waitstatus_to_exitcode(wait_status))
 
