@@ -49,6 +49,7 @@ def start_runtime(cluster):
     if gpus:
         tf.config.set_visible_devices(gpus[cluster.local_rank % len(gpus)], "GPU")
     config = config_pb2.ConfigProto()
+    config.CopyFrom(context.context().config)  # this process's settings, as MultiWorkerMirrored
     config.experimental.collective_group_leader = cluster.device_prefix(0)
     context.context().configure_collective_ops(
         collective_leader=cluster.device_prefix(0),
@@ -141,7 +142,8 @@ class TFEngine(Engine):
         return self._padded_gather([tf.convert_to_tensor(tensor)], name)[0]
 
     def alltoall(self, tensor, splits, name):
-        tensor, unpacked = _on_the_wire(tf.convert_to_tensor(tensor))
+        original = tf.convert_to_tensor(tensor)
+        tensor, unpacked = _on_the_wire(original)
         splits = tf.cast(splits, tf.int32)
         # Everyone's splits: [source, destination] rows, so every rank knows what it receives
         # and the chunk all sends are padded to.
@@ -159,7 +161,7 @@ class TFEngine(Engine):
             moved = collective_ops.all_to_all_v2(flat, **self._options(f"{name}/rows"))
         moved = tf.reshape(moved, tf.concat([[self.size * chunk], tf.shape(tensor)[1:]], 0))
         keep = tf.reshape(tf.sequence_mask(received_splits, chunk), [-1])
-        return unpacked(tf.boolean_mask(moved, keep)), received_splits
+        return _rows_like(unpacked(tf.boolean_mask(moved, keep)), original), received_splits
 
     def broadcast_variables(self, variables, root_rank=0):
         variables = list(variables)
@@ -222,14 +224,14 @@ class TFEngine(Engine):
             f"{name}/sizes")  # [rank, tensor]
         longest = tf.reduce_max(sizes, axis=0)
         gathered = []
-        for i, tensor in enumerate(tensors):
-            tensor, unpacked = _on_the_wire(tensor)
+        for i, original in enumerate(tensors):
+            tensor, unpacked = _on_the_wire(original)
             missing = longest[i] - tf.shape(tensor, out_type=tf.int32)[0]
             padded = tf.concat([tensor, tf.zeros(tf.concat(
                 [[missing], tf.shape(tensor, out_type=tf.int32)[1:]], 0), tensor.dtype)], 0)
             joined = self._gather_equal(padded, f"{name}/{i}")
             keep = tf.reshape(tf.sequence_mask(sizes[:, i], longest[i]), [-1])
-            gathered.append(unpacked(tf.boolean_mask(joined, keep)))
+            gathered.append(_rows_like(unpacked(tf.boolean_mask(joined, keep)), original))
         return (gathered, sizes) if with_sizes else gathered
 
     def _gathered_slices(self, slices, name):
@@ -254,7 +256,7 @@ class TFEngine(Engine):
             for (i, start, stop), value in zip(parts, tf.split(
                     reduced, [stop - start for _, start, stop in parts])):
                 results[i].append(value)
-        return [tf.reshape(tf.concat(parts, 0) if len(parts) > 1 else parts[0], tf.shape(t))
+        return [_shaped_as(tf.concat(parts, 0) if len(parts) > 1 else parts[0], t)
                 for parts, t in zip(results, tensors)]
 
 
@@ -294,6 +296,22 @@ def _with_zero_row(tensor):
     """`tensor` with one row of zeros after its last."""
     return tf.concat([tensor, tf.zeros(tf.concat([[1], tf.shape(tensor)[1:]], 0),
                                        tensor.dtype)], 0)
+
+
+def _rows_like(rows, tensor):
+    """`rows` with `tensor`'s static shape but its first dimension."""
+    if tensor.shape.rank is not None:
+        rows.set_shape([None] + tensor.shape.as_list()[1:])
+    return rows
+
+
+def _shaped_as(flat, tensor):
+    """`flat` reshaped as `tensor`, keeping its static shape (later ops and graph rewrites see
+    what they would see without the collective)."""
+    shape = tensor.shape if tensor.shape.is_fully_defined() else tf.shape(tensor)
+    reshaped = tf.reshape(flat, shape)
+    reshaped.set_shape(tensor.shape)
+    return reshaped
 
 
 def _pieces(shapes, dtype):
