@@ -1,14 +1,17 @@
 """The two engines train the same model: each launcher path (every exchange, row-sharded,
 stale and dynamic tables, mixed precision with loss scaling, CowClip, CAME) runs with fixed
 seeds in float32 math under horovodrun and under tfscale.run (TensorFlow's collective runtime),
-and the checkpoints they end with hold the same values to 1e-6 relative (the per-rank state of
-the top-k exchanges and staleness queues included). CAME alone is held to 1e-4: its factored
+and the checkpoints they end with hold the same values to 1e-6 relative at 2 ranks (the per-rank
+state of the top-k exchanges and staleness queues included): a sum of two gradients is the same
+whichever rank adds it. At 4 ranks each engine's ring adds the ranks' gradients in its own
+order, so their sums differ in the last float32 bits and the runs drift apart by rounding alone:
+held to 1e-4 relative (1e-7 absolute). CAME is held to the same at 2 ranks: its factored
 statistics of one-column weights (the [n, 1] output kernels) come out one or two float32 ulps
 apart at the first step (its gradients are the same: the other optimizers' runs, fed the same
 gradients, are equal), and its normalisation carries that on; the two processes run the same
-Python, so the difference lies in how TensorFlow compiles the step around the collectives. A run stopped on one engine resumes on the
-other at another number of processes and ends where an uninterrupted run ends; a SavedModel
-exported from TensorFlow's engine's checkpoint scores as the model did."""
+Python, so the difference lies in how TensorFlow compiles and threads the step around the
+collectives. A run stopped on one engine resumes on the other and ends where an uninterrupted
+run ends; a 2-rank run resumes on TensorFlow's engine at 4 ranks"""
 
 import json
 import pathlib
@@ -25,7 +28,8 @@ SMALL = ["--train_rows=3072", "--test_rows=512", "--synthetic_vocabulary_scale=0
          "--log_every_steps=4", "--deterministic"]
 PARITY_DIR = "{dir}/parity/{engine}"
 # path name: (ranks, the flags beside SMALL)
-TOLERANCE = {"came": 1e-4}
+ROUNDING_APART = {"rtol": 1e-4, "atol": 1e-7}
+TOLERANCE = {"came": ROUNDING_APART, "gtopk_4": ROUNDING_APART, "dynamic_4": ROUNDING_APART}
 PATHS = {
     "allgather": (2, ["--optimizer=adam"]),
     "cowclip": (2, ["--optimizer=cowclip"]),
@@ -87,13 +91,13 @@ def checkpoint_values(step_dir):
     return values
 
 
-def assert_same_values(mine, theirs, rtol=1e-6):
+def assert_same_values(mine, theirs, rtol=1e-6, atol=1e-9):
     """Every value of `mine` and `theirs` (checkpoint_values) equal: integers exactly, floats to
-    `rtol` relative (atol 1e-9 for values near zero)."""
+    `rtol` relative (`atol` for values near zero)."""
     assert sorted(mine) == sorted(theirs)
     for name, value in mine.items():
         if value.dtype.kind == "f":
-            np.testing.assert_allclose(value, theirs[name], rtol=rtol, atol=1e-9, err_msg=name)
+            np.testing.assert_allclose(value, theirs[name], rtol=rtol, atol=atol, err_msg=name)
         else:
             np.testing.assert_array_equal(value, theirs[name], err_msg=name)
 
@@ -111,7 +115,7 @@ def test_both_engines_end_with_the_same_weights(launched_jobs, path):
     progress = [json.loads((steps[e] / "progress.json").read_text()) for e in ENGINES]
     assert progress[0]["global_step"] == progress[1]["global_step"] > 0
     assert_same_values(checkpoint_values(steps["tf"]), checkpoint_values(steps["horovod"]),
-                       rtol=TOLERANCE.get(path, 1e-6))
+                       **TOLERANCE.get(path, {}))
 
 
 @pytest.mark.parametrize("engine", ENGINES)

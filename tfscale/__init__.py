@@ -5,7 +5,7 @@ The public surface:
 - `tfscale.optimizers`: CowClip, CAME, FusedAdam, RowSparseAdam, LossScaleOptimizer, the
   large-batch scaling rules;
 - `tfscale.TrainStepModel` / `tfscale.FunctionalTrainStepModel`: Keras models whose train step
-  exchanges gradients between Horovod ranks (`compile(embedding_exchange=...,
+  exchanges gradients between the ranks (`compile(embedding_exchange=...,
   embedding_staleness=...)`);
 - `tfscale.FieldEmbedding`: one concatenated embedding table per kind for many categorical
   fields, in host memory, with de-duplicated lookups, replicated or row-sharded over the ranks
@@ -13,7 +13,8 @@ The public surface:
 - `tfscale.exchanges`: the gradient exchanges and their registry;
 - `tfscale.callbacks`: Keras callbacks, among them `CatchUpRows` (RowSparseAdam's rows brought
   up to date at each epoch's end);
-- `tfscale.distributed`: Horovod start-up (`init`) and collectives; `tfscale.data`: CTR data
+- `tfscale.distributed`: the engine seam: start-up (`init`: Horovod or TensorFlow's collective
+  runtime) and collectives; `python -m tfscale.run`: the one-host launcher for TensorFlow's engine; `tfscale.data`: CTR data
   sources and `rank_batches` (each rank its part of the data); `tfscale.serving.export_model`:
   a model as one SavedModel from a multi-rank run's checkpoint (docs/own_model.md);
   `tfscale.training.train`: epochs with evaluation, TensorBoard scalars and atomic checkpoints.
@@ -23,15 +24,38 @@ checkpoints, evaluation), `serving` (prediction, export); docs/architecture.md.
 The reference models (`models/`) and the launcher (`launch/`) live in the repository, not in the
 installed package."""
 
-from tfscale import data, distributed, exchanges, optimizers, serving
-from tfscale.embedding import initializers
-from tfscale.embedding.field_embedding import FieldEmbedding
-from tfscale.errors import UserError
-from tfscale.training import callbacks
-from tfscale.training.train_step import FunctionalTrainStepModel, TrainStepModel
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = ["FieldEmbedding", "FunctionalTrainStepModel", "TrainStepModel", "UserError",
-           "callbacks", "data", "distributed", "exchanges", "initializers", "optimizers",
-           "serving"]
+# Public name -> (module, attribute or None for the module itself). Imported on first use, so
+# that `python -m tfscale.run` starts its processes without loading TensorFlow first.
+_PUBLIC = {
+    "FieldEmbedding": ("tfscale.embedding.field_embedding", "FieldEmbedding"),
+    "FunctionalTrainStepModel": ("tfscale.training.train_step", "FunctionalTrainStepModel"),
+    "TrainStepModel": ("tfscale.training.train_step", "TrainStepModel"),
+    "UserError": ("tfscale.errors", "UserError"),
+    "callbacks": ("tfscale.training.callbacks", None),
+    "data": ("tfscale.data", None),
+    "distributed": ("tfscale.distributed", None),
+    "exchanges": ("tfscale.exchanges", None),
+    "initializers": ("tfscale.embedding.initializers", None),
+    "optimizers": ("tfscale.optimizers", None),
+    "serving": ("tfscale.serving", None),
+}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'tfscale' has no attribute {name!r}")
+    module_name, attribute = _PUBLIC[name]
+    module = importlib.import_module(module_name)
+    value = module if attribute is None else getattr(module, attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_PUBLIC))

@@ -21,7 +21,9 @@ A single-process run starts no engine: every entry point checks `runtime.engine(
 
 from tfscale.distributed.broadcast import (any_rank, barrier, broadcast_from_chief,
                                            broadcast_model_and_optimizer)
+from tfscale.distributed.engine import Engine
 from tfscale.distributed.gather import allgather_array
+from tfscale.distributed.owner_routing import rows_from_owners
 from tfscale.distributed.reduce import (allreduce_max, allreduce_min, allreduce_sum,
                                         true_on_every_rank)
 from tfscale.distributed.runtime import (COLLECTIVE_TIMEOUT_SECONDS, COMPRESSIONS, ENGINES,
@@ -33,11 +35,11 @@ from tfscale.distributed.runtime import (COLLECTIVE_TIMEOUT_SECONDS, COMPRESSION
 from tfscale.distributed.batch_split import data_shard, local_batch_size
 from tfscale.distributed.topk import SparseSum, gtopk_allreduce, topk_allgather
 
-__all__ = ["COLLECTIVE_TIMEOUT_SECONDS", "COMPRESSIONS", "ENGINES", "SparseSum",
+__all__ = ["COLLECTIVE_TIMEOUT_SECONDS", "COMPRESSIONS", "ENGINES", "Engine", "SparseSum",
            "allgather_array", "allreduce_max", "allreduce_min", "allreduce_sum",
            "announced_size", "any_rank", "barrier", "broadcast_from_chief",
            "broadcast_model_and_optimizer", "collective_timeout_seconds", "data_shard", "engine",
            "engine_name", "gradient_compression_name", "gtopk_allreduce", "init", "is_active",
            "is_chief", "launched_by_horovodrun", "launched_engine", "local_batch_size",
-           "local_rank", "local_size", "rank", "require_started", "size",
+           "local_rank", "local_size", "rank", "require_started", "rows_from_owners", "size",
            "topk_allgather", "true_on_every_rank"]

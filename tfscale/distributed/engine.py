@@ -24,6 +24,13 @@ class Engine(abc.ABC):
         size: the number of processes.
         local_rank: this process's index among those on its host (its GPU, if any).
         local_size: the number of processes on this host.
+
+    Example:
+        ```python
+        engine = tfscale.distributed.engine()  # None in one process
+        if engine is not None:
+            total = engine.allreduce(tf.constant(1.0), "sum", name="count_ranks")  # size
+        ```
     """
 
     name: ClassVar[str]

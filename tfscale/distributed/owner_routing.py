@@ -46,6 +46,15 @@ def rows_from_owners(keys, counts, rows_of_owned, name, pair_dtype=tf.int64,
 
     Returns:
         A Routed.
+
+    Example:
+        ```python
+        # A table strategy's lookup: rank r holds the rows of ids r, r + P, ...
+        routed = tfscale.distributed.rows_from_owners(
+            unique_ids, counts, lambda owned, owned_counts: table.read_rows(owned // P),
+            name="my_table")
+        rows = routed.rows  # [len(unique_ids), width], differentiable
+        ```
     """
     engine = runtime.engine()
     num_ranks = engine.size

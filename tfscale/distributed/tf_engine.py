@@ -130,6 +130,9 @@ class TFEngine(Engine):
             values = gathered.values / self.size if op == "average" else gathered.values
             results[i] = tf.IndexedSlices(values, gathered.indices, tensors[i].dense_shape)
         dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
+        for i in [i for i in dense if not tensors[i].shape.is_fully_defined()]:
+            results[i] = self._reduce(tensors[i], op, f"{name}/{i}", on_gpu=self._gpu)
+        dense = [i for i in dense if results[i] is None]
         for dtype in sorted({tensors[i].dtype.name for i in dense}):
             members = [i for i in dense if tensors[i].dtype.name == dtype]
             reduced = self._fused_reduce([tf.convert_to_tensor(tensors[i]) for i in members],
@@ -149,7 +152,7 @@ class TFEngine(Engine):
         # and the chunk all sends are padded to.
         matrix = self._gather_equal(splits[None, :], f"{name}/splits")
         received_splits = matrix[:, self.rank]
-        chunk = tf.reduce_max(matrix)
+        chunk = tf.maximum(tf.reduce_max(matrix), 1)  # the runtime crashes on empty tensors
         offsets = tf.cumsum(splits, exclusive=True)
         slot = tf.range(chunk)[None, :]
         # Row i of a destination's chunk: the sender's row offsets[d] + i, or the zero row.
@@ -222,7 +225,8 @@ class TFEngine(Engine):
         sizes = self._gather_equal(
             tf.stack([tf.shape(t, out_type=tf.int32)[0] for t in tensors])[None, :],
             f"{name}/sizes")  # [rank, tensor]
-        longest = tf.reduce_max(sizes, axis=0)
+        # At least one row: the runtime's collectives crash on empty tensors.
+        longest = tf.maximum(tf.reduce_max(sizes, axis=0), 1)
         gathered = []
         for i, original in enumerate(tensors):
             tensor, unpacked = _on_the_wire(original)
@@ -235,13 +239,14 @@ class TFEngine(Engine):
         return (gathered, sizes) if with_sizes else gathered
 
     def _gathered_slices(self, slices, name):
-        """IndexedSlices of every rank's rows of each of `slices`, in rank order."""
+        """IndexedSlices of every rank's rows of each of `slices`, in rank order: each slice's
+        values and int64 indices travel as one tensor (the indices' bits as value columns), so
+        one slice costs one allgather beside the one of all sizes."""
         if not slices:
             return []
-        joined = self._padded_gather([s.values for s in slices]
-                                     + [s.indices for s in slices], name)
-        return [tf.IndexedSlices(values, indices) for values, indices in
-                zip(joined[:len(slices)], joined[len(slices):])]
+        packed = [_with_index_columns(s) for s in slices]
+        joined = self._padded_gather([rows for rows, _ in packed], name)
+        return [unpack(rows) for rows, (_, unpack) in zip(joined, packed)]
 
     def _fused_reduce(self, tensors, op, name, on_gpu):
         """`tensors` (one dtype) reduced by `op`, flattened into pieces of at most _PIECE_BYTES
@@ -252,7 +257,10 @@ class TFEngine(Engine):
         for piece, (_, parts) in enumerate(_pieces([t.shape for t in tensors],
                                                    tensors[0].dtype.name)):
             buffer = tf.concat([flats[i][start:stop] for i, start, stop in parts], 0)
-            reduced = self._reduce(buffer, op, f"{name}/{piece}", on_gpu)
+            if not buffer.shape.num_elements():  # nothing to add (and the runtime crashes)
+                reduced = buffer
+            else:
+                reduced = self._reduce(buffer, op, f"{name}/{piece}", on_gpu)
             for (i, start, stop), value in zip(parts, tf.split(
                     reduced, [stop - start for _, start, stop in parts])):
                 results[i].append(value)
@@ -290,6 +298,26 @@ def _broadcast_dtype(dtype):
     if dtype in _WIRE_DTYPES or dtype == tf.bool:
         return dtype
     return tf.float32 if dtype.is_floating else tf.int64
+
+
+def _with_index_columns(slices):
+    """([n, width + index columns] of the values' dtype: the values flattened per row, then the
+    int64 indices' bits; the function that turns such rows back into IndexedSlices)."""
+    values = tf.convert_to_tensor(slices.values)
+    dtype = values.dtype if values.dtype in _WIRE_DTYPES and values.dtype.is_floating \
+        else tf.float32
+    columns = max(1, 8 // dtype.size)
+    trailing = tf.shape(values)[1:]
+    flat = tf.reshape(tf.cast(values, dtype), [tf.shape(values)[0], -1])
+    index_bits = tf.reshape(tf.bitcast(tf.cast(slices.indices, tf.int64), dtype), [-1, columns])
+
+    def unpacked(rows):
+        indices = tf.bitcast(rows[:, -columns:] if columns > 1 else rows[:, -1], tf.int64)
+        gathered = tf.reshape(tf.cast(rows[:, :-columns], values.dtype),
+                              tf.concat([[-1], trailing], 0))
+        return tf.IndexedSlices(_rows_like(gathered, values), indices)
+
+    return tf.concat([flat, index_bits], axis=1), unpacked
 
 
 def _with_zero_row(tensor):
