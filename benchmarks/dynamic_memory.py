@@ -112,7 +112,7 @@ def run_one():
     line = measure()
     lines = [line]
     if distributed.is_active():
-        lines = distributed.runtime.horovod().allgather_object(line, name="dynamic_memory")
+        lines = distributed.engine().allgather_object(line, "dynamic_memory")
     if distributed.is_chief():
         with open(FLAGS.results, "a") as results:
             for entry in lines:

@@ -56,9 +56,9 @@ def predicted_seconds(method, num_ranks, size, k, alpha, beta):
     return alpha * rounds + 2 * rounds * ENTRY_BYTES * k * beta
 
 
-def exchange_functions(hvd, size, k):
+def exchange_functions(engine, size, k):
     """{method: (tf.function, its inputs)} for one setting."""
-    rng = np.random.default_rng(hvd.rank())
+    rng = np.random.default_rng(engine.rank)
     indices = tf.constant(rng.choice(size, size=k, replace=False).astype(np.int64))
     values = tf.constant(rng.normal(size=k).astype(np.float32))
     gradient = tf.constant(rng.normal(size=size).astype(np.float32))
@@ -66,7 +66,7 @@ def exchange_functions(hvd, size, k):
 
     @tf.function
     def dense(g):
-        return hvd.allreduce(g, op=hvd.Sum, name=f"dense_{tag}")
+        return engine.allreduce(g, "sum", f"dense_{tag}")
 
     @tf.function
     def topk(i, v):
@@ -87,22 +87,22 @@ def timed(function, arguments):
     return time.perf_counter() - started, result
 
 
-def measure_alpha(hvd):
-    one = tf.function(lambda x: hvd.allreduce(x, op=hvd.Sum, name="alpha"))
+def measure_alpha(engine):
+    one = tf.function(lambda x: engine.allreduce(x, "sum", "alpha"))
     x = tf.ones([1])
     one(x)
     return statistics.median(timed(one, (x,))[0] for _ in range(20))
 
 
-def run(hvd):
-    num_ranks = hvd.size()
-    alpha = measure_alpha(hvd)
+def run(engine):
+    num_ranks = engine.size
+    alpha = measure_alpha(engine)
     beta = num_ranks * 8 / FLAGS.link_bits_per_second
     records = []
     for size in map(int, FLAGS.sizes):
         for density in map(float, FLAGS.densities):
             k = max(1, int(round(density * size)))
-            functions = exchange_functions(hvd, size, k)
+            functions = exchange_functions(engine, size, k)
             seconds = {method: [] for method in METHODS}
             nbytes = {}
             for method, (function, arguments) in functions.items():
@@ -120,7 +120,7 @@ def run(hvd):
                     seconds=statistics.median(seconds[method]), bytes=nbytes[method],
                     predicted_seconds=predicted_seconds(method, num_ranks, size, k, alpha, beta),
                     alpha=alpha, machine=machine_description()))
-            if hvd.rank() == 0:
+            if engine.rank == 0:
                 print(f"P={num_ranks} m={size:,} density {density:g}: " + ", ".join(
                     f"{r['method']} {r['seconds']:.3f} s" for r in records[-3:]), flush=True)
     return records
@@ -189,11 +189,11 @@ def main(argv):
         report()
         return
     distributed.init()
-    hvd = distributed.runtime.horovod()
-    if hvd is None:
+    engine = distributed.engine()
+    if engine is None:
         raise SystemExit("run under horovodrun with 2 or more ranks (see the module docstring)")
-    records = run(hvd)
-    if hvd.rank() == 0:
+    records = run(engine)
+    if engine.rank == 0:
         with open(FLAGS.results, "a") as f:
             for record in records:
                 f.write(json.dumps(record) + "\n")

@@ -109,7 +109,7 @@ def main(argv):
     line = measure()
     lines = [line]
     if distributed.is_active():
-        lines = distributed.runtime.horovod().allgather_object(line, name="sharding_memory")
+        lines = distributed.engine().allgather_object(line, "sharding_memory")
     if distributed.is_chief():
         with open(FLAGS.results, "a") as f:
             for entry in lines:

@@ -11,7 +11,7 @@ apart at the first step (its gradients are the same: the other optimizers' runs,
 gradients, are equal), and its normalisation carries that on; the two processes run the same
 Python, so the difference lies in how TensorFlow compiles and threads the step around the
 collectives. A run stopped on one engine resumes on the other and ends where an uninterrupted
-run ends; a 2-rank run resumes on TensorFlow's engine at 4 ranks"""
+run ends; a 2-rank run resumes on TensorFlow's engine at 4 ranks."""
 
 import json
 import pathlib

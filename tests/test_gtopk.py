@@ -19,24 +19,26 @@ from tfscale.optimizers import CowClip, FusedAdam
 
 RANKS = (3, 4)
 COLLECTIVES = {num_ranks: grouped_launches.job(
-    f"gtopk-collectives-P{num_ranks}", num_ranks, "tests.multiworker.gtopk_collective")
-    for num_ranks in RANKS}
+    f"gtopk-collectives-P{num_ranks}", num_ranks, "tests.multiworker.gtopk_collective",
+    engines=grouped_launches.ENGINES) for num_ranks in RANKS}
 EXCHANGE_STEPS = {num_ranks: grouped_launches.job(
-    f"topk-exchange-steps-P{num_ranks}", num_ranks, "tests.multiworker.topk_exchange_steps")
-    for num_ranks in RANKS}
+    f"topk-exchange-steps-P{num_ranks}", num_ranks, "tests.multiworker.topk_exchange_steps",
+    engines=grouped_launches.ENGINES) for num_ranks in RANKS}
 
 
+@pytest.mark.parametrize("engine", grouped_launches.ENGINES)
 @pytest.mark.parametrize("num_ranks", RANKS)
-def test_collectives_under_horovodrun(launched_jobs, num_ranks):
-    result = launched_jobs[COLLECTIVES[num_ranks]]
+def test_collectives_on_each_engine(launched_jobs, num_ranks, engine):
+    result = launched_jobs[grouped_launches.on_engine(COLLECTIVES[num_ranks], engine)]
     assert result.returncode == 0, result.output
     for rank in range(num_ranks):
         assert f"rank {rank} of {num_ranks}: 36 cases match the NumPy butterfly" in result.output
 
 
+@pytest.mark.parametrize("engine", grouped_launches.ENGINES)
 @pytest.mark.parametrize("num_ranks", RANKS)
-def test_error_feedback_under_horovodrun(launched_jobs, num_ranks):
-    result = launched_jobs[EXCHANGE_STEPS[num_ranks]]
+def test_error_feedback_on_each_engine(launched_jobs, num_ranks, engine):
+    result = launched_jobs[grouped_launches.on_engine(EXCHANGE_STEPS[num_ranks], engine)]
     assert result.returncode == 0, result.output
     for rank in range(num_ranks):
         assert (f"rank {rank} of {num_ranks}: exchange steps match the NumPy error feedback and "

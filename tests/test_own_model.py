@@ -41,31 +41,34 @@ EXAMPLES = {
                       {"largest_difference": 1e-5, "relative_difference": 1e-6,
                        "scores": 1e-5}),
 }
-OWN_MODEL_DIR = "{dir}/own_model"
+ENGINES = grouped_launches.ENGINES
+OWN_MODEL_DIR = "{dir}/own_model/{engine}"
 OWN_MODEL = grouped_launches.job("own-model-checks", 2, "tests.multiworker.own_model_checks",
-                                 "ranks", OWN_MODEL_DIR)
+                                 "ranks", OWN_MODEL_DIR, engines=ENGINES)
 REFUSALS = grouped_launches.job("own-model-refusals", 1, "tests.multiworker.own_model_refusals")
-OWN_MODEL_RESUME = grouped_launches.job("own-model-resume", 1,
-                                        "tests.multiworker.own_model_checks", "resume",
-                                        OWN_MODEL_DIR, stage=1)
+OWN_MODEL_RESUME = {engine: grouped_launches.job(
+    f"own-model-resume-{engine}", 1, "tests.multiworker.own_model_checks", "resume",
+    OWN_MODEL_DIR.replace("{engine}", engine), stage=1) for engine in ENGINES}
 
 
-def _workdir(name, ranks):
-    return f"{EXAMPLES_DIR}/{name}-P{ranks}"
+def _workdir(name, ranks, engine="horovod"):
+    return f"{EXAMPLES_DIR}/{name}-P{ranks}" + ("" if ranks == 1 else f"-{engine}")
 
 
 def _register_examples():
+    """The examples in one process and at 2 ranks on each engine, each exported after."""
     jobs = {}
     for name, (args, _) in EXAMPLES.items():
         script = os.path.join(REPO_ROOT, "examples", f"{name}.py")
-        for ranks in (1, 2):
-            workdir = _workdir(name, ranks)
-            jobs[name, ranks] = grouped_launches.job(
+        for ranks, engine in ((1, "horovod"), *((2, engine) for engine in ENGINES)):
+            workdir = _workdir(name, ranks, engine)
+            jobs[name, ranks, engine] = grouped_launches.job(
                 f"example-{name}-P{ranks}", ranks, "tests.multiworker.example_run", script,
-                f"{workdir}/weights", f"--workdir={workdir}", *args)
-            jobs[name, ranks, "export"] = grouped_launches.job(
-                f"example-{name}-P{ranks}-export", 1, "tests.multiworker.example_run", script,
-                f"{workdir}/weights", f"--workdir={workdir}", *args, "--export", stage=1)
+                f"{workdir}/weights", f"--workdir={workdir}", *args, engines=(engine,))
+            jobs[name, ranks, engine, "export"] = grouped_launches.job(
+                f"example-{name}-P{ranks}-{engine}-export", 1, "tests.multiworker.example_run",
+                script, f"{workdir}/weights", f"--workdir={workdir}", *args, "--export",
+                stage=1)
     return jobs
 
 
@@ -130,15 +133,22 @@ REQUESTS = {  # one request per example's served inputs (ids 0: a row every tabl
 }
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
-def test_example_trains_alike_on_one_and_two_ranks_and_serves(launched_jobs, name, tmp_path):
-    """The example at 2 ranks: both ranks end with the same weights, TensorBoard events written
-    once, and its export (loaded by TensorFlow alone) holds the weights of the one-process run
-    at the same global batch on the same rows, within the example's tolerance."""
-    for key in ((name, 1), (name, 2), (name, 1, "export"), (name, 2, "export")):
-        job = launched_jobs[EXAMPLE_JOBS[key]]
+def test_example_trains_alike_on_one_and_two_ranks_and_serves(launched_jobs, name, engine,
+                                                               tmp_path):
+    """The example at 2 ranks on each engine: both ranks end with the same weights, TensorBoard
+    events written once, and its export (loaded by TensorFlow alone) holds the weights of the
+    one-process run at the same global batch on the same rows, within the example's
+    tolerance."""
+    keys = ((name, 1, "horovod"), (name, 2, engine), (name, 1, "horovod", "export"),
+            (name, 2, engine, "export"))
+    for key in keys:
+        trained_on_ranks = len(key) == 3 and key[1] == 2
+        job = launched_jobs[grouped_launches.on_engine(EXAMPLE_JOBS[key], key[2])
+                            if trained_on_ranks else EXAMPLE_JOBS[key]]
         assert job.returncode == 0, job.output
-    two = launched_jobs.path(_workdir(name, 2))
+    two = launched_jobs.path(_workdir(name, 2, engine))
     ranks = [np.load(two / "weights" / f"rank{r}.npz") for r in (0, 1)]
     assert ranks[0].files == ranks[1].files and ranks[0].files
     for key in ranks[0].files:
@@ -156,9 +166,10 @@ def test_example_trains_alike_on_one_and_two_ranks_and_serves(launched_jobs, nam
                                atol=tolerances["scores"])
 
 
-def test_own_model_on_two_ranks(launched_jobs):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_own_model_on_two_ranks(launched_jobs, engine):
     """tests/multiworker/own_model_checks.py: every check passed on both ranks."""
-    job = launched_jobs[OWN_MODEL]
+    job = launched_jobs[grouped_launches.on_engine(OWN_MODEL, engine)]
     assert job.returncode == 0, job.output
     for check in ("broadcast", "metrics", "uneven arrays", "unknown length",
                   "batch not divisible", "load_weights", "plain model refused",
@@ -167,15 +178,16 @@ def test_own_model_on_two_ranks(launched_jobs):
         assert job.output.count(f"{check} ok") == 2, (check, job.output)
 
 
-def test_resume_at_another_number_of_ranks_and_export(launched_jobs, tmp_path):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_resume_at_another_number_of_ranks_and_export(launched_jobs, engine, tmp_path):
     """A row-sharded run's checkpoint from 2 ranks resumes in one process; row-sharded and
     dynamic tables export from the 2-rank checkpoints, and TensorFlow alone scores as the
     2-rank model did."""
-    job = launched_jobs[OWN_MODEL_RESUME]
+    job = launched_jobs[OWN_MODEL_RESUME[engine]]
     assert job.returncode == 0, job.output
     assert "exported ok" in job.output and "resumed at another number of ranks ok" in job.output, \
         job.output
-    out = launched_jobs.path(OWN_MODEL_DIR)
+    out = launched_jobs.path(OWN_MODEL_DIR.replace("{engine}", engine))
     batch = {"x": np.load(out / "fixed_batch.npy")}
     for kind in ("row", "dynamic"):
         scores = served([out / f"{kind}-served"], batch, tmp_path)["scores"][0]

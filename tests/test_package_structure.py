@@ -1,4 +1,5 @@
-"""The library's shape, checked statically: no import cycles between tfscale's modules, each
+"""The library's shape, checked statically: no import cycles between tfscale's modules, Horovod
+imported by the Horovod engine alone, each
 package importing only the layers below it, no imports of the repository-level `models` and
 `launch`, private Keras imports only where Keras has
 no public form, and errors raised by the library that speak in its arguments, never in the
@@ -109,3 +110,16 @@ def test_a_library_refusal_is_a_value_error():
     with pytest.raises(ValueError, match="`deduplicate=False` cannot be used with `sharding=row`"):
         FieldEmbedding([4, 5], sharding="row", deduplicate=False)
     assert issubclass(UserError, ValueError)
+
+
+def test_only_the_engine_seam_imports_horovod():
+    """Every collective goes through tfscale.distributed's Engine: no module of the library,
+    the launcher, the models or the examples outside tfscale/distributed/ imports Horovod (the
+    Horovod engine alone does)."""
+    trees = dict(_modules())
+    for folder in ("launch", "models", "examples"):
+        for path in (ROOT / folder).rglob("*.py"):
+            trees[str(path.relative_to(ROOT))] = ast.parse(path.read_text(), str(path))
+    importers = sorted(name for name, tree in trees.items()
+                       if any(imported.split(".")[0] == "horovod" for imported in _imported(tree)))
+    assert importers == ["tfscale.distributed.horovod_engine"], importers

@@ -46,7 +46,8 @@ TINY_RUN = ["--batch_size=64", "--dnn_units=16", "--cross_layers=1", "--epochs=1
 # in float32, float16 and bfloat16 alike (checked by hand).
 TOLERANCE = {"float32": 1e-5, "mixed_float16": 2.0**-10, "mixed_bfloat16": 2.0**-7}
 
-# name: (training flags beside TINY_RUN and the data flags, Horovod ranks)
+# name: (training flags beside TINY_RUN and the data flags, ranks); the runs named in ON_TF_ENGINE
+# train on TensorFlow's collective runtime (tfscale.run), the others on Horovod
 RUNS = {
     "deepfm-hash": (["--model=deepfm", "--categorical_encoding=hash"], 1),
     "dcn_v2-bfloat16": (["--model=dcn_v2", "--precision=mixed_bfloat16"], 1),
@@ -61,6 +62,9 @@ RUNS = {
                                 "--categorical_encoding=fingerprint", "--dynamic_capacity=6000"],
                                2),
 }
+RUNS.update({f"{run}-tf": RUNS[run] for run in ("deepfm-2-ranks", "deepfm-2-ranks-sharded",
+                                                "deepfm-2-ranks-dynamic")})
+ON_TF_ENGINE = {run for run in RUNS if run.endswith("-tf")}
 
 
 def criteo_files(directory, rows=700):
@@ -132,10 +136,15 @@ def checkpoints_of(run):
     return f"{PREDICT_DIR}/{run}/checkpoints"
 
 
+def engine_of(run):
+    return "tf" if run in ON_TF_ENGINE else "horovod"
+
+
 def train(run, data_flags, *flags, ranks=1):
     """Registers the training job `run` (tests/grouped_launches.py); returns its name."""
     return grouped_launches.launcher_job(f"predict-{run}", ranks, *TINY_RUN, *data_flags,
-                                         *flags, f"--checkpoint_dir={checkpoints_of(run)}")
+                                         *flags, f"--checkpoint_dir={checkpoints_of(run)}",
+                                         engines=(engine_of(run),))
 
 
 for _run, (_flags, _ranks) in RUNS.items():
@@ -156,7 +165,8 @@ def _training_files(directory):
 
 def trained(launched_jobs, run):
     """The checkpoint directory of training job `run`, which must have succeeded."""
-    job = launched_jobs[f"predict-{run}"]
+    job = launched_jobs[grouped_launches.on_engine(f"predict-{run}", engine_of(run))
+                        if RUNS.get(run, (None, 1))[1] > 1 else f"predict-{run}"]
     assert job.returncode == 0, job.output
     return launched_jobs.path(checkpoints_of(run))
 

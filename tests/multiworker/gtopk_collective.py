@@ -1,4 +1,4 @@
-"""Run under horovodrun (any number of ranks): tfscale.distributed.gtopk_allreduce and
+"""Run under horovodrun or tfscale.run (any number of ranks): tfscale.distributed.gtopk_allreduce and
 topk_allgather on random candidates (ties, overlapping and disjoint index sets, fewer than k
 entries, empty ranks, indices beyond 2^32, element-wise and row values) against the NumPy
 statement in tests/gtopk_reference.py; exits non-zero on the first mismatch. As in a train step,

@@ -145,11 +145,12 @@ def whole_state(model):
 
 def gathered(variable, shard):
     """The whole table of which `variable` holds `shard`'s rows."""
-    hvd = distributed.runtime.horovod()
+    engine = distributed.engine()
     values = tf.convert_to_tensor(variable)
     ids = tf.constant(shard.global_ids())
-    if hvd is not None:
-        values, ids = hvd.allgather(values), hvd.allgather(ids)
+    if engine is not None:
+        values = engine.allgather(values, "gathered_values")
+        ids = engine.allgather(ids, "gathered_ids")
     whole = np.zeros((shard.total_rows,) + tuple(variable.shape[1:]), values.dtype.as_numpy_dtype)
     whole[ids.numpy()] = values.numpy()
     return whole
@@ -165,8 +166,7 @@ def sharded_table(name, rows):
 
 def check_edge_cases():
     """The lookup and the shards' finite decision on hand-made cases (see the module)."""
-    hvd = distributed.runtime.horovod()
-    rank, size = hvd.rank(), hvd.size()
+    rank, size = distributed.rank(), distributed.size()
     for wire_dtype in ("float32", "bfloat16"):
         check_lookup(rank, size, wire_dtype)
     check_finite_decision(rank)

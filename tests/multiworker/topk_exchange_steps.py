@@ -1,4 +1,4 @@
-"""Run under horovodrun (any number of ranks): STEPS steps of the top-k exchanges (tfscale.exchanges.topk)
+"""Run under horovodrun or tfscale.run (any number of ranks): STEPS steps of the top-k exchanges (tfscale.exchanges.topk)
 ("topk" and "gtopk", an embedding table by rows and a dense kernel element-wise) on random
 per-rank gradients, checking after every step that every rank applies the same gradient, that
 error feedback conserves the gradients (summed over ranks: P * applied + change in residuals =
@@ -51,7 +51,7 @@ def expected_step(method, step, reference_residuals, num_ranks):
     return expected
 
 
-def run(method, hvd):
+def run(method, engine):
     table = keras.Variable(np.zeros((ROWS, WIDTH), np.float32), name="embeddings")
     kernel = keras.Variable(np.zeros((5, 3), np.float32), name="kernel")
     variables = [table, kernel]
@@ -59,16 +59,16 @@ def run(method, hvd):
     exchange.state.build(variables)
     residuals = [exchange.residuals[v.path] for v in variables]
     step_function = tf.function(lambda g, step: exchange.sparsify(g, variables, step))
-    reference_residuals = [[np.zeros(v.shape) for _ in range(hvd.size())] for v in variables]
+    reference_residuals = [[np.zeros(v.shape) for _ in range(engine.size)] for v in variables]
     for step in range(STEPS):
-        grads = gradients(hvd.rank(), step)
+        grads = gradients(engine.rank, step)
         before = [r.numpy() for r in residuals]
         applied, sent, _ = step_function(grads, tf.constant(step, tf.int64))
         applied = [dense(a).numpy() for a in applied]
         after = [r.numpy() for r in residuals]
-        label = f"{method} rank {hvd.rank()} step {step}"
+        label = f"{method} rank {engine.rank} step {step}"
         for i, value in enumerate(applied):
-            everyone = hvd.allgather(tf.constant(value[None]), name=f"{method}_{step}_{i}").numpy()
+            everyone = engine.allgather(tf.constant(value[None]), f"{method}_{step}_{i}").numpy()
             for other in everyone:
                 np.testing.assert_array_equal(other, value, err_msg=label)
         if step == INF_STEP:
@@ -77,18 +77,18 @@ def run(method, hvd):
                 np.testing.assert_array_equal(a, b, err_msg=label)
             continue
         assert float(sent) > 0, label
-        expected = expected_step(method, step, reference_residuals, hvd.size())
+        expected = expected_step(method, step, reference_residuals, engine.size)
         for i, (a, r) in enumerate(zip(applied, after)):
             np.testing.assert_allclose(a, expected[i], rtol=1e-5, atol=1e-6, err_msg=label)
-            np.testing.assert_allclose(r, reference_residuals[i][hvd.rank()], rtol=1e-5,
+            np.testing.assert_allclose(r, reference_residuals[i][engine.rank], rtol=1e-5,
                                        atol=1e-6, err_msg=label)
         if step > 0:  # error feedback is exercised: rows carried over from earlier steps
             assert np.count_nonzero(before[0]), label
         for i, (g, a, b, r) in enumerate(zip(grads, applied, before, after)):
-            summed_gradient = hvd.allreduce(dense(g), op=hvd.Sum, name=f"g_{method}_{step}_{i}")
-            summed_change = hvd.allreduce(tf.constant(r - b), op=hvd.Sum,
-                                          name=f"r_{method}_{step}_{i}")
-            np.testing.assert_allclose(hvd.size() * a + summed_change.numpy(),
+            summed_gradient = engine.allreduce(dense(g), "sum", f"g_{method}_{step}_{i}")
+            summed_change = engine.allreduce(tf.constant(r - b), "sum",
+                                             f"r_{method}_{step}_{i}")
+            np.testing.assert_allclose(engine.size * a + summed_change.numpy(),
                                        summed_gradient.numpy(), rtol=1e-5, atol=1e-5,
                                        err_msg=label)
         kept = np.count_nonzero(np.abs(applied[0]).sum(axis=1))
@@ -98,10 +98,10 @@ def run(method, hvd):
 
 def main():
     distributed.init()
-    hvd = distributed.runtime.horovod()
+    engine = distributed.engine()
     for method in ("topk", "gtopk"):
-        run(method, hvd)
-    print(f"rank {hvd.rank()} of {hvd.size()}: exchange steps match the NumPy error feedback and "
+        run(method, engine)
+    print(f"rank {engine.rank} of {engine.size}: exchange steps match the NumPy error feedback and "
           "conserve the gradients", flush=True)
 
 
