@@ -8,9 +8,11 @@ Criteo file under horovodrun with rank 0 alone reporting and writing, and stops 
 bitwise; single-process runs never import Horovod."""
 
 import glob
+import json
 import os
 import pathlib
 import re
+import shlex
 import subprocess
 import sys
 
@@ -18,7 +20,8 @@ import numpy as np
 import pytest
 
 from tests import grouped_launches
-from tests.horovod_launch import REPO_ROOT, horovodrun_side_by_side
+from tests.horovod_launch import (REPO_ROOT, horovodrun_command, horovodrun_side_by_side,
+                                  side_by_side, tfscale_run_command)
 from tests.multiworker import data_parallel_steps, loss_scale_skip, progressive_days
 from tests.multiworker.data_parallel_steps import load_state
 from tests.run_outputs import checkpoint_values, train_scalars
@@ -43,8 +46,11 @@ TWO_RANK_DIR, ONE_PROCESS_DIR = "{dir}/distributed/two_ranks", "{dir}/distribute
 # have run).
 DATA_PARALLEL = grouped_launches.job("data-parallel-steps", 2,
                                      "tests.multiworker.data_parallel_steps", TWO_RANK_DIR)
-LOSS_SCALE_SKIP = grouped_launches.job("loss-scale-skip", 2, "tests.multiworker.loss_scale_skip",
-                                       TWO_RANK_DIR)
+# The loss scaler's agreed skip on each engine, each writing to its own directory.
+SKIP_DIRS = {"horovod": TWO_RANK_DIR, "tf": "{dir}/distributed/two_ranks_tf"}
+LOSS_SCALE_SKIP = {engine: grouped_launches.job(
+    f"loss-scale-skip-{engine}", 2, "tests.multiworker.loss_scale_skip", directory,
+    engines=(engine,)) for engine, directory in SKIP_DIRS.items()}
 PROGRESSIVE_DAYS = grouped_launches.job("progressive-days", 2,
                                         "tests.multiworker.progressive_days", TWO_RANK_DIR)
 ONE_PROCESS = grouped_launches.job("data-parallel-reference", 1,
@@ -130,10 +136,12 @@ def test_dense_embedding_exchange_is_refused_with_cowclip():
             "cowclip"), embedding_exchange="dense")
 
 
-def test_inf_on_one_rank_skips_the_step_on_every_rank(launched_jobs):
-    job = launched_jobs[LOSS_SCALE_SKIP]
+@pytest.mark.parametrize("engine", grouped_launches.ENGINES)
+def test_inf_on_one_rank_skips_the_step_on_every_rank(launched_jobs, engine):
+    job = launched_jobs[grouped_launches.on_engine(LOSS_SCALE_SKIP[engine], engine)]
     assert job.returncode == 0, job.output
-    ranks = [np.load(launched_jobs.path(TWO_RANK_DIR) / f"rank{rank}.npz") for rank in (0, 1)]
+    ranks = [np.load(launched_jobs.path(SKIP_DIRS[engine]) / f"rank{rank}.npz")
+             for rank in (0, 1)]
     for saved in ranks:
         assert int(saved["skipped_steps"]) == 1
         assert float(saved["scale"]) == loss_scale_skip.INITIAL_SCALE / 2
@@ -143,14 +151,15 @@ def test_inf_on_one_rank_skips_the_step_on_every_rank(launched_jobs):
         np.testing.assert_array_equal(ranks[0][name], ranks[1][name], err_msg=name)
 
 
+@pytest.mark.parametrize("engine", grouped_launches.ENGINES)
 def test_inf_on_one_rank_in_its_embedding_gradients_only_skips_the_step_on_every_rank(
-        launched_jobs):
+        launched_jobs, engine):
     """Rank 1's table gradients alone are inf (its dense ones finite) and CowClip takes the
     gathered rows with their counts: both ranks skip that step, halve the scale, leave every
     model and optimizer variable as it was over it, and train the other steps."""
-    job = launched_jobs[LOSS_SCALE_SKIP]
+    job = launched_jobs[grouped_launches.on_engine(LOSS_SCALE_SKIP[engine], engine)]
     assert job.returncode == 0, job.output
-    ranks = [np.load(launched_jobs.path(TWO_RANK_DIR) / f"embedding-rank{rank}.npz")
+    ranks = [np.load(launched_jobs.path(SKIP_DIRS[engine]) / f"embedding-rank{rank}.npz")
              for rank in (0, 1)]
     skipped_by_step = [int(i >= loss_scale_skip.BAD_STEP) for i in range(loss_scale_skip.STEPS)]
     for saved in ranks:
@@ -190,22 +199,50 @@ def test_two_ranks_train_day_by_day_and_resume(launched_jobs):
 SHARDINGS = ("replicated", "row")
 
 
+def _unlaunched_ranks_command(num_ranks, args, port):
+    """A shell command starting `python ARGS` as `num_ranks` processes of TensorFlow's engine by
+    hand (each its TF_CONFIG, no launcher to stop the others), their output prefixed with their
+    rank, that waits for all of them and exits with rank 0's status."""
+    workers = [f"localhost:{port + rank}" for rank in range(num_ranks)]
+    starts = []
+    for rank in range(num_ranks):
+        config = json.dumps({"cluster": {"worker": workers},
+                             "task": {"type": "worker", "index": rank}})
+        starts.append(f"TF_CONFIG={shlex.quote(config)} {shlex.quote(sys.executable)} "
+                      f"{' '.join(map(shlex.quote, args))} 2>&1 | sed 's/^/[{rank}]/' &")
+    return ["bash", "-c", "set -o pipefail; " + " ".join(starts[1:]) + " "
+            + starts[0].rstrip("& ") + "; status=$?; wait; exit $status"]
+
+
 @pytest.fixture(scope="module")
 def killed_rank_launches():
-    """{sharding: CompletedProcess} of the 2-rank launches in which rank 1 kills itself, with
-    replicated and with row-sharded tables, side by side."""
-    return dict(zip(SHARDINGS, horovodrun_side_by_side(
-        2, [["tests/multiworker/rank_dies.py", sharding] for sharding in SHARDINGS],
-        timeout=300)))
+    """{(launcher, sharding): CompletedProcess} of the 2-rank launches in which rank 1 kills
+    itself, with replicated and with row-sharded tables, under horovodrun, under tfscale.run,
+    and as two processes of TensorFlow's engine started by hand (no launcher ends rank 0: its
+    engine must), side by side."""
+    commands = {}
+    for i, sharding in enumerate(SHARDINGS):
+        args = ["tests/multiworker/rank_dies.py", sharding]
+        commands["horovodrun", sharding] = horovodrun_command(2, args)
+        commands["tfscale.run", sharding] = tfscale_run_command(2, args)
+        commands["by hand", sharding] = _unlaunched_ranks_command(2, args, 29700 + 10 * i)
+    return dict(zip(commands, side_by_side(list(commands.values()), timeout=300)))
 
 
+# What names the dead rank: horovodrun, tfscale.run, or rank 0's own error on TensorFlow's engine.
+NAMES_THE_DEAD_RANK = {"horovodrun": "Process name: 1",
+                       "tfscale.run": "tfscale.run: rank 1 exited with status -9 (SIGKILL)",
+                       "by hand": "lost rank 1"}
+
+
+@pytest.mark.parametrize("launcher", sorted(NAMES_THE_DEAD_RANK))
 @pytest.mark.parametrize("sharding", SHARDINGS)
-def test_a_killed_rank_ends_the_job_with_an_error(killed_rank_launches, sharding):
-    result = killed_rank_launches[sharding]
+def test_a_killed_rank_ends_the_job_with_an_error(killed_rank_launches, sharding, launcher):
+    result = killed_rank_launches[launcher, sharding]
     killed = re.search(r"rank 1: killing itself at ([0-9.]+)", result.stdout)
     assert killed, result.stdout
     assert result.returncode != 0, result.stdout
-    assert "Process name: 1" in result.stdout, result.stdout  # horovodrun names the dead rank
+    assert NAMES_THE_DEAD_RANK[launcher] in result.stdout, result.stdout
     # Timed from the kill, not from the start: start-up on a loaded machine is not the point.
     after_kill = result.ended - float(killed.group(1))
     assert after_kill < 60, f"the job ended {after_kill:.0f} s after the kill"
@@ -234,7 +271,7 @@ RESUMED = grouped_launches.launcher_job("criteo-2-ranks-resumed", 2, *CRITEO_RUN
 def _inputs_and_output_directories(directory):
     path = pathlib.Path(CRITEO_FILE.format(dir=directory))
     path.parent.mkdir(parents=True, exist_ok=True)
-    for out_dir in (TWO_RANK_DIR, ONE_PROCESS_DIR):
+    for out_dir in (*SKIP_DIRS.values(), ONE_PROCESS_DIR):
         pathlib.Path(out_dir.format(dir=directory)).mkdir(parents=True, exist_ok=True)
     SyntheticCTR(seed=0, train_rows=7112, test_rows=10,
                  vocabulary_scale=0.002).write_criteo_tsv(str(path), 0, 7112)

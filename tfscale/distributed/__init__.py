@@ -14,7 +14,8 @@ package names an engine.
 - `per_rank`: state that differs between ranks, gathered to rank 0 for checkpoints and back;
 - `broadcast`: rank 0's model and optimizer variables (and small Python values) to every rank;
 - `gather`: numpy arrays from every rank joined, for exact evaluation over all shards;
-- `reduce`: sums, minima and maxima of small tensors over the ranks, in the graph.
+- `reduce`: sums, minima and maxima of small tensors over the ranks, in the graph;
+- `failures`: a collective that failed because a rank was lost, said as such.
 How a train step uses these collectives is an exchange's business (tfscale.exchanges).
 
 A single-process run starts no engine: every entry point checks `runtime.engine()` first."""
@@ -22,6 +23,7 @@ A single-process run starts no engine: every entry point checks `runtime.engine(
 from tfscale.distributed.broadcast import (any_rank, barrier, broadcast_from_chief,
                                            broadcast_model_and_optimizer)
 from tfscale.distributed.engine import Engine
+from tfscale.distributed.failures import RankLost, as_rank_lost
 from tfscale.distributed.gather import allgather_array
 from tfscale.distributed.owner_routing import rows_from_owners
 from tfscale.distributed.reduce import (allreduce_max, allreduce_min, allreduce_sum,
@@ -35,7 +37,8 @@ from tfscale.distributed.runtime import (COLLECTIVE_TIMEOUT_SECONDS, COMPRESSION
 from tfscale.distributed.batch_split import data_shard, local_batch_size
 from tfscale.distributed.topk import SparseSum, gtopk_allreduce, topk_allgather
 
-__all__ = ["COLLECTIVE_TIMEOUT_SECONDS", "COMPRESSIONS", "ENGINES", "Engine", "SparseSum",
+__all__ = ["COLLECTIVE_TIMEOUT_SECONDS", "COMPRESSIONS", "ENGINES", "Engine", "RankLost",
+           "SparseSum", "as_rank_lost",
            "allgather_array", "allreduce_max", "allreduce_min", "allreduce_sum",
            "announced_size", "any_rank", "barrier", "broadcast_from_chief",
            "broadcast_model_and_optimizer", "collective_timeout_seconds", "data_shard", "engine",

@@ -73,6 +73,11 @@ class Engine(abc.ABC):
     def allgather_object(self, value, name):
         """[rank 0's value, ..., rank size-1's] of a picklable `value`. Eager."""
 
+    def rank_of_task(self, job, index):
+        """The rank of the runtime's task `index` of `job` (TensorFlow's engine names peers
+        so), or None where the runtime has no tasks."""
+        return None
+
     def barrier(self, name):
         """Returns once every rank has called it with `name`. Eager."""
         import tensorflow as tf

@@ -45,6 +45,11 @@ class TFCluster:
         job, index = _tasks(self.spec)[rank]
         return f"/job:{job}/replica:0/task:{index}"
 
+    def rank_of(self, job, index):
+        """The rank of task `index` of `job`, or None when the cluster has no such task."""
+        tasks = _tasks(self.spec)
+        return tasks.index((job, index)) if (job, index) in tasks else None
+
     @property
     def addresses(self):
         """["host:port"] of every task, in rank order."""

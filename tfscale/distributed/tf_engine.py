@@ -69,11 +69,15 @@ class TFEngine(Engine):
     def __init__(self, cluster, timeout_seconds):
         self.rank, self.size = cluster.rank, cluster.size
         self.local_rank, self.local_size = cluster.local_rank, cluster.local_size
+        self._cluster = cluster
         self._timeout = float(timeout_seconds)
         self._gpu = bool(tf.config.list_logical_devices("GPU"))
         self._groups, self._calls = {}, {}
         # NCCL needs the same order on every rank; an ordering token serialises GPU collectives.
         self._ordering = tf.Variable(0.0, name="tfscale_collective_order") if self._gpu else None
+
+    def rank_of_task(self, job, index):
+        return self._cluster.rank_of(job, index)
 
     # The runtime's primitives, keyed by name.
 
