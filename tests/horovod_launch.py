@@ -15,6 +15,8 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Installed plugins for the launched processes: the test table strategy's entry point
 # (tests/partitioned_strategy.py).
 PLUGINS = os.path.join(REPO_ROOT, "tests", "plugins")
+# First on the path of launches on TensorFlow's engine: Horovod as if never installed.
+WITHOUT_HOROVOD = os.path.join(REPO_ROOT, "tests", "without_horovod")
 
 
 def horovodrun(num_ranks, args, timeout=240):
@@ -32,8 +34,10 @@ def horovodrun_command(num_ranks, args):
 
 def tfscale_run_command(num_ranks, args):
     """The command line of `python ARGS` on `num_ranks` local ranks of TensorFlow's collective
-    runtime (tfscale.run)."""
-    return [sys.executable, "-m", "tfscale.run", "-np", str(num_ranks)] + list(args)
+    runtime (tfscale.run), with Horovod hidden (WITHOUT_HOROVOD): that engine needs none."""
+    path = os.pathsep.join([WITHOUT_HOROVOD, REPO_ROOT, PLUGINS])
+    return ["env", f"PYTHONPATH={path}", sys.executable, "-m", "tfscale.run",
+            "-np", str(num_ranks)] + list(args)
 
 
 def tfscale_run(num_ranks, args, timeout=240):

@@ -20,6 +20,7 @@ runtime unusable, so a job whose collective failed must end."""
 
 import itertools
 import pickle
+import socket
 import zlib
 
 import numpy as np
@@ -28,7 +29,7 @@ from tensorflow.python.framework import ops
 from tensorflow.python.ops import collective_ops
 
 from tfscale.distributed.engine import Engine
-from tfscale.distributed.tf_cluster import TFCluster
+from tfscale.errors import UserError
 
 # Fused broadcasts and reductions are cut into pieces of at most this many bytes (gRPC messages
 # are limited to 2 GB; pieces also bound the extra memory of a fused buffer).
@@ -45,6 +46,7 @@ def start_runtime(cluster):
     from tensorflow.core.protobuf import config_pb2, tensorflow_server_pb2
     from tensorflow.python.eager import context
 
+    _check_port_free(cluster.port)
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
         tf.config.set_visible_devices(gpus[cluster.local_rank % len(gpus)], "GPU")
@@ -294,6 +296,20 @@ def _on_the_wire(tensor):
         return tf.reshape(values[:, :width], tf.concat([[-1], trailing], 0))
 
     return packed, unpacked
+
+
+def _check_port_free(port):
+    """A UserError naming `port` when another process listens on it (TensorFlow's server would
+    abort the process instead)."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds
+    try:
+        probe.bind(("", port))
+    except OSError as error:
+        raise UserError(f"TF_CONFIG gives this task port {port}, which another process holds "
+                        f"({error.strerror}): give each task a free port") from None
+    finally:
+        probe.close()
 
 
 def _broadcast_dtype(dtype):
