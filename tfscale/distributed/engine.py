@@ -47,7 +47,8 @@ class Engine(abc.ABC):
     def grouped_allreduce(self, tensors, op, name):
         """Each of `tensors` reduced by `op` ("sum" or "average"), in one fused exchange where
         the runtime can. A tf.IndexedSlices is allgathered (values and indices of every rank,
-        duplicates kept, values divided by `size` for "average") and stays IndexedSlices."""
+        duplicates kept, values divided by `size` for "average") and stays IndexedSlices (a
+        CountedSlices may come back with every rank's counts gathered beside its rows)."""
 
     @abc.abstractmethod
     def allgather(self, tensor, name):

@@ -41,7 +41,7 @@ def _compressed(gradient):
 def _gather_counts(engine, local, reduced, name_suffix, i):
     """`reduced` as a CountedSlices carrying every rank's counts when `local` carried this
     rank's."""
-    if not isinstance(local, CountedSlices):
-        return reduced
+    if not isinstance(local, CountedSlices) or isinstance(reduced, CountedSlices):
+        return reduced  # no counts, or the engine gathered them with the rows
     counts = engine.allgather(local.counts, f"tfscale_counts{name_suffix}_{i}")
     return CountedSlices(reduced.values, reduced.indices, reduced.dense_shape, counts)

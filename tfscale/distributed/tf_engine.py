@@ -30,6 +30,7 @@ from tensorflow.python.ops import collective_ops
 
 from tfscale.distributed.engine import Engine
 from tfscale.errors import UserError
+from tfscale.row_gradients import CountedSlices
 
 # Fused broadcasts and reductions are cut into pieces of at most this many bytes (gRPC messages
 # are limited to 2 GB; pieces also bound the extra memory of a fused buffer).
@@ -134,7 +135,10 @@ class TFEngine(Engine):
         for i, gathered in zip(slices, self._gathered_slices([tensors[i] for i in slices],
                                                              f"{name}/slices")):
             values = gathered.values / self.size if op == "average" else gathered.values
-            results[i] = tf.IndexedSlices(values, gathered.indices, tensors[i].dense_shape)
+            results[i] = (CountedSlices(values, gathered.indices, tensors[i].dense_shape,
+                                        gathered.counts)
+                          if isinstance(gathered, CountedSlices)
+                          else tf.IndexedSlices(values, gathered.indices, tensors[i].dense_shape))
         dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
         for i in [i for i in dense if not tensors[i].shape.is_fully_defined()]:
             results[i] = self._reduce(tensors[i], op, f"{name}/{i}", on_gpu=self._gpu)
@@ -321,23 +325,48 @@ def _broadcast_dtype(dtype):
 
 
 def _with_index_columns(slices):
-    """([n, width + index columns] of the values' dtype: the values flattened per row, then the
-    int64 indices' bits; the function that turns such rows back into IndexedSlices)."""
+    """([n, width + extra columns] of the values' dtype: the values flattened per row, then the
+    int64 indices' bits and, for a CountedSlices, its float32 counts' bits; the function that
+    turns such rows back into IndexedSlices (or a CountedSlices with every rank's counts))."""
     values = tf.convert_to_tensor(slices.values)
     dtype = values.dtype if values.dtype in _WIRE_DTYPES and values.dtype.is_floating \
         else tf.float32
-    columns = max(1, 8 // dtype.size)
+    index_columns, count_columns = max(1, 8 // dtype.size), max(1, 4 // dtype.size)
+    counted = isinstance(slices, CountedSlices)
     trailing = tf.shape(values)[1:]
-    flat = tf.reshape(tf.cast(values, dtype), [tf.shape(values)[0], -1])
-    index_bits = tf.reshape(tf.bitcast(tf.cast(slices.indices, tf.int64), dtype), [-1, columns])
+    parts = [tf.reshape(tf.cast(values, dtype), [tf.shape(values)[0], -1]),
+             _bits_as(tf.cast(slices.indices, tf.int64), dtype, index_columns)]
+    if counted:
+        parts.append(_bits_as(tf.cast(slices.counts, tf.float32), dtype, count_columns))
+    extra = index_columns + (count_columns if counted else 0)
 
     def unpacked(rows):
-        indices = tf.bitcast(rows[:, -columns:] if columns > 1 else rows[:, -1], tf.int64)
-        gathered = tf.reshape(tf.cast(rows[:, :-columns], values.dtype),
+        width = tf.shape(rows)[1] - extra
+        indices = _bits_from(rows[:, width:width + index_columns], tf.int64)
+        gathered = tf.reshape(tf.cast(rows[:, :width], values.dtype),
                               tf.concat([[-1], trailing], 0))
-        return tf.IndexedSlices(_rows_like(gathered, values), indices)
+        gathered = _rows_like(gathered, values)
+        if not counted:
+            return tf.IndexedSlices(gathered, indices)
+        counts = _bits_from(rows[:, width + index_columns:], tf.float32)
+        return CountedSlices(gathered, indices, None, counts)
 
-    return tf.concat([flat, index_bits], axis=1), unpacked
+    return tf.concat(parts, axis=1), unpacked
+
+
+def _bits_as(tensor, dtype, columns):
+    """[n, columns] of `dtype` holding the bits of the 1-D `tensor` (float64 rows hold a float32
+    as its exact float64 value: they are wider than its bits)."""
+    if dtype.size > tensor.dtype.size:
+        return tf.cast(tensor, dtype)[:, None]
+    return tf.reshape(tf.bitcast(tensor, dtype), [-1, columns])
+
+
+def _bits_from(columns, dtype):
+    """The 1-D `dtype` tensor whose bits (or, for one wider column, value) `columns` hold."""
+    if columns.dtype.size > dtype.size:
+        return tf.cast(columns[:, 0], dtype)
+    return tf.bitcast(columns if columns.shape[1] != 1 else columns[:, 0], dtype)
 
 
 def _with_zero_row(tensor):
