@@ -2,11 +2,14 @@
 or on several workers:
 
     python examples/criteo_cowclip.py --train=train.txt --test=test.txt --workdir=runs/own
+    python -m tfscale.run -np 2 examples/criteo_cowclip.py \
+        --train=train.txt --test=test.txt --workdir=runs/own
     horovodrun -np 2 -H localhost:2 --gloo python examples/criteo_cowclip.py \
         --train=train.txt --test=test.txt --workdir=runs/own
     python examples/criteo_cowclip.py --train=train.txt --workdir=runs/own --export
 
-The third command (one process) writes the trained model as a SavedModel to runs/own/served/1.
+The second and third commands run 2 ranks, on TensorFlow's engine and on Horovod. The last one
+(one process) writes the trained model as a SavedModel to runs/own/served/1.
 Without --train it trains on a small file of random Criteo-format lines written into --workdir.
 The rates, L2 and CowClip's zeta follow CowClip's large-batch rule for the global batch, the
 dense rate warming up over the first epoch.
@@ -24,7 +27,9 @@ import tfscale
 from tfscale.data import CriteoTSV, rank_batches
 from tfscale.optimizers import CowClip, RowSparseAdam, FusedAdam, large_batch_settings
 
-tfscale.distributed.init()  # first: starts Horovod under horovodrun, nothing in one process
+# First: starts the launcher's engine (Horovod under horovodrun, TensorFlow's under
+# tfscale.run), nothing in one process.
+tfscale.distributed.init()
 
 
 def parse_args(argv=None):

@@ -3,6 +3,7 @@ late while the next step computes (`embedding_staleness=1`); in one process the 
 holds the whole tables and applies the updates one step late too:
 
     python examples/sharded_stale.py --workdir=runs/sharded
+    python -m tfscale.run -np 2 examples/sharded_stale.py --workdir=runs/sharded
     horovodrun -np 2 -H localhost:2 --gloo python examples/sharded_stale.py --workdir=runs/sharded
     python examples/sharded_stale.py --workdir=runs/sharded --export
 
@@ -22,7 +23,9 @@ from tfscale.data import rank_batches
 from tfscale.data.synthetic import SyntheticCTR
 from tfscale.optimizers import RowSparseAdam
 
-tfscale.distributed.init()  # first: starts Horovod under horovodrun, nothing in one process
+# First: starts the launcher's engine (Horovod under horovodrun, TensorFlow's under
+# tfscale.run), nothing in one process.
+tfscale.distributed.init()
 
 
 def parse_args(argv=None):

@@ -2,6 +2,7 @@
 one process or on several workers:
 
     python examples/subclassed_came_bf16.py --workdir=runs/came
+    python -m tfscale.run -np 2 examples/subclassed_came_bf16.py --workdir=runs/came
     horovodrun -np 2 -H localhost:2 --gloo python examples/subclassed_came_bf16.py \
         --workdir=runs/came
     python examples/subclassed_came_bf16.py --workdir=runs/came --export
@@ -22,7 +23,9 @@ import tfscale
 from tfscale.data import rank_batches
 from tfscale.optimizers import CAME, RowSparseAdam
 
-tfscale.distributed.init()  # first: starts Horovod under horovodrun, nothing in one process
+# First: starts the launcher's engine (Horovod under horovodrun, TensorFlow's under
+# tfscale.run), nothing in one process.
+tfscale.distributed.init()
 
 FIELDS, ROWS_PER_FIELD = 8, 200
 
