@@ -14,14 +14,13 @@ collectives. A run stopped on one engine resumes on the other and ends where an 
 run ends; a 2-rank run resumes on TensorFlow's engine at 4 ranks."""
 
 import json
-import pathlib
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from tests import grouped_launches
 from tests.grouped_launches import ENGINES, on_engine
+from tests.run_outputs import checkpoint_values
 
 SMALL = ["--train_rows=3072", "--test_rows=512", "--synthetic_vocabulary_scale=0.002",
          "--dnn_units=16,16", "--batch_size=256", "--epochs=1", "--logdir=none",
@@ -72,23 +71,7 @@ RESUMED_AT_4 = grouped_launches.launcher_job(
 
 def latest_step(checkpoint_dir):
     """The directory of the last checkpoint written to `checkpoint_dir`."""
-    checkpoint_dir = pathlib.Path(checkpoint_dir)
     return checkpoint_dir / (checkpoint_dir / "latest").read_text().strip()
-
-
-def checkpoint_values(step_dir):
-    """{name: numpy array} of every value a checkpoint holds: its TensorFlow state and its
-    tables' arrays."""
-    values = {}
-    reader = tf.train.load_checkpoint(str(step_dir / "state"))
-    for name in reader.get_variable_to_shape_map():
-        value = reader.get_tensor(name)
-        if isinstance(value, np.ndarray):
-            values[f"state/{name}"] = value
-    for tables in sorted(step_dir.glob("*.npz")):
-        with np.load(tables) as arrays:
-            values.update({f"{tables.name}/{key}": arrays[key] for key in arrays.files})
-    return values
 
 
 def assert_same_values(mine, theirs, rtol=1e-6, atol=1e-9):
@@ -96,6 +79,7 @@ def assert_same_values(mine, theirs, rtol=1e-6, atol=1e-9):
     `rtol` relative (`atol` for values near zero)."""
     assert sorted(mine) == sorted(theirs)
     for name, value in mine.items():
+        value = np.asarray(value)
         if value.dtype.kind == "f":
             np.testing.assert_allclose(value, theirs[name], rtol=rtol, atol=atol, err_msg=name)
         else:
@@ -104,18 +88,18 @@ def assert_same_values(mine, theirs, rtol=1e-6, atol=1e-9):
 
 @pytest.mark.parametrize("path", sorted(PATHS))
 def test_both_engines_end_with_the_same_weights(launched_jobs, path):
-    steps = {}
+    directories = {}
     for engine in ENGINES:
         job = launched_jobs[on_engine(JOBS[path], engine)]
         assert job.returncode == 0, job.output
         assert f"({engine} engine)" in job.output, job.output
-        step_dir = latest_step(launched_jobs.path(PARITY_DIR.replace("{engine}", engine)
-                                                  + f"/{path}"))
-        steps[engine] = step_dir
-    progress = [json.loads((steps[e] / "progress.json").read_text()) for e in ENGINES]
+        directories[engine] = launched_jobs.path(PARITY_DIR.replace("{engine}", engine)
+                                                 + f"/{path}")
+    progress = [json.loads((latest_step(directories[e]) / "progress.json").read_text())
+                for e in ENGINES]
     assert progress[0]["global_step"] == progress[1]["global_step"] > 0
-    assert_same_values(checkpoint_values(steps["tf"]), checkpoint_values(steps["horovod"]),
-                       **TOLERANCE.get(path, {}))
+    assert_same_values(checkpoint_values(directories["tf"]),
+                       checkpoint_values(directories["horovod"]), **TOLERANCE.get(path, {}))
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -129,8 +113,8 @@ def test_a_run_stopped_on_one_engine_resumes_on_the_other(launched_jobs, engine)
     uninterrupted = launched_jobs[UNINTERRUPTED]
     assert uninterrupted.returncode == 0, uninterrupted.output
     assert_same_values(
-        checkpoint_values(latest_step(launched_jobs.path(f"{{dir}}/parity/resume-from-{engine}"))),
-        checkpoint_values(latest_step(launched_jobs.path("{dir}/parity/uninterrupted"))))
+        checkpoint_values(launched_jobs.path(f"{{dir}}/parity/resume-from-{engine}")),
+        checkpoint_values(launched_jobs.path("{dir}/parity/uninterrupted")))
 
 
 def test_a_horovod_run_resumes_on_tensorflows_engine_at_4_ranks(launched_jobs):
