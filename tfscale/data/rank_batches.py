@@ -18,6 +18,7 @@ batches on the ranks whose part has ended until no rank has one left, for models
 pass is a collective (tables spread over the ranks)."""
 
 import logging
+import weakref
 
 import tensorflow as tf
 
@@ -27,6 +28,8 @@ from tfscale.distributed.batch_split import local_batch_size
 from tfscale.errors import UserError
 
 LOG = logging.getLogger("tfscale")
+# The datasets `agreed_batches` made: not agreed again (by `fit`, for one).
+_AGREED = weakref.WeakSet()
 
 
 def rank_batches(data, global_batch_size, *, drop_remainder=True, shuffle_seed=None, split="train",
@@ -153,17 +156,20 @@ def _report_left_out(examples, steps, global_batch_size):
 
 def agreed_batches(batches):
     """`batches` (this rank's) ending on every rank at the first step where some rank has none
-    left (module docstring); unchanged in one process.
+    left (module docstring); unchanged in one process or when already agreed. `fit` agrees a
+    dataset of unknown length itself.
 
     Args:
         batches: this rank's tf.data.Dataset of batches.
 
     Returns:
         A tf.data.Dataset of the same element structure."""
-    if not runtime.is_active():
+    if not runtime.is_active() or batches in _AGREED:
         return batches
-    return tf.data.Dataset.from_generator(lambda: _agreed(batches),
-                                          output_signature=batches.element_spec)
+    agreed = tf.data.Dataset.from_generator(lambda: _agreed(batches),
+                                            output_signature=batches.element_spec)
+    _AGREED.add(agreed)
+    return agreed
 
 
 def _agreed(batches):
@@ -190,7 +196,7 @@ def _report_uneven_end(engine, step, batch):
     lefts = engine.allgather_object(left, "tfscale_rank_batches_left_out")
     if engine.rank == 0:
         ended = [r for r, rows in enumerate(lefts) if rows == 0]
-        LOG.warning(
+        (LOG.warning if len(ended) < len(lefts) else LOG.info)(  # info: every rank ended
             f"the epoch ended after {step:,} steps, when rank(s) {ended} ran out of data; "
             f"left out: {sum(lefts):,} rows of the batches the other ranks had ready "
             f"({dict(enumerate(lefts))} by rank) and whatever their parts held after them")

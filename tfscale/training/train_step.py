@@ -152,28 +152,25 @@ class TrainStep:
                 **self._step_scalars.summary_scalars()}
 
     def fit(self, *args, **kwargs):
-        """keras.Model.fit; in a Horovod job also (tfscale.training.distributed_fit): the model and
-        optimizer built and set to rank 0's before the first update, Keras's file-writing
-        callbacks and progress bar on rank 0 only, and the epoch's metrics over every rank's
-        rows. Give each rank its part of the data with `tfscale.data.rank_batches`."""
+        """keras.Model.fit; in a job of several ranks also (tfscale.training.distributed_fit):
+        every rank's data run for the same number of steps, or refused before the first step;
+        the model and optimizer built and set to rank 0's before the first update, Keras's
+        file-writing callbacks and progress bar on rank 0 only, and the epoch's metrics over
+        every rank's rows. Give each rank its part of the data with
+        `tfscale.data.rank_batches`."""
         arguments = inspect.signature(keras.Model.fit).bind(self, *args, **kwargs).arguments
         del arguments["self"]
-        arguments["callbacks"], arguments["verbose"] = distributed_fit.start_fit(
-            self, arguments.get("x"), arguments.get("callbacks"),
-            arguments.get("verbose", "auto"))
-        if arguments.get("validation_data") is not None:
-            arguments["validation_data"] = distributed_fit.evaluation_data(
-                self, arguments["validation_data"])
-        return super().fit(**arguments)
+        return super().fit(**distributed_fit.start_fit(self, arguments))
 
     def evaluate(self, *args, **kwargs):
-        """keras.Model.evaluate; in a Horovod job its metrics cover every rank's rows, and with
-        tables spread over the ranks every rank passes as many batches (distributed_fit)."""
+        """keras.Model.evaluate; in a job of several ranks its metrics cover every rank's rows,
+        and with tables spread over the ranks every rank passes as many batches
+        (distributed_fit)."""
         arguments = inspect.signature(keras.Model.evaluate).bind(self, *args, **kwargs).arguments
         del arguments["self"]
         extra = arguments.pop("kwargs", {})
-        if not extra.get("_use_cached_eval_dataset"):  # fit's validation: padded in fit
-            arguments["x"] = distributed_fit.evaluation_data(self, arguments.get("x"))
+        if not extra.get("_use_cached_eval_dataset"):  # fit's validation: agreed in fit
+            arguments = distributed_fit.start_evaluate(self, arguments)
         return super().evaluate(**arguments, **extra)
 
     def load_weights(self, *args, **kwargs):
