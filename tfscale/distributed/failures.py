@@ -52,7 +52,9 @@ def as_rank_lost(error):
     who = (f"lost rank {', '.join(map(str, lost))}" if lost
            else "lost a rank (the launcher's output names it)")
     timed_out = "DeadlineExceeded" in type(error).__name__ or "deadline" in text.lower()
-    first_line = text.strip().splitlines()[0][:300] if text.strip() else type(error).__name__
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    first_line = next((line for line in lines if any(m in line for m in _COLLECTIVE_FAILED)),
+                      lines[0] if lines else type(error).__name__)[:300]
     return RankLost(
         f"rank {engine.rank}: the job {who}"
         + (f" (no answer within {runtime.collective_timeout_seconds():.0f} s)" if timed_out

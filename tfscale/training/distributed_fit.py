@@ -22,6 +22,7 @@ nothing but the memory warning of dynamic tables, logged in any process):
 Horovod's own Keras callbacks (BroadcastGlobalVariablesCallback, MetricAverageCallback) do not
 run under Keras 3 (and tf.distribute's need a strategy scope around the model), and averaging per-rank metrics is not the metric of all rows: hence these."""
 
+import contextlib
 import math
 import typing
 import warnings
@@ -279,3 +280,16 @@ def _first_features(x):
         raise UserError("the model must be built before `fit` when `x` is "
                         "neither arrays nor a tf.data.Dataset: call it once on a batch first")
     return tf.nest.map_structure(lambda array: array[:1], x)
+
+
+@contextlib.contextmanager
+def rank_loss_said():
+    """Inside: a collective's failure because a rank was lost is raised as the RankLost that
+    names the rank (tfscale.distributed.failures); other errors pass as they are."""
+    try:
+        yield
+    except tf.errors.OpError as error:
+        lost = distributed.as_rank_lost(error)
+        if lost is None:
+            raise
+        raise lost from error

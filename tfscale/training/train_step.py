@@ -157,10 +157,15 @@ class TrainStep:
         the model and optimizer built and set to rank 0's before the first update, Keras's
         file-writing callbacks and progress bar on rank 0 only, and the epoch's metrics over
         every rank's rows. Give each rank its part of the data with
-        `tfscale.data.rank_batches`."""
+        `tfscale.data.rank_batches`.
+
+        Raises:
+            tfscale.distributed.RankLost: a collective failed because another rank died or hung
+                (the message names it)."""
         arguments = inspect.signature(keras.Model.fit).bind(self, *args, **kwargs).arguments
         del arguments["self"]
-        return super().fit(**distributed_fit.start_fit(self, arguments))
+        with distributed_fit.rank_loss_said():
+            return super().fit(**distributed_fit.start_fit(self, arguments))
 
     def evaluate(self, *args, **kwargs):
         """keras.Model.evaluate; in a job of several ranks its metrics cover every rank's rows,
@@ -171,10 +176,12 @@ class TrainStep:
         extra = arguments.pop("kwargs", {})
         if not extra.get("_use_cached_eval_dataset"):  # fit's validation: agreed in fit
             arguments = distributed_fit.start_evaluate(self, arguments)
-        return super().evaluate(**arguments, **extra)
+        with distributed_fit.rank_loss_said():
+            return super().evaluate(**arguments, **extra)
 
     def load_weights(self, *args, **kwargs):
-        """keras.Model.load_weights; in a Horovod job every rank then holds rank 0's weights."""
+        """keras.Model.load_weights; in a job of several ranks every rank then holds rank 0's
+        weights."""
         distributed_fit.check_load_weights(self)
         super().load_weights(*args, **kwargs)
         distributed_fit.after_load_weights(self)
