@@ -25,10 +25,23 @@ The reference models (`models/`) and the launcher (`launch/`) live in the reposi
 installed package."""
 
 import importlib
+import typing
+
+if typing.TYPE_CHECKING:  # what the names below are, for readers and the API reference
+    from tfscale import data, distributed, exchanges, optimizers, serving
+    from tfscale.embedding import initializers
+    from tfscale.embedding.field_embedding import FieldEmbedding
+    from tfscale.errors import UserError
+    from tfscale.training import callbacks
+    from tfscale.training.train_step import FunctionalTrainStepModel, TrainStepModel
 
 __version__ = "0.1.0"
 
-# Public name -> (module, attribute or None for the module itself). Imported on first use, so
+__all__ = ["FieldEmbedding", "FunctionalTrainStepModel", "TrainStepModel", "UserError",
+           "callbacks", "data", "distributed", "exchanges", "initializers", "optimizers",
+           "serving"]
+
+# Public name -> (module, attribute or None for the module itself), imported on first use, so
 # that `python -m tfscale.run` starts its processes without loading TensorFlow first.
 _PUBLIC = {
     "FieldEmbedding": ("tfscale.embedding.field_embedding", "FieldEmbedding"),
@@ -43,8 +56,6 @@ _PUBLIC = {
     "optimizers": ("tfscale.optimizers", None),
     "serving": ("tfscale.serving", None),
 }
-
-__all__ = sorted(_PUBLIC)
 
 
 def __getattr__(name):
