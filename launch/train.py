@@ -1,9 +1,10 @@
 """Trains a CTR model: `python -m launch.train [--flags]` (`--helpfull` lists them all).
 
 With no flags it trains DeepFM on the built-in synthetic Criteo-like data set and prints the
-test AUC and log loss next to the teacher's AUC ceiling. Under `horovodrun -np P ... python -m
-launch.train` it trains data-parallel on P ranks (--batch_size stays the global batch); rank 0
-prints, logs and checkpoints. Bad input (a file, a line in it, a flag) ends with a one-paragraph
+test AUC and log loss next to the teacher's AUC ceiling. Under `python -m tfscale.run -np P -m
+launch.train` (TensorFlow's engine) or `horovodrun -np P ... python -m launch.train` it trains
+data-parallel on P ranks (--batch_size stays the global batch); rank 0 prints, logs and
+checkpoints. Bad input (a file, a line in it, a flag) ends with a one-paragraph
 error and a non-zero exit status, never a traceback."""
 
 

@@ -3,7 +3,7 @@
 update) with the gradients exchanged between the ranks before the update.
 
 Why override Keras's step:
-- the exchange (tfscale.exchanges) fixed at `compile` averages the gradients over the Horovod
+- the exchange (tfscale.exchanges) fixed at `compile` averages the gradients over the
   ranks before the optimizer, so the loss scaler, CowClip and the optimizer see the same reduced
   gradients on every rank and take the same decisions; a stale exchange starts before the
   forward pass;
@@ -54,14 +54,14 @@ class TrainStep:
                 embedding_staleness=0, **kwargs):
         """keras.Model.compile, plus `embedding_exchange` and `embedding_staleness`.
 
-        The step runs without XLA under Horovod and with exchanges that act in one process
-        (their collectives and dynamic shapes have no XLA kernels; Keras's "auto" turns XLA on
-        when there is a GPU). Under horovodrun, `tfscale.distributed.init()` must have run.
+        The step runs without XLA in a job of several processes and with exchanges that act in
+        one process (their collectives and dynamic shapes have no XLA kernels; Keras's "auto"
+        turns XLA on when there is a GPU). In a launched job, `tfscale.distributed.init()` must have run.
 
         Args:
             *args: keras.Model.compile's arguments (`optimizer`, `loss`, ...).
             jit_compile: as keras.Model.compile's; turned off where the step cannot use XLA.
-            embedding_exchange: how the train step averages gradients over the Horovod ranks: a
+            embedding_exchange: how the train step averages gradients over the ranks: a
                 name in tfscale.exchanges.EXCHANGES ("allgather", "dense", "topk", "gtopk") or
                 an EmbeddingExchange. The top-k exchanges sparsify even in a single process.
             embedding_staleness: T >= 1 applies each step's embedding gradients T steps later,
@@ -69,14 +69,14 @@ class TrainStep:
             **kwargs: keras.Model.compile's other keyword arguments.
 
         Raises:
-            UserError: under horovodrun before `tfscale.distributed.init()`;
+            UserError: in a launched job before `tfscale.distributed.init()`;
                 `embedding_staleness` negative, or given with an exchange that cannot run stale
                 or with tables whose rows change hands (dynamic); an optimizer that clips by
                 per-id counts (CowClip) with an exchange that does not carry them; tables spread
                 over the ranks with a top-k exchange, or with an optimizer that would update
                 them whole.
-            ValueError: `embedding_exchange` names no exchange, or `jit_compile=True` under
-                Horovod, with a top-k exchange or with `embedding_staleness`."""
+            ValueError: `embedding_exchange` names no exchange, or `jit_compile=True` with
+                several processes, with a top-k exchange or with `embedding_staleness`."""
         distributed.require_started(f"compiling {type(self).__name__}")
         exchange = exchanges.get(embedding_exchange)
         staleness = int(embedding_staleness)
@@ -89,9 +89,9 @@ class TrainStep:
                             f"use `embedding_exchange=allgather` or dense")
         if distributed.is_active() or exchange.acts_in_one_process or staleness:
             if jit_compile is True:
-                raise ValueError("jit_compile=True cannot be used with Horovod, a top-k exchange "
-                                 "or stale embedding updates: their collectives and dynamic "
-                                 "shapes have no XLA kernels")
+                raise ValueError("jit_compile=True cannot be used in a job of several processes, "
+                                 "with a top-k exchange or with stale embedding updates: their "
+                                 "collectives and dynamic shapes have no XLA kernels")
             jit_compile = False
         super().compile(*args, jit_compile=jit_compile, **kwargs)
         averaged_by_train_step(wrapped_optimizers(self.optimizer))
@@ -188,7 +188,7 @@ class TrainStep:
 
     def get_metrics_result(self):
         """keras.Model.get_metrics_result; when Keras reads it eagerly (at an epoch's end, after
-        `evaluate`) in a Horovod job, over every rank's rows (distributed_fit.results_over_ranks).
+        `evaluate`) in a job of several ranks, over every rank's rows (distributed_fit.results_over_ranks).
         Inside the step it stays this rank's, so each step costs no metric collective."""
         return distributed_fit.results_over_ranks(self.metrics, super().get_metrics_result)
 
