@@ -342,13 +342,13 @@ def _with_index_columns(slices):
 
     def unpacked(rows):
         width = tf.shape(rows)[1] - extra
-        indices = _bits_from(rows[:, width:width + index_columns], tf.int64)
+        indices = _bits_from(rows[:, width:width + index_columns], index_columns, tf.int64)
         gathered = tf.reshape(tf.cast(rows[:, :width], values.dtype),
                               tf.concat([[-1], trailing], 0))
         gathered = _rows_like(gathered, values)
         if not counted:
             return tf.IndexedSlices(gathered, indices)
-        counts = _bits_from(rows[:, width + index_columns:], tf.float32)
+        counts = _bits_from(rows[:, width + index_columns:], count_columns, tf.float32)
         return CountedSlices(gathered, indices, None, counts)
 
     return tf.concat(parts, axis=1), unpacked
@@ -362,11 +362,13 @@ def _bits_as(tensor, dtype, columns):
     return tf.reshape(tf.bitcast(tensor, dtype), [-1, columns])
 
 
-def _bits_from(columns, dtype):
-    """The 1-D `dtype` tensor whose bits (or, for one wider column, value) `columns` hold."""
+def _bits_from(columns, count, dtype):
+    """The 1-D `dtype` tensor whose bits (or, for one wider column, value) the `count` columns
+    `columns` hold."""
+    columns = tf.reshape(columns, [-1, count])
     if columns.dtype.size > dtype.size:
         return tf.cast(columns[:, 0], dtype)
-    return tf.bitcast(columns if columns.shape[1] != 1 else columns[:, 0], dtype)
+    return tf.bitcast(columns if count > 1 else columns[:, 0], dtype)
 
 
 def _with_zero_row(tensor):
