@@ -210,13 +210,10 @@ class TFEngine(Engine):
     def allgather_object(self, value, name):
         data = pickle.dumps(value)
         words = tf.constant(np.frombuffer(data + bytes(-len(data) % 8), np.int64))
-        lengths = self._gather_equal(tf.constant([len(data)], tf.int64), f"{name}/lengths")
-        joined = self.allgather(words, f"{name}/data").numpy().tobytes()
-        values, start = [], 0
-        for length in lengths.numpy():
-            values.append(pickle.loads(joined[start:start + length]))
-            start += length + (-length % 8)
-        return values
+        (joined,), sizes = self._padded_gather([words], name, with_sizes=True)
+        # One size agreement serves both: pickle ignores the padding after an object's bytes.
+        parts = np.split(joined.numpy(), np.cumsum(sizes.numpy()[:, 0])[:-1])
+        return [pickle.loads(part.tobytes()) for part in parts]
 
     # Built on the primitives.
 
