@@ -135,6 +135,7 @@ def build_model(schema, settings, optimizer_name, dtype_policy="float32", dynami
         embeddings_initializer=RowSeededNormal(stddev=settings.embedding_init_stddev),
         dtype=dtype_policy, deduplicate_ids=FLAGS.dedup_ids,
         embedding_sharding=hybrid_flags.table_strategy(dynamic_capacity),
+        table_dtype=FLAGS.table_dtype,
         **model_regularization(settings, optimizer_name, FLAGS.embedding_update),
         **_model_specific_config())
 

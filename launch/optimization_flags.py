@@ -15,8 +15,10 @@ flags.DEFINE_enum("optimizer", None, list(OPTIMIZERS),
                   "cowclip: CowClip over Adam (tfscale.optimizers.CowClip); adam: Adam "
                   "(tfscale.optimizers.RowSparseAdam; FusedAdam for the dense weights); came: "
                   "CAME (tfscale.optimizers.CAME for the dense weights, RowSparseCAME for the "
-                  "tables, by row); adagrad, sgd: Keras's, tables by row. Default: the "
-                  "one --scaling_rule goes with (cowclip for cowclip, else adam).")
+                  "tables, by row); adagrad, sgd: Keras's, tables by row; rowwise_adagrad: "
+                  "row-wise Adagrad for the tables (tfscale.optimizers.RowWiseAdagrad, one "
+                  "accumulator a row), Adam for the dense weights. Default: the one "
+                  "--scaling_rule goes with (cowclip for cowclip, else adam).")
 flags.DEFINE_enum("scaling_rule", None, list(RULES),
                   "Large-batch rule giving the hyper-parameters for --batch_size (see "
                   "tfscale.optimizers.scaling): cowclip (CowClip's, with --optimizer=cowclip "
@@ -188,6 +190,6 @@ def build_optimizer(settings, steps_per_epoch):
                         "which this data source does not know: give --warmup_steps")
     try:
         return factory.build_optimizer(settings, optimizer_name(), warmup_steps,
-                                       FLAGS.embedding_update)
+                                       FLAGS.embedding_update, rounding_seed=FLAGS.seed)
     except ValueError as error:  # an optimizer's own argument check, told in flags
         raise UserError(str(error)) from None

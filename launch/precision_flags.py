@@ -3,14 +3,20 @@ scaling."""
 
 from absl import flags
 
+from tfscale.embedding.table_dtypes import TABLE_DTYPES
 from tfscale.training.precision import PRECISIONS
 
 FLAGS = flags.FLAGS
 
 flags.DEFINE_enum("precision", "float32", list(PRECISIONS),
                   "Keras dtype policy of the model: float32 variables and, for mixed_*, float16 or "
-                  "bfloat16 compute. Embedding tables, the final sigmoid, the loss and all "
-                  "optimizer state stay float32.")
+                  "bfloat16 compute. Embedding tables (unless --table_dtype), the final sigmoid, "
+                  "the loss and all optimizer state stay float32.")
+flags.DEFINE_enum("table_dtype", "float32", list(TABLE_DTYPES),
+                  "What the embedding tables store their rows in: bfloat16 and float16 take half "
+                  "the bytes of float32; rows are read and updated in float32 and written back "
+                  "with stochastic rounding (seeded by --seed), by row: with --embedding_update="
+                  "row and an optimizer that updates tables by row (every --optimizer does).")
 flags.DEFINE_string("loss_scale", None,
                     "'dynamic' (start 2^15, halve and skip on inf/NaN, double after "
                     "--loss_scale_growth_steps finite steps), a fixed number (inf/NaN steps are "

@@ -154,6 +154,9 @@ class CTRModel(TrainStepModel):
             whole tables), "row" (each Horovod rank holds 1/P of every table's rows:
             tfscale.embedding.row_sharding), "dynamic" (rows given to ids as they arrive:
             tfscale.embedding.dynamic), or a TableStrategy.
+        table_dtype: FieldEmbedding's `table_dtype`: "float32", or "bfloat16" / "float16"
+            (half the bytes a row, written back with stochastic rounding by a tfscale
+            row-sparse optimizer: tfscale.embedding.table_dtypes).
         name: default `default_name` (the registry key), made unique in the process.
     """
 
@@ -175,6 +178,7 @@ class CTRModel(TrainStepModel):
         check_ids=True,
         deduplicate_ids=True,
         embedding_sharding="replicated",
+        table_dtype="float32",
         **kwargs,
     ):
         if kwargs.get("name") is None:
@@ -205,6 +209,7 @@ class CTRModel(TrainStepModel):
             check_ids=self.check_ids,
             deduplicate=self.deduplicate_ids,
             sharding=self.embedding_sharding,
+            table_dtype=table_dtype,
             dtype=self.dtype_policy,
             name="field_embedding",
         )
@@ -301,6 +306,7 @@ class CTRModel(TrainStepModel):
                 "check_ids": self.check_ids,
                 "deduplicate_ids": self.deduplicate_ids,
                 "embedding_sharding": self.field_embedding.strategy.get_config(),
+                "table_dtype": self.field_embedding.table_dtype,
             }
         )
         return config

@@ -14,10 +14,10 @@ BUCKETS = 7
 class Hashed(TableStrategy):
     name = "test_hashed"
 
-    def make_table(self, name, rows, width, initializer, regularizer):
+    def make_table(self, name, rows, width, initializer, regularizer, dtype):
         buckets = min(rows, BUCKETS)
         layer = keras.layers.Embedding(buckets, width, embeddings_initializer=initializer,
-                                       embeddings_regularizer=regularizer, dtype="float32",
+                                       embeddings_regularizer=regularizer, dtype=dtype,
                                        name=name)
         return Table(name, buckets, width, self, layer)
 

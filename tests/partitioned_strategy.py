@@ -24,8 +24,9 @@ class ModuloPartitioned(TableStrategy):
     def check(self, embedding):
         check_partitioned_arguments(embedding, self.name)
 
-    def make_table(self, name, rows, width, initializer, regularizer):
-        return Table(name, rows, width, self, ShardedTable(rows, width, initializer, name=name))
+    def make_table(self, name, rows, width, initializer, regularizer, dtype):
+        return Table(name, rows, width, self, ShardedTable(rows, width, initializer,
+                                                           table_dtype=dtype, name=name))
 
     def build(self, table, embedding):
         table.layer.build()

@@ -159,7 +159,8 @@ def gathered(variable, shard):
 def sharded_table(name, rows):
     """A built row-sharded Table of `rows` x 2 zeros."""
     strategy = row_sharding.RowSharded()
-    table = strategy.make_table(name, rows, 2, keras.initializers.Constant(0.0), None)
+    table = strategy.make_table(name, rows, 2, keras.initializers.Constant(0.0), None,
+                                "float32")
     strategy.build(table, embedding=None)  # no FieldEmbedding: a table on its own
     return table
 

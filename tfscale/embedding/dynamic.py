@@ -113,8 +113,9 @@ class DynamicTables(TableStrategy):
                       evict_fraction=self.evict_fraction,
                       expire_after_steps=self.expire_after_steps, name="id_rows")
 
-    def make_table(self, name, rows, width, initializer, regularizer):
-        return Table(name, rows, width, self, DynamicTable(width, initializer, name=name))
+    def make_table(self, name, rows, width, initializer, regularizer, dtype):
+        return Table(name, rows, width, self, DynamicTable(width, initializer, table_dtype=dtype,
+                                                           name=name))
 
     def build(self, table, embedding):
         row_index = embedding.row_index
@@ -148,13 +149,14 @@ class DynamicTables(TableStrategy):
 
 @keras.saving.register_keras_serializable(package="tfscale")
 class DynamicTable(keras.layers.Layer):
-    """One kind's dynamic table on this rank: `embeddings` [rows, dim] (float32, host memory,
-    rows given to ids by IdRows) and `unknown` [fields, dim], the rows of ids without one (one a
-    field, replicated). Read through its Table."""
+    """One kind's dynamic table on this rank: `embeddings` [rows, dim] (of `table_dtype`, host
+    memory, rows given to ids by IdRows) and `unknown` [fields, dim] (float32), the rows of ids
+    without one (one a field, replicated). Read through its Table."""
 
-    def __init__(self, dim, initializer, **kwargs):
+    def __init__(self, dim, initializer, table_dtype="float32", **kwargs):
         kwargs["dtype"] = "float32"
         super().__init__(**kwargs)
+        self.table_dtype = table_dtype
         self.dim = int(dim)
         self.initializer = initializer
         self.written_whole = False  # every row written (DynamicTables.updated_whole)
@@ -163,7 +165,8 @@ class DynamicTable(keras.layers.Layer):
         self.initializer = with_rank_0_seed(self.initializer)
         with tf.device(placement.embedding_device()):
             self.embeddings = self.add_weight(shape=(rows, self.dim), initializer=unwritten,
-                                              dtype="float32", autocast=False, name="embeddings")
+                                              dtype=self.table_dtype, autocast=False,
+                                              name="embeddings")
             self.unknown = self.add_weight(
                 shape=(num_fields, self.dim), dtype="float32", autocast=False, name="unknown",
                 initializer=lambda shape, dtype=None: keyed_rows(
@@ -203,8 +206,9 @@ def _owned_rows(tables, row_index, keys, counts, training, scalars):
     if training:
         rows, fresh, fresh_keys = row_index.rows_for_step(keys, counts, scalars)
         for table in tables:
-            table.variable.value.scatter_update(tf.IndexedSlices(
-                keyed_rows(table.layer.initializer, fresh_keys, table.width), fresh))
+            table.variable.value.scatter_update(tf.IndexedSlices(tf.cast(
+                keyed_rows(table.layer.initializer, fresh_keys, table.width),
+                table.variable.dtype), fresh))
     else:
         rows, fresh = row_index.rows_of(keys), None
     held = tf.where(rows >= 0)[:, 0]

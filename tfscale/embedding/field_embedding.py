@@ -1,20 +1,20 @@
 """The categorical-feature embedding layer shared by all CTR models: one concatenated table per
 embedding kind (a deep [total_vocabulary, dim] table, optionally a 1-wide linear "wide" table),
-per-field row offsets, an in-graph range check of the ids, tables and lookups in host memory
+per-field row offsets, rows stored in float32 or half precision (tfscale.embedding.table_dtypes),
+an in-graph range check of the ids, tables and lookups in host memory
 (tfscale.embedding.placement), de-duplicated lookups (tfscale.embedding.dedup), with
-`sharding="row"` tables split by rows over the Horovod ranks (tfscale.embedding.row_sharding), and
-with `sharding="dynamic"` tables whose rows are given to ids as they arrive
-(tfscale.embedding.dynamic). Each
-table is a tfscale.embedding.table.Table, held by the strategy `sharding` names
-(tfscale.embedding.strategies). The tables' names are tfscale.embedding.table_names', by which optimizers
-tell the two kinds apart."""
+`sharding="row"` tables split by rows over the ranks (tfscale.embedding.row_sharding), and with
+`sharding="dynamic"` tables whose rows are given to ids as they arrive
+(tfscale.embedding.dynamic). Each table is a tfscale.embedding.table.Table, held by the strategy
+`sharding` names (tfscale.embedding.strategies). The tables' names are
+tfscale.embedding.table_names', by which optimizers tell the two kinds apart."""
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from tfscale import distributed
-from tfscale.embedding import placement, strategies
+from tfscale.embedding import placement, strategies, table_dtypes
 from tfscale.embedding.initializers import RowSeededNormal
 from tfscale.embedding.table_names import DEEP_TABLE_NAME, WIDE_TABLE_NAME
 from tfscale.errors import DATA_ERROR_MARKER
@@ -26,8 +26,8 @@ class FieldEmbedding(keras.layers.Layer):
     """Looks up every categorical field of a batch in one concatenated table per kind.
 
     Field f owns rows [offset_f, offset_f + vocabulary_sizes[f]) of each table, so a batch of ids
-    [B, n_fields] costs one gather per table. The tables are float32 whatever the dtype policy;
-    the outputs are cast to the layer's compute dtype.
+    [B, n_fields] costs one gather per table. The tables are stored in `table_dtype` whatever
+    the dtype policy, read as float32; the outputs are cast to the layer's compute dtype.
 
     Args:
         vocabulary_sizes: rows per field (`FeatureSchema.vocabulary_sizes`).
@@ -54,11 +54,15 @@ class FieldEmbedding(keras.layers.Layer):
             takes; `vocabulary_sizes` sums to the rows in use at most, or give
             `tfscale.embedding.dynamic.DynamicTables(capacity=..., min_count=...)`), or a
             TableStrategy.
+        table_dtype: what the tables store their rows in: "float32", or "bfloat16" / "float16"
+            (half the bytes a row; read as float32, updated in float32 by a tfscale row-sparse
+            optimizer and written back with stochastic rounding: tfscale.embedding.table_dtypes).
         **kwargs: keras.layers.Layer's keyword arguments (`name`, `dtype`, ...).
 
     Raises:
-        ValueError: `vocabulary_sizes` is empty or has a field of fewer than 1 row, or
-            `sharding` names no table strategy.
+        ValueError: `vocabulary_sizes` is empty or has a field of fewer than 1 row,
+            `sharding` names no table strategy, or `table_dtype` is not one of "float32",
+            "bfloat16", "float16".
         UserError: the table strategy cannot hold an argument (`sharding="row"` or "dynamic"
             with `deduplicate=False`, a row-dependent initializer or a regularizer; "dynamic"
             with more fields than it keys ids by, or more rows than it holds by default without
@@ -92,6 +96,7 @@ class FieldEmbedding(keras.layers.Layer):
         check_ids=True,
         deduplicate=True,
         sharding="replicated",
+        table_dtype="float32",
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -103,6 +108,7 @@ class FieldEmbedding(keras.layers.Layer):
         self.check_ids = bool(check_ids)
         self.deduplicate = bool(deduplicate)
         self.strategy = strategies.get(sharding)
+        self.table_dtype = table_dtypes.checked(table_dtype)
         self.scalars = StepScalars()
         # XLA has no kernels for its lookups (UniqueWithCounts, Horovod's alltoall): Keras's
         # "auto" then keeps XLA off, also on a GPU host.
@@ -126,11 +132,11 @@ class FieldEmbedding(keras.layers.Layer):
         self.row_index = self.strategy.make_row_index(self)
         self.tables = [self.strategy.make_table(DEEP_TABLE_NAME, total, self.embedding_dim,
                                                 self.embeddings_initializer,
-                                                self.embeddings_regularizer)]
+                                                self.embeddings_regularizer, self.table_dtype)]
         if self.use_wide:
             self.tables.append(self.strategy.make_table(WIDE_TABLE_NAME, total, 1,
                                                         self.wide_initializer,
-                                                        self.wide_regularizer))
+                                                        self.wide_regularizer, self.table_dtype))
         # The Keras layers owning the tables' variables (their paths: tfscale.embedding.table_names).
         self.deep_table = self.tables[0].layer
         self.wide_table = self.tables[1].layer if self.use_wide else None
@@ -150,7 +156,8 @@ class FieldEmbedding(keras.layers.Layer):
             self.strategy.build(table, self)
         if self.strategy.partitioned:
             self.scalars.record("sharding/table_bytes", sum(
-                4 * np.prod(table.variable.shape) for table in self.tables))
+                table.variable.dtype.itemsize * np.prod(table.variable.shape)
+                for table in self.tables))
 
     def summary_scalars(self):
         """{name: value} of a layer with partitioned tables: its tables' bytes on this rank, and
@@ -218,6 +225,7 @@ class FieldEmbedding(keras.layers.Layer):
                 "check_ids": self.check_ids,
                 "deduplicate": self.deduplicate,
                 "sharding": self.strategy.get_config(),
+                "table_dtype": self.table_dtype,
             }
         )
         return config

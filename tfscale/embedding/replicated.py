@@ -14,9 +14,9 @@ class Replicated(TableStrategy):
     name = "replicated"
     description = "replicated"
 
-    def make_table(self, name, rows, width, initializer, regularizer):
+    def make_table(self, name, rows, width, initializer, regularizer, dtype):
         layer = keras.layers.Embedding(rows, width, embeddings_initializer=initializer,
-                                       embeddings_regularizer=regularizer, dtype="float32",
+                                       embeddings_regularizer=regularizer, dtype=dtype,
                                        name=name)
         return Table(name, rows, width, self, layer)
 

@@ -54,8 +54,9 @@ class RowSharded(TableStrategy):
     def check(self, embedding):
         check_partitioned_arguments(embedding, "row")
 
-    def make_table(self, name, rows, width, initializer, regularizer):
-        return Table(name, rows, width, self, ShardedTable(rows, width, initializer, name=name))
+    def make_table(self, name, rows, width, initializer, regularizer, dtype):
+        return Table(name, rows, width, self, ShardedTable(rows, width, initializer,
+                                                           table_dtype=dtype, name=name))
 
     def build(self, table, embedding):
         table.layer.build()
@@ -69,13 +70,14 @@ class RowSharded(TableStrategy):
 @keras.saving.register_keras_serializable(package="tfscale")
 class ShardedTable(keras.layers.Layer):
     """This rank's rows (`shard`) of a [total_rows, dim] table, as the variable `embeddings`
-    [owned rows, dim] (float32, host memory, not autocast), initialised by
+    [owned rows, dim] (of `table_dtype`, host memory, not autocast), initialised by
     `initializer.rows(global ids)` or, for a row-independent Keras initializer (zeros,
     constants), by the initializer itself. Read through its Table (Table.read_rows)."""
 
-    def __init__(self, total_rows, dim, initializer, **kwargs):
+    def __init__(self, total_rows, dim, initializer, table_dtype="float32", **kwargs):
         kwargs["dtype"] = "float32"
         super().__init__(**kwargs)
+        self.table_dtype = table_dtype
         self.total_rows = int(total_rows)
         self.dim = int(dim)
         self.initializer = initializer
@@ -91,7 +93,7 @@ class ShardedTable(keras.layers.Layer):
             initializer = seeded
         with tf.device(placement.embedding_device()):
             self.embeddings = self.add_weight(shape=(shard.rows, self.dim),
-                                              initializer=initializer, dtype="float32",
+                                              initializer=initializer, dtype=self.table_dtype,
                                               autocast=False, name="embeddings")
 
 

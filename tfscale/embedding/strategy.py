@@ -112,7 +112,7 @@ class TableStrategy:
             A keras.layers.Layer, or None."""
         return None
 
-    def make_table(self, name, rows, width, initializer, regularizer):
+    def make_table(self, name, rows, width, initializer, regularizer, dtype):
         """A Table `name` of `rows` x `width` (global) whose `layer` will own its variable.
 
         Args:
@@ -121,6 +121,9 @@ class TableStrategy:
             width: the row width.
             initializer: the Keras initializer of its rows.
             regularizer: a Keras regularizer of the variable, or None.
+            dtype: what the variable stores its rows in, one of
+                tfscale.embedding.table_dtypes.TABLE_DTYPES (the lookup reads them as float32
+                through Table.read_rows).
 
         Returns:
             A tfscale.embedding.table.Table, not built."""

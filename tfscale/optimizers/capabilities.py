@@ -106,6 +106,13 @@ def updates_rows_in_place(optimizer, variable):
     return isinstance(optimizer, TakesRowSlices) and optimizer.updates_rows_in_place(variable)
 
 
+def keeps_half_precision_rows(optimizer, variable):
+    """Whether `optimizer` (through loss scalers and MultiOptimizers) updates table `variable`
+    by row and writes half-precision rows back (tfscale.optimizers.row_updates)."""
+    return (updates_rows_in_place(optimizer, variable)
+            and getattr(optimizer_for(optimizer, variable), "keeps_half_precision_rows", False))
+
+
 def takes_row_slices(optimizer, variable):
     """Whether the optimizer applying `variable`'s gradient (`optimizer_for`) takes row
     slices."""

@@ -27,6 +27,7 @@ import keras
 import tensorflow as tf
 
 from tfscale.embedding import table_names
+from tfscale.embedding.table_dtypes import arithmetic_dtype
 from tfscale.embedding.table_names import gather_rows
 from tfscale.optimizers.averaged import RefusesUnaveragedGradients
 from tfscale.optimizers.capabilities import (TakesCountedSlices, TakesRowSlices,
@@ -170,6 +171,11 @@ class CowClip(RefusesUnaveragedGradients, TakesCountedSlices, keras.optimizers.M
         return (self.mode == "scalable" and self.is_embedding_table(variable)
                 and updates_rows_in_place(self.embedding_optimizer, variable))
 
+    @property
+    def keeps_half_precision_rows(self):
+        """Whether its embedding optimizer keeps half-precision tables' rows (row updates)."""
+        return getattr(self.embedding_optimizer, "keeps_half_precision_rows", False)
+
     def _optimizer_for(self, variable):
         return self.embedding_optimizer if self.is_embedding_table(variable) else self.dense_optimizer
 
@@ -204,9 +210,11 @@ class CowClip(RefusesUnaveragedGradients, TakesCountedSlices, keras.optimizers.M
                 f"CowClip needs the gradient of embedding table {table.path} as IndexedSlices (row "
                 "ids and their counts) but got a dense tensor: give the table no regularizer (pass "
                 "l2= to CowClip instead) and look it up with a gather (keras.layers.Embedding)")
-        gradient = with_values(gradient, tf.cast(gradient.values, table.dtype))
+        dtype = arithmetic_dtype(table.dtype)
+        gradient = with_values(gradient, tf.cast(gradient.values, dtype))
         ids, rows, counts = sum_duplicate_rows(gradient)
-        weight_rows = gather_rows(table, ids, in_place=self.updates_rows_in_place(table))
+        weight_rows = tf.cast(gather_rows(table, ids, in_place=self.updates_rows_in_place(table)),
+                              dtype)
         if self.l2:
             rows += 2 * self.l2 * weight_rows
         if self.is_clipped_table(table):

@@ -17,13 +17,18 @@ from tfscale.optimizers.row_sparse_adagrad import RowSparseAdagrad
 from tfscale.optimizers.row_sparse_adam import RowSparseAdam
 from tfscale.optimizers.row_sparse_came import RowSparseCAME
 from tfscale.optimizers.row_sparse_sgd import RowSparseSGD
+from tfscale.optimizers.rowwise_adagrad import RowWiseAdagrad
 
 # The optimizers the factory builds, by name ("cowclip": CowClip over Adam): the dense weights'
-# optimizer, and the tables' when they are updated by row.
+# optimizer, and the tables' when they are updated by row ("rowwise_adagrad": row-wise Adagrad
+# for the tables, updated by row or whole, and Adam for the dense weights).
 OPTIMIZERS = {"cowclip": CowClip, "adam": FusedAdam, "came": CAME,
-              "adagrad": keras.optimizers.Adagrad, "sgd": keras.optimizers.SGD}
+              "adagrad": keras.optimizers.Adagrad, "sgd": keras.optimizers.SGD,
+              "rowwise_adagrad": FusedAdam}
 ROW_OPTIMIZERS = {"adam": RowSparseAdam, "came": RowSparseCAME, "adagrad": RowSparseAdagrad,
-                  "sgd": RowSparseSGD}
+                  "sgd": RowSparseSGD, "rowwise_adagrad": RowWiseAdagrad}
+# The tables' optimizer when they are updated whole, where it is not the dense weights'.
+WHOLE_TABLE_OPTIMIZERS = {"rowwise_adagrad": RowWiseAdagrad}
 EMBEDDING_UPDATES = ("row", "dense")
 
 
@@ -37,11 +42,13 @@ def model_regularization(settings, optimizer_name, embedding_update="row"):
     return {"l2_embedding": settings.l2, "l2_wide": settings.l2, "l2_linear": settings.l2}
 
 
-def build_optimizer(settings, optimizer_name, warmup_steps, embedding_update="row"):
+def build_optimizer(settings, optimizer_name, warmup_steps, embedding_update="row",
+                    rounding_seed=0):
     """The optimizer `optimizer_name` with `settings`' learning rates (and CowClip's r, zeta and
     L2), updating the tables as `embedding_update` says (module docstring); the dense learning
     rate rises linearly from 1e-8 over `warmup_steps` (keras PolynomialDecay, as the official
-    CowClip code), the embedding one is constant."""
+    CowClip code), the embedding one is constant. `rounding_seed`: the row-sparse optimizer's
+    seed for half-precision tables (tfscale.optimizers.row_updates)."""
     if optimizer_name not in OPTIMIZERS:
         raise ValueError(f"`optimizer_name={optimizer_name!r}`: give one of "
                          f"{', '.join(OPTIMIZERS)}")
@@ -53,7 +60,8 @@ def build_optimizer(settings, optimizer_name, warmup_steps, embedding_update="ro
     if optimizer_name == "cowclip":
         mode = "scalable" if embedding_update == "row" else "faithful"
         embedding = (RowSparseAdam(settings.embedding_learning_rate, catch_up_l2=settings.l2,
-                                   name="embedding") if mode == "scalable"
+                                   rounding_seed=rounding_seed, name="embedding")
+                     if mode == "scalable"
                      else FusedAdam(settings.embedding_learning_rate, name="embedding"))
         return CowClip(embedding,
                        FusedAdam(dense_rate, name="dense"), r=settings.r, zeta=settings.zeta,
@@ -62,16 +70,19 @@ def build_optimizer(settings, optimizer_name, warmup_steps, embedding_update="ro
         table_class = ROW_OPTIMIZERS[optimizer_name]
         one_rate = dense_rate == settings.embedding_learning_rate
         if one_rate and issubclass(table_class, OPTIMIZERS[optimizer_name]):
-            return table_class(learning_rate=dense_rate, table_l2=settings.l2)
+            return table_class(learning_rate=dense_rate, table_l2=settings.l2,
+                               rounding_seed=rounding_seed)
         table_optimizer = table_class(learning_rate=settings.embedding_learning_rate,
-                                      table_l2=settings.l2, name="embedding")
+                                      table_l2=settings.l2, rounding_seed=rounding_seed,
+                                      name="embedding")
         dense_optimizer = OPTIMIZERS[optimizer_name](learning_rate=dense_rate, name="dense")
         return _tables_apart(dense_optimizer, table_optimizer)
     optimizer_class = OPTIMIZERS[optimizer_name]
+    table_class = WHOLE_TABLE_OPTIMIZERS.get(optimizer_name, optimizer_class)
     dense_optimizer = optimizer_class(learning_rate=dense_rate, name="dense")
-    if dense_rate == settings.embedding_learning_rate:  # one rate, no warm-up: one optimizer
-        return dense_optimizer
-    return _tables_apart(dense_optimizer, optimizer_class(
+    if dense_rate == settings.embedding_learning_rate and table_class is optimizer_class:
+        return dense_optimizer  # one rate, no warm-up: one optimizer
+    return _tables_apart(dense_optimizer, table_class(
         learning_rate=settings.embedding_learning_rate, name="embedding"))
 
 

@@ -49,5 +49,5 @@ class RowSparseAdagrad(RefusesUnaveragedGradients, DeclaresTableState, RowUpdate
                        + tf.square(gradient_rows))
         self.assign(accumulator, tf.IndexedSlices(accumulated, ids))
         step = learning_rate * gradient_rows / tf.sqrt(
-            accumulated + tf.cast(self.epsilon, variable.dtype))
-        self.assign(variable, tf.IndexedSlices(weight_rows - step, ids))
+            accumulated + tf.cast(self.epsilon, gradient_rows.dtype))
+        self.write_rows(variable, ids, weight_rows - step)

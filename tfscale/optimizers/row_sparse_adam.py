@@ -33,6 +33,7 @@ import tensorflow as tf
 
 from tfscale.embedding import table_names
 from tfscale.embedding.table import written_rows
+from tfscale.embedding.table_dtypes import arithmetic_dtype
 from tfscale.optimizers.capabilities import DeclaresTableState, TableState
 from tfscale.optimizers.fused_adam import FusedAdam
 from tfscale.optimizers.row_updates import RowUpdates
@@ -104,7 +105,8 @@ class RowSparseAdam(DeclaresTableState, RowUpdates, FusedAdam):
             self._momentums += momentum
             self._velocities += velocity
             self._moments.append(self.add_variable(
-                shape=(variable.shape[0], 2, *variable.shape[1:]), dtype=variable.dtype,
+                shape=(variable.shape[0], 2, *variable.shape[1:]),
+                dtype=arithmetic_dtype(variable.dtype),
                 initializer=self.state_initializer(variable),
                 name=f"{variable.path.replace('/', '_')}{_MOMENTS}") if by_row else None)
         self._last_steps = [self._last_step_slot(variable) for variable in var_list]
@@ -175,30 +177,32 @@ class RowSparseAdam(DeclaresTableState, RowUpdates, FusedAdam):
             if last_steps is None:
                 continue
             index = self._get_variable_index(variable)
-            learning_rate = tf.cast(self._get_current_learning_rate(), variable.dtype)
+            dtype = arithmetic_dtype(variable.dtype)
+            learning_rate = tf.cast(self._get_current_learning_rate(), dtype)
             rows = written_rows(variable)  # a dynamic table's: the rows handed out so far
             for start in range(0, rows, block_rows):
                 ids = tf.range(start, min(start + block_rows, rows), dtype=tf.int64)
                 self._catch_up_block(variable, index, last_steps, ids, step_number,
-                                     tf.cast(local_step, variable.dtype), learning_rate)
+                                     tf.cast(local_step, dtype), learning_rate)
 
     def _catch_up_block(self, variable, index, last_steps, ids, step_number, local_step,
                         learning_rate):
         """Catches rows `ids` of `variable` up to the end of step `step_number` (the last
         applied)."""
         moments = self._moments[index]
+        dtype = moments.dtype
         last = table_names.gather_rows(last_steps, ids, in_place=True)
         weight_rows, m_rows, v_rows = self._caught_up(
-            table_names.gather_rows(variable, ids, in_place=True),
+            tf.cast(table_names.gather_rows(variable, ids, in_place=True), dtype),
             *tf.unstack(table_names.gather_rows(moments, ids, in_place=True), axis=1),
-            tf.cast(last, variable.dtype)[:, None], local_step, learning_rate,
-            tf.cast(self.epsilon, variable.dtype))
-        self.assign(variable, tf.IndexedSlices(weight_rows, ids))
+            tf.cast(last, dtype)[:, None], local_step, learning_rate,
+            tf.cast(self.epsilon, dtype))
+        self.write_rows(variable, ids, weight_rows)
         self.assign(moments, tf.IndexedSlices(tf.stack([m_rows, v_rows], axis=1), ids))
         self.assign(last_steps, tf.IndexedSlices(tf.fill(tf.shape(ids), step_number), ids))
 
     def update_rows(self, variable, ids, gradient_rows, weight_rows, learning_rate):
-        dtype = variable.dtype
+        dtype = gradient_rows.dtype
         index = self._get_variable_index(variable)
         moments = self._moments[index]
         beta_1, beta_2 = tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype)
@@ -223,7 +227,7 @@ class RowSparseAdam(DeclaresTableState, RowUpdates, FusedAdam):
         step = alpha * m_rows / (tf.sqrt(v_rows) + epsilon)
         # Read, subtract, write back: TensorFlow's CPU scatter-subtract costs several times a
         # gather plus a scatter-assign of the same rows (the same subtraction, bitwise).
-        self.assign(variable, tf.IndexedSlices(weight_rows - step, ids))
+        self.write_rows(variable, ids, weight_rows - step)
 
     def _caught_up(self, weight_rows, m_rows, v_rows, last, local_step, learning_rate, epsilon):
         """Rows, first and second moments after the steps from `last` ([n, 1], the step that

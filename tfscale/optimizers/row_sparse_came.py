@@ -148,8 +148,7 @@ class RowSparseCAME(RowUpdates, CAME):
 
         self.assign(state, tf.IndexedSlices(
             tf.concat([momentum, row[:, None], instability_row[:, None]], axis=1), ids))
-        self.assign(variable, tf.IndexedSlices(
-            weight_rows - tf.cast(step, variable.dtype), ids))
+        self.write_rows(variable, ids, weight_rows - tf.cast(step, weight_rows.dtype))
 
     def _column_ema(self, columns, means, beta, count):
         """Assigns `beta * columns + (1 - beta) * means` to `columns` and returns it; unchanged

@@ -32,11 +32,11 @@ class RowSparseSGD(RefusesUnaveragedGradients, RowUpdates, keras.optimizers.SGD)
         gradient_rows = self.with_table_l2(gradient_rows, weight_rows)
         step = learning_rate * gradient_rows
         if self.momentum == 0:
-            self.assign(variable, tf.IndexedSlices(weight_rows - step, ids))
+            self.write_rows(variable, ids, weight_rows - step)
             return
         velocity = self.momentums[self._get_variable_index(variable)]
-        momentum = tf.cast(self.momentum, variable.dtype)
+        momentum = tf.cast(self.momentum, gradient_rows.dtype)
         velocity_rows = momentum * table_names.gather_rows(velocity, ids, in_place=True) - step
         self.assign(velocity, tf.IndexedSlices(velocity_rows, ids))
         change = momentum * velocity_rows - step if self.nesterov else velocity_rows
-        self.assign(variable, tf.IndexedSlices(weight_rows + change, ids))
+        self.write_rows(variable, ids, weight_rows + change)

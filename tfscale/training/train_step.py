@@ -29,10 +29,12 @@ from keras.src.models.model import functional_init_arguments
 from tfscale import distributed, exchanges
 from tfscale.embedding import dedup, table_names
 from tfscale.embedding.table import model_tables, table_of, tables_of
+from tfscale.embedding.table_dtypes import is_half
 from tfscale.errors import UserError
 from tfscale.optimizers.averaged import averaged_by_train_step
 from tfscale.optimizers.came import CAME
-from tfscale.optimizers.capabilities import (optimizer_for, takes_counted_slices, takes_row_slices,
+from tfscale.optimizers.capabilities import (keeps_half_precision_rows, optimizer_for,
+                                             takes_counted_slices, takes_row_slices,
                                              updates_rows_in_place, wrapped_optimizers)
 from tfscale.optimizers.cowclip import CowClip
 from tfscale.optimizers import table_state
@@ -119,8 +121,10 @@ class TrainStep:
         self._embedding_exchange = exchange
         self._step_scalars = StepScalars()
         for table in tables:  # said at compile when the model is built, else at the first step
-            if table.variable is not None and not updates_rows_in_place(self.optimizer,
-                                                                        table.variable):
+            if table.variable is None:
+                continue
+            _refuse_half_precision_rows_unkept(table.variable, self.optimizer)
+            if not updates_rows_in_place(self.optimizer, table.variable):
                 _refuse_whole_update_of_partitioned(
                     table, optimizer_for(self.optimizer, table.variable))
 
@@ -255,6 +259,7 @@ class TrainStep:
         for variable in self.trainable_variables:
             if not table_names.is_row_table(variable):
                 continue
+            _refuse_half_precision_rows_unkept(variable, self.optimizer)
             by_row = updates_rows_in_place(self.optimizer, variable)
             table = table_of(variable)
             if table is not None:
@@ -293,6 +298,20 @@ class TrainStep:
         loss = tf.where(kept, loss, tf.zeros_like(loss))
         batch_size = tf.where(kept, batch_size, tf.zeros_like(batch_size))
         self._loss_tracker.update_state(loss, sample_weight=batch_size)
+
+
+def _refuse_half_precision_rows_unkept(variable, optimizer):
+    """A UserError when table `variable` stores its rows in half precision and `optimizer` would
+    not update it by row and write its rows back (tfscale.optimizers.row_updates)."""
+    if not is_half(variable.dtype) or keeps_half_precision_rows(optimizer, variable):
+        return
+    name = type(optimizer_for(optimizer, variable)).__name__
+    raise UserError(
+        f"{variable.path} stores its rows in {tf.as_dtype(variable.dtype).name} "
+        f"(`table_dtype={tf.as_dtype(variable.dtype).name}`) but {name} cannot keep "
+        "half-precision rows: give the tables a tfscale row-sparse optimizer (RowWiseAdagrad, "
+        "RowSparseAdam, RowSparseAdagrad, RowSparseCAME, RowSparseSGD, CowClip over one of "
+        "them), or `table_dtype=\"float32\"`")
 
 
 def _refuse_whole_update_of_partitioned(table, optimizer):

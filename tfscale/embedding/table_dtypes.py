@@ -1,0 +1,64 @@
+"""The dtypes an embedding table's rows are stored in (`TABLE_DTYPES`), and how a table stored in
+half precision is read: float32 (4 bytes an element), or bfloat16 / float16 (2 bytes, half the
+table's memory). Rows are read as float32 (`read_float32`: the gather, then the cast, so a lookup
+costs the batch's rows) and their gradient is float32 row slices, so the exchanges, the loss
+scaler and the optimizer's arithmetic all work in float32; the optimizer writes the updated rows
+back rounded stochastically (tfscale.optimizers.stochastic_rounding), which FBGEMM also does for
+its FP16 tables. The optimizer's state of a half-precision table stays float32."""
+
+import tensorflow as tf
+
+TABLE_DTYPES = ("float32", "bfloat16", "float16")
+HALF_DTYPES = (tf.bfloat16, tf.float16)
+
+
+def checked(table_dtype, argument="table_dtype"):
+    """`table_dtype` as a name in TABLE_DTYPES; a ValueError naming `argument` otherwise.
+
+    Args:
+        table_dtype: a dtype name or a tf.DType.
+        argument: the argument the value came in, for the error.
+
+    Returns:
+        A str, one of TABLE_DTYPES."""
+    try:
+        name = tf.as_dtype(table_dtype).name
+    except TypeError:
+        name = None
+    if name not in TABLE_DTYPES:
+        raise ValueError(f"`{argument}={table_dtype!r}`: an embedding table's rows are stored in "
+                         f"one of {', '.join(TABLE_DTYPES)}")
+    return name
+
+
+def is_half(dtype):
+    """Whether `dtype` (a name or a DType) is a half-precision table dtype."""
+    return tf.as_dtype(dtype) in HALF_DTYPES
+
+
+def arithmetic_dtype(dtype):
+    """The dtype an optimizer computes a table's update in: float32 for a half-precision table,
+    the table's own dtype otherwise."""
+    return tf.float32 if is_half(dtype) else tf.as_dtype(dtype)
+
+
+def read_float32(resource, rows, whole):
+    """Rows `rows` of the half-precision tf.Variable `resource` as float32, gathered in place (or
+    from a whole read, `whole`), whose gradient is float32 row slices of the variable (TensorFlow's
+    own would be the table's dtype: a float16 gradient would lose small values before the loss
+    scaler or the optimizer saw them)."""
+
+    @tf.custom_gradient
+    def read(indices):
+        stored = tf.gather(resource.read_value() if whole else resource, indices)
+
+        def gradient(upstream, variables=None):
+            flat = tf.reshape(indices, [-1])
+            values = tf.reshape(upstream, tf.concat([tf.shape(flat), tf.shape(resource)[1:]],
+                                                    axis=0))
+            return None, [tf.IndexedSlices(values, flat, tf.shape(resource, out_type=flat.dtype))
+                          for _ in variables]
+
+        return tf.cast(stored, tf.float32), gradient
+
+    return read(rows)
