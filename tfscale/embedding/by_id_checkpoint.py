@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfscale import distributed
+from tfscale.embedding import stored_arrays
 from tfscale.embedding.id_rows import NO_ROW
 from tfscale.embedding.table import tables_of
 from tfscale.errors import UserError
@@ -114,7 +115,7 @@ def save(dynamic_groups, directory):
             named[variable.path] = tf.gather(variable.value, held)
         arrays.update({f"{index.path}:{name}": np.asarray(value) for name, value in named.items()})
     np.savez(os.path.join(directory, _FILE.format(distributed.rank(), distributed.size())),
-             **arrays)
+             **stored_arrays.for_npz(arrays))
 
 
 def restore(dynamic_groups, directory):

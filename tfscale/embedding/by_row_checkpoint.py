@@ -19,6 +19,7 @@ import re
 import numpy as np
 
 from tfscale import distributed
+from tfscale.embedding import stored_arrays
 from tfscale.embedding.table import RowShard, shard_of
 from tfscale.errors import UserError
 
@@ -39,7 +40,7 @@ class TableVariable:
         """This variable's array among a checkpoint file's `arrays`, or None."""
         if self.stored_rows is not None:
             return self.stored_rows(arrays, self.name)
-        return arrays[self.name] if self.name in arrays.files else None
+        return stored_arrays.read(arrays, self.name)
 
 
 class ByRow:
@@ -87,7 +88,7 @@ def save(entries, directory):
     if shard.num_shards == 1 and not distributed.is_chief():
         return
     np.savez(os.path.join(directory, _FILE.format(shard.index, shard.num_shards)),
-             **{entry.name: entry.variable.numpy() for entry in entries})
+             **stored_arrays.for_npz({entry.name: entry.variable.numpy() for entry in entries}))
 
 
 def restore(entries, directory):

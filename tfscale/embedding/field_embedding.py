@@ -156,7 +156,7 @@ class FieldEmbedding(keras.layers.Layer):
             self.strategy.build(table, self)
         if self.strategy.partitioned:
             self.scalars.record("sharding/table_bytes", sum(
-                table.variable.dtype.itemsize * np.prod(table.variable.shape)
+                tf.as_dtype(table.variable.dtype).size * np.prod(table.variable.shape)
                 for table in self.tables))
 
     def summary_scalars(self):

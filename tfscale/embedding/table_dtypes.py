@@ -53,6 +53,8 @@ def read_float32(resource, rows, whole):
         stored = tf.gather(resource.read_value() if whole else resource, indices)
 
         def gradient(upstream, variables=None):
+            if not variables:  # traced where the variable is not watched (a SavedModel's)
+                return None
             flat = tf.reshape(indices, [-1])
             values = tf.reshape(upstream, tf.concat([tf.shape(flat), tf.shape(resource)[1:]],
                                                     axis=0))

@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfscale import distributed
+from tfscale.embedding import stored_arrays
 from tfscale.embedding.table import row_indexes_of, tables_of
 from tfscale.embedding.table_names import is_embedding_table
 from tfscale.errors import UserError
@@ -122,11 +123,12 @@ def reset_rows(optimizer, table, rows):
 
 
 def stored_rows(arrays, name):
-    """The array `name` of a checkpoint's `arrays` (an npz file's), or None when it is not
-    there. A RowSparseAdam moments slot is also read from its two slots of before
-    (row_sparse_adam.two_slot_names), so checkpoints written with two slots resume."""
-    if name in arrays.files:
-        return arrays[name]
+    """The array `name` of a checkpoint's `arrays` (an npz file's, tfscale.embedding.stored_arrays),
+    or None when it is not there. A RowSparseAdam moments slot is also read from its two slots of
+    before (row_sparse_adam.two_slot_names), so checkpoints written with two slots resume."""
+    array = stored_arrays.read(arrays, name)
+    if array is not None:
+        return array
     two_slots = two_slot_names(name)
     if two_slots and all(slot in arrays.files for slot in two_slots):
         return np.stack([arrays[slot] for slot in two_slots], axis=1)
