@@ -112,7 +112,9 @@ def dynamic_capacity(source, local_batch_size, whole_files):
     else None (not dynamic tables, or the library's default: the vocabulary sizes summed, which
     it refuses beyond MAX_DEFAULT_CAPACITY). Refuses a capacity below the distinct ids of this
     rank's first training batch (the first step could not give them rows), before anything is
-    written."""
+    written; the batch is read only when the capacity is below its values (rows x categorical
+    fields), the most distinct ids a batch can hold, so that a start with room for them builds
+    no data pipeline of its own."""
     if FLAGS.embedding_sharding != STRATEGY_SETTINGS["dynamic_capacity"][0]:
         return None
     import numpy as np
@@ -129,6 +131,8 @@ def dynamic_capacity(source, local_batch_size, whole_files):
         if distributed.is_chief():
             print(f"dynamic tables: capacity {capacity:,} rows, one per categorical value "
                   f"{rows:,} training rows could hold (--dynamic_capacity sets it)", flush=True)
+    if local_batch_size * source.schema.num_categorical <= (capacity or vocabulary_rows):
+        return capacity
     features, _ = next(iter(source.train_batches(local_batch_size, **distributed.data_shard())))
     ids = features["categorical"].numpy()
     distinct = sum(len(np.unique(ids[:, field])) for field in range(ids.shape[1]))

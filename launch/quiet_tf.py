@@ -9,8 +9,16 @@ TF_CPP_MIN_LOG_LEVEL set in the environment is left alone. The level does not re
 TensorFlow's libraries log while they load (written before absl::InitializeLog, whatever the
 level), so TensorFlow is imported here with stderr captured, and the captured text is written
 back without those informational lines; anything else (an error, a Python warning) still shows.
+
+Importing TensorFlow imports Keras whole, and Keras imports scikit-learn, pandas and matplotlib
+when they are installed (and TensorFlow's old Keras, SciPy) for what the entry points never use:
+its scikit-learn wrappers, DataFrames given to `fit`, its plotting helpers, sparse matrices.
+They are held back while TensorFlow is imported (about 1.4 s of CPU a process: 4 ranks on 2
+cores wait about 3 s for them); importing one afterwards works as usual, only Keras's own
+helpers for it stay off in this process.
 """
 
+import contextlib
 import os
 import re
 import sys
@@ -50,13 +58,33 @@ def without_load_chatter(text):
                    if not _LOAD_CHATTER.match(line.rstrip("\r\n")))
 
 
+# Packages Keras (and TensorFlow's old Keras) import when installed, none of them needed here.
+HELD_BACK = ("sklearn", "pandas", "matplotlib", "scipy")
+
+
+@contextlib.contextmanager
+def held_back(names=HELD_BACK):
+    """Within it, importing any of the packages `names` not yet imported fails with ImportError
+    (which Keras takes as "not installed"); after it they import as usual."""
+    held = [name for name in names if name not in sys.modules]
+    for name in held:
+        sys.modules[name] = None
+    try:
+        yield
+    finally:
+        for name in held:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
+
+
 def _import_tensorflow_quietly():
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile(mode="w+b") as captured:
         os.dup2(captured.fileno(), 2)
         try:
-            import tensorflow  # noqa: F401
+            with held_back():
+                import tensorflow  # noqa: F401
         finally:
             os.dup2(saved, 2)
             os.close(saved)
@@ -69,6 +97,9 @@ def _import_tensorflow_quietly():
 
 if _wants_verbose(sys.argv):
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0"
+    if "tensorflow" not in sys.modules:
+        with held_back():
+            import tensorflow  # noqa: F401
 else:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     if "tensorflow" not in sys.modules:

@@ -43,8 +43,7 @@ class StepScalars:
 
     def record(self, name, value):
         if name not in self._variables:
-            with tf.init_scope():
-                self._variables[name] = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+            self._variables[name] = eager_variable(0.0, dtype=tf.float64)
         self._variables[name].assign(tf.cast(value, tf.float64))
 
     def summary_scalars(self):
@@ -67,10 +66,19 @@ class StepScalars:
         ops that touch no resource in program order, so it takes an (otherwise unused)
         variable's handle as input, which takes it out of that order."""
         if self._clock_anchor is None:
-            with tf.init_scope():
-                self._clock_anchor = tf.Variable(0.0, trainable=False)
+            self._clock_anchor = eager_variable(0.0)
         return tf.py_function(lambda anchor: time.perf_counter(), [self._clock_anchor.handle],
                               tf.float64)
+
+
+def eager_variable(initial_value, dtype=None):
+    """A non-trainable tf.Variable created at once outside any graph being traced, also when
+    a tf.function's first trace asks for it. Not lifted into that function as the variables of
+    its first call are: a tf.function whose first trace creates any variable traces itself a
+    second time (the whole train step, seconds at start-up), which this one does not cause."""
+    with tf.init_scope():
+        return tf.Variable(initial_value, dtype=dtype, trainable=False,
+                           experimental_enable_variable_lifting=False)
 
 
 def _tensors(structure):
