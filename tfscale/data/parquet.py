@@ -15,6 +15,7 @@ without a header split exactly as its lines did. A file's rows are numbered from
 are) and its row groups from 0 (as pyarrow numbers them).
 """
 
+import collections
 import dataclasses
 
 import numpy as np
@@ -23,7 +24,8 @@ import pyarrow.parquet as pq
 import tensorflow as tf
 
 from tfscale import distributed
-from tfscale.data.parquet_columns import ColumnMap, Problem, check_rows
+from tfscale.data import read_ahead
+from tfscale.data.parquet_columns import ColumnMap, Problem, check_rows, strings_tensor
 from tfscale.data.pipeline import without_autotuning
 from tfscale.data.preprocessing import source_preprocessing
 from tfscale.data.source import CTRSource
@@ -153,32 +155,57 @@ class RowReader:
         """(CheckedRows of the good rows, their derived ids int64 [n, E], bad rows skipped) of
         `row_range` on `side`, block by block. A bad row raises the data error naming it unless
         bad rows are skipped."""
+        for _, block, derived, bad_rows in self.checked_blocks(side, [row_range]):
+            yield block, derived, bad_rows
+
+    def checked_blocks(self, side, ranges):
+        """(RowRange, CheckedRows of the good rows, derived ids, bad rows skipped) of each block
+        of `ranges` on `side`, in order; blocks are checked ahead in threads
+        (read_ahead.ordered_ahead) while the caller uses the ones before."""
+        skipped = collections.Counter()
+        last = None
+        for row_range, block, derived, bad_rows in read_ahead.ordered_ahead(
+                self._checked, self._pieces(side, ranges)):
+            if self._skip_bad and last is not None and row_range != last:
+                self.bad_rows[side, last] = skipped[last]
+            last = row_range
+            skipped[row_range] += bad_rows
+            yield row_range, block, derived, bad_rows
+        if self._skip_bad and last is not None:
+            self.bad_rows[side, last] = skipped[last]
+
+    def _pieces(self, side, ranges):
+        """(RowRange, Arrow table of a block's rows on `side`, their row numbers) of each block
+        of `ranges`, in order; a range's row group is read when its first block is wanted."""
+        for row_range in ranges:
+            table = self.files.read(row_range)
+            keep = side.keep(row_range)
+            numbers = row_range.row_numbers()
+            for begin in range(0, table.num_rows, self._chunk_rows):
+                end = min(begin + self._chunk_rows, table.num_rows)
+                selected = keep[begin:end]
+                rows = table.slice(begin, end - begin)
+                if not selected.all():
+                    rows = rows.filter(pa.array(selected))
+                yield row_range, rows, numbers[begin:end][selected]
+
+    def _checked(self, piece):
+        """(RowRange, CheckedRows of the good rows, derived ids, bad rows) of one piece; the
+        data error of its first bad row unless bad rows are skipped."""
+        row_range, rows, numbers = piece
         files = self.files
-        table = files.read(row_range)
-        keep = side.keep(row_range)
-        numbers = row_range.row_numbers()
-        bad_rows = 0
-        for begin in range(0, table.num_rows, self._chunk_rows):
-            end = min(begin + self._chunk_rows, table.num_rows)
-            selected = keep[begin:end]
-            rows = table.slice(begin, end - begin)
-            if not selected.all():
-                rows = rows.filter(pa.array(selected))
-            block = check_rows(rows, files.column_map, files.has_labels)
-            derived = self._derived(block)
-            bad = block.bad()
-            if bad.any() and not self._skip_bad:
-                row, problem = block.first_problem()
-                raise UserError(
-                    f"{DATA_ERROR_MARKER}{files.paths[row_range.file_index]} row "
-                    f"{numbers[begin:end][selected][row]} (row group {row_range.group}): "
-                    f"{problem}; fix the file, or skip such rows with `on_bad_line='skip'`")
-            if bad.any():
-                block, derived = block.rows(~bad), derived[~bad]
-            bad_rows += int(bad.sum())
-            yield block, derived, int(bad.sum())
-        if self._skip_bad:
-            self.bad_rows[side, row_range] = bad_rows
+        block = check_rows(rows, files.column_map, files.has_labels)
+        derived = self._derived(block)
+        bad = block.bad()
+        if not bad.any():
+            return row_range, block, derived, 0
+        if not self._skip_bad:
+            row, problem = block.first_problem()
+            raise UserError(
+                f"{DATA_ERROR_MARKER}{files.paths[row_range.file_index]} row {numbers[row]} "
+                f"(row group {row_range.group}): {problem}; fix the file, or skip such rows "
+                "with `on_bad_line='skip'`")
+        return row_range, block.rows(~bad), derived[~bad], int(bad.sum())
 
     def _derived(self, block):
         """The derived ids of `block`'s rows (int64 [n, E]); the format's extra checks of its
@@ -186,9 +213,7 @@ class RowReader:
         fmt = self._format
         if not fmt.derived_from:
             return np.zeros([len(block.labels), 0], np.int64)
-        texts = block.derived_from
-        fields = Fields(tf.gather(tf.constant(texts.values, tf.string), texts.indices),
-                        LineLayout(tuple(fmt.derived_from)))
+        fields = Fields(block.derived_from.as_tensor(), LineLayout(tuple(fmt.derived_from)))
         for check in fmt.extra_checks(fields):
             block.problems.append(Problem(
                 check.bad.numpy(), lambda row, check=check: check.describe(row).numpy().decode()))
@@ -197,37 +222,38 @@ class RowReader:
     def raw_blocks(self, side, ranges):
         """The raw columns text_lines.LineParser gives for lines (labels, dense, dense_present,
         categorical, derived, bad_lines), one element per block of rows, as a tf.data.Dataset:
-        arrays from the blocks, their categorical strings gathered from the block's distinct
-        values in a parallel map."""
+        arrays from the blocks (checked ahead in threads), their categorical strings cut out of
+        each block's bytes in a parallel map (parquet_columns.Texts)."""
         fmt = self._format
         dense = len(fmt.dense_names)
+        columns = len(fmt.categorical_names)
         signature = {
             "labels": tf.TensorSpec([None], tf.float32),
             "dense": tf.TensorSpec([None, dense], tf.float32),
             "dense_present": tf.TensorSpec([None, dense], tf.bool),
-            "categorical_values": tf.TensorSpec([None], tf.string),
-            "categorical_indices": tf.TensorSpec([None, len(fmt.categorical_names)], tf.int64),
+            "categorical_bytes": tf.TensorSpec([], tf.string),
+            "categorical_offsets": tf.TensorSpec([None], tf.int32),
             "derived": tf.TensorSpec([None, len(fmt.derived_fields)], tf.int64),
             "bad_lines": tf.TensorSpec([], tf.int64),
         }
 
         def generate():
-            for row_range in ranges:
-                for block, derived, bad_rows in self.blocks(side, row_range):
-                    yield {"labels": block.labels, "dense": block.integers.astype(np.float32),
-                           "dense_present": block.present,
-                           "categorical_values": block.categorical.values,
-                           "categorical_indices": block.categorical.indices,
-                           "derived": derived, "bad_lines": np.int64(bad_rows)}
+            for _, block, derived, bad_rows in self.checked_blocks(side, ranges):
+                data, offsets = block.categorical.flat()
+                yield {"labels": block.labels, "dense": block.integers.astype(np.float32),
+                       "dense_present": block.present, "categorical_bytes": data,
+                       "categorical_offsets": offsets,
+                       "derived": derived, "bad_lines": np.int64(bad_rows)}
 
-        def gather(arrays):
+        def cut(arrays):
             raw = dict(arrays)
-            raw["categorical"] = tf.gather(raw.pop("categorical_values"),
-                                           raw.pop("categorical_indices"))
+            raw["categorical"] = strings_tensor(
+                raw.pop("categorical_bytes"), raw.pop("categorical_offsets"),
+                tf.shape(raw["labels"])[0], columns)
             return raw
 
         return tf.data.Dataset.from_generator(generate, output_signature=signature).map(
-            gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+            cut, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
     def rows_in(self, side, row_range):
         """The rows of `row_range` a pass reads: those on `side`, less the bad ones when they

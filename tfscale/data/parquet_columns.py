@@ -14,6 +14,7 @@ import re
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import tensorflow as tf
 
 from tfscale.data.text_lines import INT64_PATTERN, INT64_RANGE
 from tfscale.errors import UserError
@@ -131,17 +132,47 @@ class Problem:
 
 @dataclasses.dataclass
 class Texts:
-    """Text columns of a block of rows as the distinct values of each column (bytes, object
-    [U], b"" first: the missing value) and each row's value of each column, an index into them
-    (int64 [n, K]). Only a block's distinct values become Python (and TensorFlow) strings, a
-    fraction of its values in click logs."""
+    """Text columns of a block of rows as Arrow binary arrays, one per column (a null: the
+    missing value, read as b""). Handed to TensorFlow as their bytes and each value's place in
+    them (`flat`), so no value becomes a Python object: TensorFlow cuts the values out of the
+    bytes with one `tf.strings.substr` (`as_tensor`)."""
 
-    values: np.ndarray
-    indices: np.ndarray
+    columns: list
+    rows: int
 
     def strings(self):
-        """object [n, K] of bytes."""
-        return self.values[self.indices]
+        """object [n, K] of bytes (a null: b"")."""
+        texts = np.empty([self.rows, len(self.columns)], object)
+        for k, column in enumerate(self.columns):
+            texts[:, k] = _numpy(pc.fill_null(column, b""))
+        return texts
+
+    def take(self, keep):
+        """The rows where `keep` (bool [n]) holds."""
+        mask = pa.array(keep)
+        return Texts([column.filter(mask) for column in self.columns], int(np.sum(keep)))
+
+    def flat(self):
+        """(bytes, offsets): the values of every column one after another (a null: b""), value
+        [row, k] being bytes[offsets[k * n + row]:offsets[k * n + row + 1]]; offsets int32
+        [K * n + 1]. Arrow joins them in its own memory: no value becomes a Python object."""
+        joined = pa.concat_arrays([pc.fill_null(column, b"") for column in self.columns]
+                                  or [pa.array([], pa.binary())])
+        offsets = np.frombuffer(joined.buffers()[1], np.int32)[
+            joined.offset:joined.offset + len(joined) + 1]
+        data = joined.buffers()[2]
+        return (b"" if data is None else data.to_pybytes()), offsets
+
+    def as_tensor(self):
+        """The values as a tf.string tensor [n, K] (eagerly)."""
+        return strings_tensor(*self.flat(), self.rows, len(self.columns))
+
+
+def strings_tensor(data, offsets, rows, columns):
+    """The tf.string [rows, columns] of `Texts.flat`'s (bytes, offsets): one substr over the
+    bytes (TensorFlow's C++ kernel, inside a tf.data map or eagerly)."""
+    values = tf.strings.substr(data, offsets[:-1], offsets[1:] - offsets[:-1])
+    return tf.transpose(tf.reshape(values, [columns, rows]))
 
 
 @dataclasses.dataclass
@@ -174,8 +205,7 @@ class CheckedRows:
         """The rows where `keep` (bool [n]) holds, without the problems."""
         return CheckedRows(
             self.labels[keep], self.integers[keep], self.present[keep],
-            Texts(self.derived_from.values, self.derived_from.indices[keep]),
-            Texts(self.categorical.values, self.categorical.indices[keep]), [])
+            self.derived_from.take(keep), self.categorical.take(keep), [])
 
 
 def check_rows(table, column_map, has_labels):
@@ -212,14 +242,8 @@ def _stacked(columns, rows, dtype):
 
 def _texts(table, column_map, names):
     """The Texts of the columns holding the fields `names`."""
-    values, indices, start = [np.array([b""], object)], [], 1
-    for name in names:
-        encoded = pc.dictionary_encode(_binary(table.column(column_map.column[name])))
-        values.append(_numpy(encoded.dictionary))
-        indices.append(_numpy(pc.fill_null(pc.add(encoded.indices.cast(pa.int64()), start), 0)))
-        start += len(encoded.dictionary)
-    return Texts(np.concatenate(values),
-                 _stacked(indices, table.num_rows, np.int64))
+    return Texts([_binary(table.column(column_map.column[name])) for name in names],
+                 table.num_rows)
 
 
 def _numpy(array):

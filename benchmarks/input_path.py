@@ -1,0 +1,300 @@
+"""The input path: reading a Criteo-format file into batches of ids, against pyarrow's own
+readers, stage by stage, and training from the file against the built-in data.
+
+    python -m benchmarks.input_path --make_files=/tmp/inpath      # criteo.txt, criteo.parquet
+    python -m benchmarks.input_path --dir=/tmp/inpath --part=readers --rounds=3 --note="..."
+    python -m benchmarks.input_path --dir=/tmp/inpath --part=stages --note="..."
+    python -m benchmarks.input_path --dir=/tmp/inpath --part=train --rounds=2 --note="..."
+
+--make_files writes 1M Criteo-format lines with about 5M distinct categorical values
+(benchmarks.criteo_file with flatter Zipf exponents) and the same rows as Parquet
+(pyarrow's writer, its default row groups; integers int64, categorical values text, empty
+fields null), then the vocabulary (min count 10) the vocabulary cases look up.
+
+Parts (each appends JSON lines to --results: the machine (lscpu model name and flags, cores),
+date, command, load average and the other processes' CPU seconds of every run, --note):
+  readers  in one process, alternating (the order reversed every other round): the TSV and
+           Parquet readers' `train_batches(8192)` with hashing and with the vocabulary, every
+           row checked; `pyarrow.parquet.read_table` and `pyarrow.csv.read_csv` (every column,
+           pyarrow's threads: one per core) of the same file. Rows/s and CPU seconds.
+  stages   where the time goes: passes over the file that stop after each stage (decode,
+           checks, conversion, hand-over to TF, cut into strings, encoding, batching), for
+           Parquet and text, hashing; each stage's cost is the difference to the pass before.
+  train    `launch.train` (DeepFM, batch 8,192, one epoch) on the TSV file, on the Parquet
+           file and on `--data=synthetic` with as many rows, alternating, in processes of their
+           own; the epoch line's examples/s.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+from absl import app, flags  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("make_files", None, "Write the test files into this directory and stop.")
+flags.DEFINE_integer("lines", 1_000_000, "Lines of --make_files.")
+flags.DEFINE_string("dir", "/tmp/inpath", "The directory of --make_files' files.")
+flags.DEFINE_enum("part", "readers", ["readers", "stages", "train"], "What to measure.")
+flags.DEFINE_integer("rounds", 3, "Rounds of every case.")
+flags.DEFINE_integer("batch_size", 8192, "Batch of the readers and of training.")
+flags.DEFINE_string("results", "benchmarks/results/input_path.jsonl", "JSON lines file.")
+flags.DEFINE_string("note", "", "What else ran on the machine (stored with each line).")
+
+TEXT, PARQUET, VOCABULARY = "criteo.txt", "criteo.parquet", "criteo.vocab"
+FLATTER = 0.7  # Zipf exponents e -> 1 + (e - 1) * FLATTER: about 5M distinct values in 1M lines
+HASH_BUCKETS = 1_000_000
+
+
+def make_files(directory, lines):
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    from benchmarks.criteo_file import ZIPF_EXPONENTS, make_file
+    from tfscale.data import CriteoTSV
+
+    os.makedirs(directory, exist_ok=True)
+    text = os.path.join(directory, TEXT)
+    make_file(text, lines, exponents=tuple(1 + (e - 1) * FLATTER for e in ZIPF_EXPONENTS))
+    names = _column_names()
+    types = {name: pa.int64() for name in names[:14]}
+    types.update({name: pa.string() for name in names[14:]})
+    table = pacsv.read_csv(text, pacsv.ReadOptions(column_names=names),
+                           pacsv.ParseOptions(delimiter="\t", quote_char=False),
+                           pacsv.ConvertOptions(column_types=types, strings_can_be_null=True))
+    pq.write_table(table, os.path.join(directory, PARQUET))
+    vocabulary = CriteoTSV.build_vocabulary(text, min_count=10)
+    vocabulary.save(os.path.join(directory, VOCABULARY))
+    print(f"{lines:,} lines, {sum(vocabulary.distinct.values()):,} distinct values, "
+          f"{sum(len(v) for v in vocabulary.categorical.values()):,} seen 10 times or more")
+
+
+def _column_names():
+    from tfscale.data.criteo import CATEGORICAL_NAMES, DENSE_NAMES
+
+    return ["label", *DENSE_NAMES, *CATEGORICAL_NAMES]
+
+
+# ----------------------------------------------------------------------------- readers
+
+def _path(name):
+    return os.path.join(FLAGS.dir, name)
+
+
+def _source_rows(source_class, path, encoding):
+    options = ({"hash_buckets": HASH_BUCKETS} if encoding == "hash"
+               else {"vocabulary": _path(VOCABULARY)})
+    source = source_class(path, test_fraction=None, **options)
+    return sum(len(labels) for _, labels in
+               source.train_batches(FLAGS.batch_size).as_numpy_iterator())
+
+
+def reader_cases():
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    from tfscale.data import CriteoParquet, CriteoTSV
+
+    def read_csv():
+        names = _column_names()
+        return pacsv.read_csv(
+            _path(TEXT), pacsv.ReadOptions(column_names=names),
+            pacsv.ParseOptions(delimiter="\t", quote_char=False),
+            pacsv.ConvertOptions(column_types={n: pa.binary() for n in names[14:]})).num_rows
+
+    return {
+        "parquet_hash": lambda: _source_rows(CriteoParquet, _path(PARQUET), "hash"),
+        "pyarrow_read_table": lambda: pq.read_table(_path(PARQUET)).num_rows,
+        "parquet_vocabulary": lambda: _source_rows(CriteoParquet, _path(PARQUET), "vocabulary"),
+        "tsv_hash": lambda: _source_rows(CriteoTSV, _path(TEXT), "hash"),
+        "pyarrow_read_csv": read_csv,
+        "tsv_vocabulary": lambda: _source_rows(CriteoTSV, _path(TEXT), "vocabulary"),
+    }
+
+
+def timed(function):
+    """(rows, wall seconds, this process's CPU seconds, other processes' CPU seconds)."""
+    from benchmarks.timing import OtherProcessesCPU
+
+    others = OtherProcessesCPU()
+    cpu, begun = time.process_time(), time.perf_counter()
+    rows = function()
+    return rows, time.perf_counter() - begun, time.process_time() - cpu, others.seconds()
+
+
+def run_alternating(cases, rounds, part):
+    """Every case of `cases` (name -> function giving rows) `rounds` times, alternating; one
+    JSON line per run."""
+    import tensorflow as tf
+
+    tf.config.experimental.enable_op_determinism()  # as launch.train runs
+    names = list(cases)
+    for name in names:  # warm-up: imports, tracing, the file cache
+        cases[name]()
+    for round_index in range(rounds):
+        for name in names if round_index % 2 == 0 else names[::-1]:
+            load = os.getloadavg()[0]
+            rows, wall, cpu, others = timed(cases[name])
+            record({"part": part, "case": name, "round": round_index, "rows": rows,
+                    "seconds": wall, "rows_per_second": rows / wall, "cpu_seconds": cpu,
+                    "other_processes_cpu_seconds": others, "load_average_1min_before": load,
+                    "load_average_1min_after": os.getloadavg()[0]})
+
+
+# ----------------------------------------------------------------------------- stages
+
+def stage_cases():
+    """name -> function giving rows, for passes stopping after each stage (module doc)."""
+    import numpy as np
+    import tensorflow as tf
+
+    from tfscale.data import CriteoParquet, CriteoTSV
+    from tfscale.data.parquet import Side
+    from tfscale.data.parquet_columns import check_rows
+    from tfscale.data.text_lines import LineParser, LineSelection, parsed_chunks, split_fields
+
+    parquet = CriteoParquet(_path(PARQUET), test_fraction=None, hash_buckets=HASH_BUCKETS)
+    text = CriteoTSV(_path(TEXT), test_fraction=None, hash_buckets=HASH_BUCKETS)
+    reader, side = parquet._train, Side()
+    ranges = reader.files.ranges()
+
+    def count(dataset):
+        """Rows of a dataset of raw columns, (features, labels) or tensors of rows."""
+        def rows(element):
+            labels = (element["labels"] if isinstance(element, dict) else
+                      element[1] if isinstance(element, tuple) else element)
+            return int(tf.shape(labels)[0])
+
+        return sum(rows(element) for element in dataset)
+
+    def parquet_decode():
+        return sum(reader.files.read(r).num_rows for r in ranges)
+
+    def parquet_checks():
+        return sum(check_rows(rows, reader.files.column_map, True).labels.size
+                   for _, rows, _ in reader._pieces(side, ranges))
+
+    def parquet_checked_ahead():
+        return sum(len(block.labels) for _, block, _, _ in reader.checked_blocks(side, ranges))
+
+    def parquet_handover():
+        # raw_blocks without the map that cuts strings out of the bytes
+        return count(reader.raw_blocks(side, ranges)._input_dataset)
+
+    def parquet_strings():
+        return count(reader.raw_blocks(side, ranges))
+
+    def parquet_encoded():
+        return count(parquet._rows(reader, side, ranges))
+
+    def parquet_batches():
+        return count(parquet.train_batches(FLAGS.batch_size))
+
+    files = text._train
+    chunk = 4096
+
+    def text_lines(finish):
+        return files.chunks(np.arange(1), chunk).map(finish, num_parallel_calls=tf.data.AUTOTUNE)
+
+    def text_decode():
+        return count(text_lines(lambda file_index, first, lines: lines))
+
+    def text_split():
+        return count(text_lines(lambda file_index, first, lines: split_fields(
+            lines, "\t", files.layout.num_fields)[0]))
+
+    parser = LineParser(text.FORMAT, files)
+
+    def text_checked():
+        return count(parsed_chunks(files, parser, LineSelection(), np.arange(1), chunk))
+
+    def text_encoded():
+        return count(text._rows(files, LineSelection(), np.arange(1)))
+
+    def text_batches():
+        return count(text.train_batches(FLAGS.batch_size))
+
+    return {name: function for name, function in locals().items()
+            if name.startswith(("parquet_", "text_")) and callable(function)
+            and name not in ("text_lines",)}
+
+
+# ----------------------------------------------------------------------------- training
+
+EPOCH_LINE = re.compile(r"trained (\d+) steps in ([\d.]+) s \(([\d,]+) examples/s\)")
+
+
+def train_case(name):
+    """The epoch line's (examples/s, steps, seconds) of launch.train on `name`'s data."""
+    common = [sys.executable, "-m", "launch.train", f"--batch_size={FLAGS.batch_size}",
+              "--epochs=1", "--logdir=none", "--checkpoint_dir=none", "--log_every_steps=1000"]
+    if name == "synthetic":
+        args = ["--data=synthetic", f"--train_rows={FLAGS.lines}"]
+    else:
+        args = ["--data=criteo", f"--train_path={_path(TEXT if name == 'tsv' else PARQUET)}",
+                f"--vocabulary={_path(VOCABULARY)}", "--test_fraction=0.0"]
+    done = subprocess.run(common + args, capture_output=True, text=True)
+    found = EPOCH_LINE.search(done.stdout)
+    if done.returncode or not found:
+        raise RuntimeError(f"{name}: {done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    return float(found.group(3).replace(",", "")), int(found.group(1)), float(found.group(2))
+
+
+def run_training(rounds):
+    from benchmarks.timing import OtherProcessesCPU
+
+    names = ["synthetic", "tsv", "synthetic", "parquet"]
+    for round_index in range(rounds):
+        for name in names if round_index % 2 == 0 else names[::-1]:
+            load, others = os.getloadavg()[0], OtherProcessesCPU()
+            rate, steps, seconds = train_case(name)
+            record({"part": "train", "case": name, "round": round_index,
+                    "examples_per_second": rate, "steps": steps, "epoch_seconds": seconds,
+                    "other_processes_cpu_seconds": others.seconds(),
+                    "load_average_1min_before": load,
+                    "load_average_1min_after": os.getloadavg()[0]})
+
+
+# ----------------------------------------------------------------------------- results
+
+def machine():
+    listed = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    fields = dict(line.split(":", 1) for line in listed.splitlines() if ":" in line)
+    return {"cpu": fields.get("Model name", "").strip(), "cores": os.cpu_count(),
+            "cpu_flags": fields.get("Flags", "").strip()}
+
+
+def record(line):
+    line = dict(line, benchmark="input_path", date=time.strftime("%Y-%m-%d"),
+                command="python -m benchmarks.input_path " + " ".join(sys.argv[1:]),
+                machine=machine(), file_lines=FLAGS.lines, batch_size=FLAGS.batch_size,
+                note=FLAGS.note)
+    with open(FLAGS.results, "a") as stream:
+        stream.write(json.dumps(line) + "\n")
+    shown = {k: (round(v) if isinstance(v, float) and v > 100 else v) for k, v in line.items()
+             if k in ("case", "round", "rows_per_second", "cpu_seconds", "examples_per_second",
+                      "load_average_1min_before")}
+    print(json.dumps(shown), flush=True)
+
+
+def main(argv):
+    del argv
+    if FLAGS.make_files:
+        make_files(FLAGS.make_files, FLAGS.lines)
+    elif FLAGS.part == "readers":
+        run_alternating(reader_cases(), FLAGS.rounds, "readers")
+    elif FLAGS.part == "stages":
+        run_alternating(stage_cases(), FLAGS.rounds, "stages")
+    else:
+        run_training(FLAGS.rounds)
+
+
+if __name__ == "__main__":
+    app.run(main)
