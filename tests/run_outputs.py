@@ -7,11 +7,13 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from tfscale.embedding import stored_arrays
+
 
 def checkpoint_values(checkpoint_dir):
     """{name: array} of every value in the newest checkpoint of a CheckpointStore directory:
-    the tables' files' under "<file>/<variable path>", the per-rank state (per_rank.npz) under
-    "per_rank/<name>"."""
+    the tables' files' under "<file>/<variable path>" (bfloat16 tables as float32), the per-rank
+    state (per_rank.npz) under "per_rank/<name>"."""
     with open(os.path.join(checkpoint_dir, "latest")) as f:
         step_dir = os.path.join(checkpoint_dir, f.read().strip())
     reader = tf.train.load_checkpoint(os.path.join(step_dir, "state"))
@@ -20,7 +22,10 @@ def checkpoint_values(checkpoint_dir):
     for path in glob.glob(os.path.join(step_dir, "*.npz")):
         prefix = os.path.basename(path).removesuffix(".npz")
         with np.load(path) as stored:
-            values.update({f"{prefix}/{name}": stored[name] for name in stored.files})
+            for name in stored.files:
+                plain = name.removesuffix("@bfloat16")
+                values[f"{prefix}/{plain}"] = stored_arrays.read(stored, plain).astype(
+                    np.float32) if plain != name else stored[name]
     return values
 
 

@@ -10,7 +10,8 @@ statistics of one-column weights (the [n, 1] output kernels) come out one or two
 apart at the first step (its gradients are the same: the other optimizers' runs, fed the same
 gradients, are equal), and its normalisation carries that on; the two processes run the same
 Python, so the difference lies in how TensorFlow compiles and threads the step around the
-collectives. A run stopped on one engine resumes on the other and ends where an uninterrupted
+collectives. Half-precision tables are held to one unit in their last place (rtol 1e-2, atol
+1e-4): a gradient one float32 ulp apart can flip a stochastic rounding. A run stopped on one engine resumes on the other and ends where an uninterrupted
 run ends; a 2-rank run resumes on TensorFlow's engine at 4 ranks."""
 
 import json
@@ -28,7 +29,11 @@ SMALL = ["--train_rows=3072", "--test_rows=512", "--synthetic_vocabulary_scale=0
 PARITY_DIR = "{dir}/parity/{engine}"
 # path name: (ranks, the flags beside SMALL)
 ROUNDING_APART = {"rtol": 1e-4, "atol": 1e-7}
-TOLERANCE = {"came": ROUNDING_APART, "gtopk_4": ROUNDING_APART, "dynamic_4": ROUNDING_APART}
+HALF_PRECISION = {"rtol": 1e-2, "atol": 1e-4}
+TOLERANCE = {"came": ROUNDING_APART, "gtopk_4": ROUNDING_APART, "dynamic_4": ROUNDING_APART,
+             "rowwise_bfloat16_dynamic": HALF_PRECISION,
+             "rowwise_float16_row_stale": HALF_PRECISION,
+             "adam_bfloat16_replicated": HALF_PRECISION}
 PATHS = {
     "allgather": (2, ["--optimizer=adam"]),
     "cowclip": (2, ["--optimizer=cowclip"]),
@@ -42,6 +47,14 @@ PATHS = {
     "dynamic": (2, ["--optimizer=adam", "--embedding_sharding=dynamic"]),
     "dynamic_4": (4, ["--optimizer=adam", "--embedding_sharding=dynamic"]),
     "loss_scaled": (2, ["--optimizer=adam", "--precision=float32", "--loss_scale=dynamic"]),
+    # Half-precision tables: rows rounded stochastically from the same seed on either engine.
+    "rowwise_bfloat16_dynamic": (2, ["--optimizer=rowwise_adagrad", "--table_dtype=bfloat16",
+                                     "--embedding_sharding=dynamic",
+                                     "--embedding_learning_rate=0.02"]),
+    "rowwise_float16_row_stale": (2, ["--optimizer=rowwise_adagrad", "--table_dtype=float16",
+                                      "--embedding_sharding=row", "--embedding_staleness=2",
+                                      "--embedding_learning_rate=0.02"]),
+    "adam_bfloat16_replicated": (2, ["--optimizer=adam", "--table_dtype=bfloat16"]),
 }
 JOBS = {path: grouped_launches.launcher_job(
     f"parity-{path}", ranks, *SMALL, *flags, f"--checkpoint_dir={PARITY_DIR}/{path}",
@@ -67,6 +80,15 @@ STOPPED_FOR_4 = grouped_launches.launcher_job(
 RESUMED_AT_4 = grouped_launches.launcher_job(
     "parity-resumed-at-4", 4, *SMALL, *RESUME, "--resume",
     "--checkpoint_dir={dir}/parity/resume-at-4", stage=1, engines=("tf",))
+# The same with row-wise Adagrad and bfloat16 dynamic tables (checkpointed by id).
+RESUME_HALF = ["--optimizer=rowwise_adagrad", "--table_dtype=bfloat16",
+               "--embedding_sharding=dynamic", "--embedding_learning_rate=0.02"]
+HALF_STOPPED_FOR_4 = grouped_launches.launcher_job(
+    "parity-half-stopped-for-4", 2, *SMALL, *RESUME_HALF, "--stop_after_steps=5",
+    "--checkpoint_dir={dir}/parity/half-resume-at-4")
+HALF_RESUMED_AT_4 = grouped_launches.launcher_job(
+    "parity-half-resumed-at-4", 4, *SMALL, *RESUME_HALF, "--resume",
+    "--checkpoint_dir={dir}/parity/half-resume-at-4", stage=1, engines=("tf",))
 
 
 def latest_step(checkpoint_dir):
@@ -125,3 +147,17 @@ def test_a_horovod_run_resumes_on_tensorflows_engine_at_4_ranks(launched_jobs):
     step_dir = latest_step(launched_jobs.path("{dir}/parity/resume-at-4"))
     assert json.loads((step_dir / "progress.json").read_text())["global_step"] == 12
     assert len(list(step_dir.glob("*.npz"))) == 4  # each of the 4 ranks' rows
+
+
+def test_half_precision_dynamic_tables_resume_at_4_ranks(launched_jobs):
+    stopped = launched_jobs[HALF_STOPPED_FOR_4]
+    assert stopped.returncode == 0, stopped.output
+    resumed = launched_jobs[on_engine(HALF_RESUMED_AT_4, "tf")]
+    assert resumed.returncode == 0, resumed.output
+    step_dir = latest_step(launched_jobs.path("{dir}/parity/half-resume-at-4"))
+    assert json.loads((step_dir / "progress.json").read_text())["global_step"] == 12
+    files = sorted(step_dir.glob("dynamic-*-of-4.npz"))
+    assert len(files) == 4
+    with np.load(files[0]) as arrays:  # the tables kept as bfloat16 (stored as their bits)
+        tables = [name for name in arrays.files if name.endswith("/embeddings@bfloat16")]
+        assert len(tables) == 2 and all(arrays[name].dtype == np.uint16 for name in tables)

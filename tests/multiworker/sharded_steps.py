@@ -47,20 +47,20 @@ from tfscale.training.run import build_model_and_optimizer  # noqa: E402
 GLOBAL_BATCH = 384  # divides over 2, 3 and 4 ranks
 STEPS = 20
 RUNS = ("adam", "adam_rows", "came", "came_rows", "cowclip_faithful", "cowclip_scalable",
-        "cowclip_scalable_stale1", "float16_adam")
+        "cowclip_scalable_stale1", "float16_adam", "rowwise_adagrad_rows")
 # The runs each number of ranks trains: each run at one number of ranks, the launcher's default
 # (adam_rows) at 2 and 3; 3 ranks split the rows unevenly, and at 4 a rank of the edge cases owns
 # no row. A run costs every rank a model build and a trace, which made these launches the test
 # suite's longest on 2 cores when every run trained at every number of ranks.
 RUNS_AT = {2: ("adam_rows", "came", "cowclip_scalable", "float16_adam"),
-           3: ("adam_rows", "came_rows", "cowclip_scalable_stale1"),
+           3: ("adam_rows", "came_rows", "cowclip_scalable_stale1", "rowwise_adagrad_rows"),
            4: ("adam", "cowclip_faithful")}
 
 
 def make_optimizer(run):
     if run == "adam":
         return FusedAdam(learning_rate=1e-3)
-    if run in ("adam_rows", "came_rows"):  # the launcher's: tables by row with L2 on rows
+    if run in ("adam_rows", "came_rows", "rowwise_adagrad_rows"):  # the launcher's: L2 on rows
         settings = dataclasses.replace(large_batch_settings(GLOBAL_BATCH, "sqrt", "synthetic"),
                                        l2=1e-4)
         return factory.build_optimizer(settings, run.removesuffix("_rows"), warmup_steps=5)

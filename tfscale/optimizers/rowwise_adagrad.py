@@ -42,10 +42,10 @@ class RowWiseAdagrad(RefusesUnaveragedGradients, DeclaresTableState, RowUpdates,
 
     Example:
         ```python
-        tables = tfscale.optimizers.RowWiseAdagrad(learning_rate=0.01)
-        dense = keras.optimizers.Adam(1e-3)
-        optimizer = keras.optimizers.MultiOptimizer(
-            keras.optimizers.OptimizerMap(dense, {r".*/embeddings": tables}))
+        optimizer_map = keras.optimizers.OptimizerMap(keras.optimizers.Adam(1e-3))  # dense
+        optimizer_map[r".*/embeddings"] = tfscale.optimizers.RowWiseAdagrad(0.03)  # tables
+        model.compile(optimizer=keras.optimizers.MultiOptimizer(optimizer_map),
+                      loss="binary_crossentropy")
         ```
     """
 

@@ -1,0 +1,170 @@
+"""Tables at fewer bytes a row: Adam with float32 rows (the launcher's default on the built-in
+data), row-wise Adagrad with float32 and with bfloat16 rows, and Adam with bfloat16 rows, on
+DeepFM and the built-in synthetic data:
+
+    python -m benchmarks.table_memory [--embedding_dim=16] [--batch_sizes=8192,32768]
+        [--seeds=0,1] [--auc_rows=1000000] [--rowwise_rates=0.01,0.03,0.1] [--timed_steps=20]
+
+Each setting is built as `python -m launch.train --optimizer=... --table_dtype=...` builds it
+(--scaling_rule=sqrt for every setting, the built-in data's rule; row-wise Adagrad's tables take
+--embedding_learning_rate from a sweep of --rowwise_rates at the first batch size and seed).
+Measured:
+
+- bytes a row of the deep table: its row and its per-row optimizer state, counted from the
+  variables (built, not trained);
+- step time: all four built in one process, --timed_steps steps of each in turn (the order
+  rotates every step, so machine load hits all alike), median and ratio to the default's, at
+  each batch size;
+- test AUC: the launcher itself (a child process per run) for one epoch of --auc_rows rows at
+  each batch size and seed.
+
+Writes benchmarks/results/table_memory.jsonl (one line per measurement, with the machine) and
+prints markdown for docs/results/table_memory.md."""
+
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags  # noqa: E402
+
+from launch import train  # noqa: E402,F401  (defines every launcher flag)
+
+FLAGS = flags.FLAGS
+SETTINGS = (("adam", "float32"), ("rowwise_adagrad", "float32"),
+            ("rowwise_adagrad", "bfloat16"), ("adam", "bfloat16"))
+flags.DEFINE_list("batch_sizes", ["8192", "32768"], "Batch sizes measured.")
+flags.DEFINE_list("seeds", ["0", "1"], "Seeds of the AUC runs.")
+flags.DEFINE_integer("auc_rows", 1_000_000, "Training rows of each AUC run.")
+flags.DEFINE_list("rowwise_rates", ["0.01", "0.03", "0.1"],
+                  "Row-wise Adagrad's table learning rates swept first.")
+flags.DEFINE_integer("timed_steps", 20, "Timed steps of each setting at each batch size.")
+flags.DEFINE_string("out", "benchmarks/results/table_memory.jsonl", "Raw results.")
+FLAGS.set_default("embedding_dim", 16)
+EPOCH_LINE = re.compile(r"epoch 1/1: test AUC ([\d.]+)")
+
+
+def _flags(optimizer, dtype, rate):
+    flags_ = [f"--optimizer={optimizer}", f"--table_dtype={dtype}", "--scaling_rule=sqrt"]
+    return flags_ + ([f"--embedding_learning_rate={rate}"] if optimizer != "adam" else [])
+
+
+def _built(optimizer, dtype, rate, schema, steps_per_epoch):
+    """The model launch.train builds for the setting, compiled."""
+    import keras
+
+    from launch import common_flags, optimization_flags
+
+    FLAGS.optimizer, FLAGS.table_dtype, FLAGS.scaling_rule = optimizer, dtype, "sqrt"
+    FLAGS.embedding_learning_rate = float(rate) if optimizer != "adam" else None
+    settings = optimization_flags.resolve_settings()
+    keras.utils.set_random_seed(0)
+    model = common_flags.build_model(schema, settings, optimizer)
+    model.compile(optimizer=optimization_flags.build_optimizer(settings, steps_per_epoch),
+                  loss=keras.losses.BinaryCrossentropy(), auto_scale_loss=False)
+    return model
+
+
+def row_bytes(model):
+    """Bytes a row of the deep table: the row and its per-row optimizer state."""
+    import numpy as np
+    import tensorflow as tf
+
+    from tfscale.embedding.table_names import is_deep_table
+    from tfscale.optimizers.table_state import per_row_state
+
+    model.optimizer.build(model.trainable_variables)
+    table = next(v for v in model.trainable_variables if is_deep_table(v))
+    return sum(int(np.prod(v.shape[1:])) * tf.as_dtype(v.dtype).size
+               for v in [table, *per_row_state(model.optimizer, table)])
+
+
+def step_times(source, batch_size, rate):
+    """{setting: median seconds a step}, {setting: bytes a row}, other processes' CPU s."""
+    from benchmarks.timing import OtherProcessesCPU
+
+    batches = list(source.train_batches(batch_size).take(4))
+    steps_per_epoch = source.train_steps_per_epoch(batch_size, 1)
+    FLAGS.batch_size = batch_size
+    built = {setting: _built(*setting, rate, source.schema, steps_per_epoch)
+             for setting in SETTINGS}
+    for model in built.values():
+        for i in range(3):
+            model.train_on_batch(*batches[i % len(batches)])
+    seconds = {setting: [] for setting in SETTINGS}
+    others = OtherProcessesCPU()
+    for i in range(FLAGS.timed_steps):
+        turn = i % len(SETTINGS)
+        for setting in SETTINGS[turn:] + SETTINGS[:turn]:
+            x, y = batches[i % len(batches)]
+            started = time.perf_counter()
+            built[setting].train_on_batch(x, y)
+            seconds[setting].append(time.perf_counter() - started)
+    return ({s: statistics.median(v) for s, v in seconds.items()},
+            {s: row_bytes(m) for s, m in built.items()}, others.seconds())
+
+
+def auc_run(optimizer, dtype, rate, batch_size, seed):
+    """The launcher's test AUC after one epoch, and its seconds."""
+    command = [sys.executable, "-m", "launch.train", *_flags(optimizer, dtype, rate),
+               f"--train_rows={FLAGS.auc_rows}", f"--batch_size={batch_size}",
+               f"--embedding_dim={FLAGS.embedding_dim}", f"--seed={seed}", "--logdir=none",
+               "--checkpoint_dir=none"]
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, check=False,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+    return float(EPOCH_LINE.search(done.stdout).group(1)), time.perf_counter() - started
+
+
+def main(argv):
+    del argv
+    from benchmarks.timing import cpu_flags, machine_description
+    from launch import common_flags
+
+    machine = {"machine": machine_description(), "cpu_flags": cpu_flags(),
+               "load": os.getloadavg()}
+    records = []
+
+    def record(**fields):
+        records.append({**fields, **machine})
+        print(json.dumps(records[-1]), flush=True)
+
+    batch_sizes = [int(b) for b in FLAGS.batch_sizes]
+    seeds = [int(s) for s in FLAGS.seeds]
+    sweep = {rate: auc_run("rowwise_adagrad", "float32", rate, batch_sizes[0], seeds[0])[0]
+             for rate in FLAGS.rowwise_rates}
+    rate = max(sweep, key=sweep.get)
+    for swept, auc in sweep.items():
+        record(kind="rate_sweep", rate=float(swept), batch_size=batch_sizes[0], seed=seeds[0],
+               test_auc=auc, chosen=swept == rate)
+    FLAGS.train_rows = FLAGS.auc_rows
+    source = common_flags.build_source(None)
+    for batch_size in batch_sizes:
+        medians, bytes_a_row, others = step_times(source, batch_size, rate)
+        for setting in SETTINGS:
+            record(kind="step", optimizer=setting[0], table_dtype=setting[1],
+                   batch_size=batch_size, median_step_ms=medians[setting] * 1e3,
+                   step_ratio=medians[setting] / medians[SETTINGS[0]],
+                   row_bytes=bytes_a_row[setting], width=FLAGS.embedding_dim,
+                   timed_steps=FLAGS.timed_steps, other_processes_cpu_s=others)
+    for batch_size in batch_sizes:
+        for seed in seeds:
+            for setting in SETTINGS:
+                auc, seconds = auc_run(*setting, rate, batch_size, seed)
+                record(kind="auc", optimizer=setting[0], table_dtype=setting[1],
+                       embedding_learning_rate=float(rate) if setting[0] != "adam" else None,
+                       batch_size=batch_size, seed=seed, train_rows=FLAGS.auc_rows,
+                       test_auc=auc, seconds=seconds)
+    with open(FLAGS.out, "w", encoding="utf-8") as out:
+        out.writelines(json.dumps(r) + "\n" for r in records)
+
+
+if __name__ == "__main__":
+    app.run(main)
