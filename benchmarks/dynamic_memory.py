@@ -6,6 +6,8 @@ fixed row-sharded tables at the data's vocabulary:
 
     python -m benchmarks.dynamic_memory               # every run at P = 1 and 4, then the table
     python -m benchmarks.dynamic_memory --report      # the table of --results
+    python -m benchmarks.dynamic_memory --ranks=4 --capacities=135000000 \
+        --table_optimizer=rowwise_adagrad --table_dtype=bfloat16   # tables at fewer bytes a row
 
 Each run is a process of its own (under `horovodrun -np 4 -H localhost:4 --gloo` at P = 4),
 started by this script, which kills it when its processes pass --max_total_gb of resident
@@ -37,6 +39,10 @@ flags.DEFINE_float("max_total_gb", 16.0, "Kill a run whose processes pass this r
 flags.DEFINE_string("results", "benchmarks/results/dynamic_memory.jsonl", "JSON lines file.")
 flags.DEFINE_bool("report", False, "Only print the table of --results.")
 flags.DEFINE_string("note", "", "What else ran on the machine (stored with each line).")
+flags.DEFINE_enum("table_optimizer", "adam", ["adam", "rowwise_adagrad"],
+                  "The tables' optimizer: RowSparseAdam or RowWiseAdagrad (docs/table_memory.md).")
+flags.DEFINE_enum("table_dtype", "float32", ["float32", "bfloat16", "float16"],
+                  "What the tables store their rows in.")
 # A run's own flags (set by the script for the processes it starts).
 flags.DEFINE_string("run", None, "'row' or a dynamic capacity: run one measurement.")
 flags.DEFINE_float("launched_at", None, "time.time() when the run was launched.")
@@ -59,7 +65,7 @@ def measure():
     from tfscale.data.synthetic import SyntheticCTR
     from tfscale.embedding.dynamic import DynamicTables
     from tfscale.embedding.initializers import RowSeededNormal
-    from tfscale.optimizers import RowSparseAdam
+    from tfscale.optimizers import RowSparseAdam, RowWiseAdagrad
     from tfscale.optimizers.table_state import dynamic_row_bytes
     from tfscale.training.run import build_model_and_optimizer
 
@@ -72,9 +78,12 @@ def measure():
     sharding = "row" if FLAGS.run == "row" else DynamicTables(capacity=int(FLAGS.run))
     keras.utils.set_random_seed(0)
     model = models.build_model("deepfm", source.schema, embedding_sharding=sharding,
-                               embeddings_initializer=RowSeededNormal(stddev=0.01))
-    model.compile(optimizer=RowSparseAdam(learning_rate=1e-3, table_l2=1e-5),
-                  loss=keras.losses.BinaryCrossentropy())
+                               embeddings_initializer=RowSeededNormal(stddev=0.01),
+                               table_dtype=FLAGS.table_dtype)
+    optimizer = (RowSparseAdam(learning_rate=1e-3, table_l2=1e-5)
+                 if FLAGS.table_optimizer == "adam"
+                 else RowWiseAdagrad(learning_rate=0.03, table_l2=1e-5))
+    model.compile(optimizer=optimizer, loss=keras.losses.BinaryCrossentropy())
     build_model_and_optimizer(model, source.schema)
     built_rss, built_at = status_bytes("VmRSS"), time.time()
     seconds, first_step_at = [], None
@@ -101,7 +110,9 @@ def measure():
         "launch_to_built_seconds": built_at - FLAGS.launched_at,
         "launch_to_first_step_seconds": first_step_at - FLAGS.launched_at,
         "median_step_seconds": statistics.median(seconds[1:]), "batch_size": FLAGS.batch_size,
-        "steps": FLAGS.steps, "machine": machine_description(), "cpu_flags": cpu_flags(),
+        "steps": FLAGS.steps, "table_optimizer": FLAGS.table_optimizer,
+        "table_dtype": FLAGS.table_dtype, "machine": machine_description(),
+        "cpu_flags": cpu_flags(),
         "date": time.strftime("%Y-%m-%d"), "note": FLAGS.note,
     }
 
@@ -126,7 +137,8 @@ def launch(what, ranks):
     command = [sys.executable, "-m", "benchmarks.dynamic_memory", f"--run={what}",
                f"--launched_at={time.time()}", f"--batch_size={FLAGS.batch_size}",
                f"--steps={FLAGS.steps}", f"--vocabulary_scale={FLAGS.vocabulary_scale}",
-               f"--results={FLAGS.results}", f"--note={FLAGS.note}"]
+               f"--results={FLAGS.results}", f"--note={FLAGS.note}",
+               f"--table_optimizer={FLAGS.table_optimizer}", f"--table_dtype={FLAGS.table_dtype}"]
     if ranks > 1:
         horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
         command = [horovodrun, "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo",
@@ -163,12 +175,13 @@ def tree_rss_bytes(root):
 def report(path):
     rows = [json.loads(line) for line in open(path)]
     print(f"Machine: {rows[-1]['machine']}; CPU flags {rows[-1]['cpu_flags']}.\n")
-    print("| P | tables | capacity | rows held per rank | rows in use (all ranks) | bytes per "
-          "row | rank | RSS built (GB) | peak RSS (GB) | launch to built (s) | launch to first "
-          "step (s) | step (ms) |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| P | tables | optimizer, dtype | capacity | rows held per rank | rows in use (all "
+          "ranks) | bytes per row | rank | RSS built (GB) | peak RSS (GB) | launch to built (s) "
+          "| launch to first step (s) | step (ms) |")
+    print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['ranks']} | {r['tables']} | {r['capacity']:,} | "
+        setting = f"{r.get('table_optimizer', 'adam')}, {r.get('table_dtype', 'float32')}"
+        print(f"| {r['ranks']} | {r['tables']} | {setting} | {r['capacity']:,} | "
               f"{r['rows_held_per_rank']:,} | {r['rows_in_use']:,} | {r['bytes_per_row']} | "
               f"{r['rank']} | {r['built_rss_bytes'] / 1e9:.2f} | {r['peak_rss_bytes'] / 1e9:.2f} "
               f"| {r['launch_to_built_seconds']:.1f} | {r['launch_to_first_step_seconds']:.1f} | "

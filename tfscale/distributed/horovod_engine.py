@@ -3,6 +3,7 @@ when Horovod was built with it), for jobs started by `horovodrun`. The only modu
 imports Horovod; its Keras wrappers are not used (they are written for Keras 2)."""
 
 import os
+import re
 
 import tensorflow as tf
 
@@ -68,7 +69,14 @@ class HorovodEngine(Engine):
         return tf.bitcast(received, tf.bfloat16), received_splits
 
     def broadcast_variables(self, variables, root_rank=0):
-        self._hvd.broadcast_variables(list(variables), root_rank=root_rank)
+        variables = list(variables)
+        self._hvd.broadcast_variables([v for v in variables if v.dtype != tf.bfloat16],
+                                      root_rank=root_rank)
+        # Horovod's broadcast takes no bfloat16 (a half-precision table): the bits as int16.
+        for variable in (v for v in variables if v.dtype == tf.bfloat16):
+            bits = self._hvd.broadcast(tf.bitcast(variable, tf.int16), root_rank=root_rank,
+                                       name=re.sub(r"\W", "_", f"bfloat16_{variable.name}"))
+            variable.assign(tf.bitcast(bits, tf.bfloat16))
 
     def broadcast_object(self, value, name, root_rank=0):
         return self._hvd.broadcast_object(value, root_rank=root_rank, name=name)
