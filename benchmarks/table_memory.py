@@ -4,6 +4,7 @@ DeepFM and the built-in synthetic data:
 
     python -m benchmarks.table_memory [--embedding_dim=16] [--batch_sizes=8192,32768]
         [--seeds=0,1] [--auc_rows=1000000] [--rowwise_rates=0.01,0.03,0.1] [--timed_steps=20]
+    python -m benchmarks.table_memory --report     # the markdown tables of --out
 
 Each setting is built as `python -m launch.train --optimizer=... --table_dtype=...` builds it
 (--scaling_rule=sqrt for every setting, the built-in data's rule; row-wise Adagrad's tables take
@@ -18,8 +19,8 @@ Measured:
 - test AUC: the launcher itself (a child process per run) for one epoch of --auc_rows rows at
   each batch size and seed.
 
-Writes benchmarks/results/table_memory.jsonl (one line per measurement, with the machine) and
-prints markdown for docs/results/table_memory.md."""
+Writes benchmarks/results/table_memory.jsonl (one line per measurement, with the machine);
+--report prints its tables as docs/results/table_memory.md shows them."""
 
 import json
 import os
@@ -45,6 +46,7 @@ flags.DEFINE_list("rowwise_rates", ["0.01", "0.03", "0.1"],
                   "Row-wise Adagrad's table learning rates swept first.")
 flags.DEFINE_integer("timed_steps", 20, "Timed steps of each setting at each batch size.")
 flags.DEFINE_string("out", "benchmarks/results/table_memory.jsonl", "Raw results.")
+flags.DEFINE_bool("report", False, "Only print the markdown tables of --out.")
 FLAGS.set_default("embedding_dim", 16)
 EPOCH_LINE = re.compile(r"epoch 1/1: test AUC ([\d.]+)")
 
@@ -123,8 +125,51 @@ def auc_run(optimizer, dtype, rate, batch_size, seed):
     return float(EPOCH_LINE.search(done.stdout).group(1)), time.perf_counter() - started
 
 
+def report(path):
+    """The markdown tables of the results file `path`."""
+    records = [json.loads(line) for line in open(path, encoding="utf-8")]
+    names = {setting: f"{setting[0]}, {setting[1]}" for setting in SETTINGS}
+    lines = [f"Machine: {records[0]['machine']}; CPU flags: {records[0]['cpu_flags']}.", "",
+             "Row-wise Adagrad's table learning rate, swept at batch "
+             f"{records[0]['batch_size']:,} (seed {records[0]['seed']}), test AUC:", "",
+             "| rate | test AUC |", "|---:|---:|"]
+    lines += [f"| {r['rate']:g}{' (chosen)' if r['chosen'] else ''} | {r['test_auc']:.4f} |"
+              for r in records if r["kind"] == "rate_sweep"]
+    steps = [r for r in records if r["kind"] == "step"]
+    lines += ["", f"Bytes a row of the deep table (width {steps[0]['width']}: the row and its "
+              "per-row optimizer state) and the median step of "
+              f"{steps[0]['timed_steps']} alternating steps:", "",
+              "| optimizer, table dtype | bytes a row | / default | batch | step (ms) | "
+              "/ default |", "|---|---:|---:|---:|---:|---:|"]
+    default_bytes = {r["batch_size"]: r["row_bytes"] for r in steps
+                     if (r["optimizer"], r["table_dtype"]) == SETTINGS[0]}
+    lines += [f"| {r['optimizer']}, {r['table_dtype']} | {r['row_bytes']} | "
+              f"{r['row_bytes'] / default_bytes[r['batch_size']]:.3f}x | {r['batch_size']:,} | "
+              f"{r['median_step_ms']:.0f} | {r['step_ratio']:.2f}x |" for r in steps]
+    aucs = [r for r in records if r["kind"] == "auc"]
+    seeds = sorted({r["seed"] for r in aucs})
+    lines += ["", f"Test AUC after one epoch of {aucs[0]['train_rows']:,} rows (the launcher, "
+              "a process per run), by seed, and the difference of the seeds' mean to the "
+              "default's:", "",
+              "| optimizer, table dtype | batch | " + " | ".join(f"seed {s}" for s in seeds)
+              + " | mean | - default |", "|---|---:|" + "---:|" * (len(seeds) + 2)]
+    for batch_size in sorted({r["batch_size"] for r in aucs}):
+        means = {}
+        for setting in SETTINGS:
+            got = {r["seed"]: r["test_auc"] for r in aucs if r["batch_size"] == batch_size
+                   and (r["optimizer"], r["table_dtype"]) == setting}
+            means[setting] = mean = statistics.mean(got.values())
+            lines.append(f"| {names[setting]} | {batch_size:,} | "
+                         + " | ".join(f"{got[s]:.4f}" for s in seeds)
+                         + f" | {mean:.4f} | {mean - means[SETTINGS[0]]:+.4f} |")
+    return "\n".join(lines)
+
+
 def main(argv):
     del argv
+    if FLAGS.report:
+        print(report(FLAGS.out))
+        return
     from benchmarks.timing import cpu_flags, machine_description
     from launch import common_flags
 

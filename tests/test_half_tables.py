@@ -190,3 +190,14 @@ def test_a_dense_gradient_of_a_half_precision_table_is_refused():
 def test_an_unknown_table_dtype_is_refused_naming_the_argument():
     with pytest.raises(ValueError, match=r"`table_dtype='int8'`.*float32, bfloat16, float16"):
         tfscale.FieldEmbedding(SIZES, table_dtype="int8")
+
+
+@pytest.mark.parametrize("table_dtype", ["float32", "bfloat16"])
+def test_a_field_embedding_in_another_policy_than_its_functional_model_trains(table_dtype):
+    """The tables are not autocast: a mixed FieldEmbedding in a float32 model reads them by
+    row."""
+    model = _model(table_dtype, RowSparseAdam(1e-2), policy="mixed_bfloat16")
+    x, y = _batches(256)
+    history = model.fit(x, y, batch_size=64, epochs=2, verbose=0).history["loss"]
+    assert np.all(np.isfinite(history))
+    assert all(table.dtype == table_dtype for table in _tables(model))
