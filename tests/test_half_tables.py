@@ -201,3 +201,15 @@ def test_a_field_embedding_in_another_policy_than_its_functional_model_trains(ta
     history = model.fit(x, y, batch_size=64, epochs=2, verbose=0).history["loss"]
     assert np.all(np.isfinite(history))
     assert all(table.dtype == table_dtype for table in _tables(model))
+
+
+def test_the_top_k_exchange_hands_a_half_precision_table_float32_rows():
+    model = _model("bfloat16", RowWiseAdagrad(0.05))
+    model.compile(optimizer=RowWiseAdagrad(0.05), loss="binary_crossentropy",
+                  embedding_exchange="topk")
+    before = [np.asarray(v.value).copy() for v in _tables(model)]
+    x, y = _batches(256)
+    history = model.fit(x, y, batch_size=64, epochs=2, verbose=0).history["loss"]
+    assert np.all(np.isfinite(history))
+    assert all(np.any(saved != np.asarray(table.value))
+               for saved, table in zip(before, _tables(model)))

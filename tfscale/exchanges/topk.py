@@ -36,6 +36,7 @@ from tfscale import distributed
 from tfscale.distributed import topk
 from tfscale.distributed.per_rank import PerRankState
 from tfscale.embedding import table_names
+from tfscale.embedding.table_dtypes import arithmetic_dtype
 from tfscale.exchanges.allgather import AllgatherExchange
 from tfscale.exchanges.base import SynchronousExchange, loss_scale
 
@@ -201,11 +202,12 @@ class TopKExchange(SynchronousExchange):
             applied, residual, sent_now, received_now = self._sparsify(
                 accumulators[i], variable, density, num_ranks)
             sent, received = sent + sent_now, received + received_now
+            dtype = arithmetic_dtype(variable.dtype)  # a half-precision table's: float32
             if isinstance(applied, tf.IndexedSlices):
-                applied = tf.IndexedSlices(tf.cast(applied.values * step_factor, variable.dtype),
+                applied = tf.IndexedSlices(tf.cast(applied.values * step_factor, dtype),
                                            applied.indices, applied.dense_shape)
             else:
-                applied = tf.cast(applied * step_factor, variable.dtype)
+                applied = tf.cast(applied * step_factor, dtype)
             result[i] = applied
             stored = residuals[variable.path]
             stored.assign(tf.where(finite, residual, stored))
