@@ -13,10 +13,11 @@ import itertools
 import numpy as np
 import tensorflow as tf
 
-from tfscale.data import vocabulary_pass
+from tfscale.data import handover, vocabulary_pass
 from tfscale.data.pipeline import without_autotuning
 from tfscale.data.preprocessing import source_preprocessing
 from tfscale.data.source import CTRSource
+from tfscale.data.text_blocks import TextBlocks
 from tfscale.data.text_lines import (CHUNK_LINES, FileSet, LineParser, LineSelection,
                                      check_bad_line_policy, check_short_line_policy,
                                      compression_of, held_out_fraction, in_test_split,
@@ -212,8 +213,9 @@ class DelimitedTextSource(CTRSource):
         """Batches of variable size (one per chunk) of the selected lines, as (features, labels)."""
         if self._skip_bad_lines or self.on_short_line == "missing":
             self._line_counts.setdefault((files, selection), None)
-        parser = LineParser(self.FORMAT, files, self._skip_bad_lines, self.on_short_line)
-        return parsed_chunks(files, parser, selection, order, self._chunk_lines, self._features)
+        reader = TextBlocks(self.FORMAT, files, self._skip_bad_lines, self.on_short_line)
+        raw = handover.raw_columns(lambda: reader.elements(selection, order), self.FORMAT)
+        return raw.map(self._features, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
     def _features(self, raw):
         return self.preprocessing.features(raw), tf.expand_dims(raw["labels"], 1)

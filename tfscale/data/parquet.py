@@ -24,13 +24,13 @@ import pyarrow.parquet as pq
 import tensorflow as tf
 
 from tfscale import distributed
-from tfscale.data import read_ahead
-from tfscale.data.parquet_columns import ColumnMap, Problem, check_rows, strings_tensor
+from tfscale.data import handover, read_ahead
+from tfscale.data.parquet_columns import ColumnMap, check_rows, derived_ids
 from tfscale.data.pipeline import without_autotuning
 from tfscale.data.preprocessing import source_preprocessing
 from tfscale.data.source import CTRSource
 from tfscale.data.text_lines import (
-    PARQUET_MAGIC, Fields, LineLayout, check_bad_line_policy, held_out_fraction, in_test_split,
+    PARQUET_MAGIC, LineLayout, check_bad_line_policy, held_out_fraction, in_test_split,
     resolve_paths, shuffle_seed, shuffle_windows)
 from tfscale.errors import DATA_ERROR_MARKER, UserError
 
@@ -195,7 +195,7 @@ class RowReader:
         row_range, rows, numbers = piece
         files = self.files
         block = check_rows(rows, files.column_map, files.has_labels)
-        derived = self._derived(block)
+        derived = derived_ids(block, self._format)
         bad = block.bad()
         if not bad.any():
             return row_range, block, derived, 0
@@ -207,53 +207,18 @@ class RowReader:
                 "with `on_bad_line='skip'`")
         return row_range, block.rows(~bad), derived[~bad], int(bad.sum())
 
-    def _derived(self, block):
-        """The derived ids of `block`'s rows (int64 [n, E]); the format's extra checks of its
-        `derived_from` columns join its problems."""
-        fmt = self._format
-        if not fmt.derived_from:
-            return np.zeros([len(block.labels), 0], np.int64)
-        fields = Fields(block.derived_from.as_tensor(), LineLayout(tuple(fmt.derived_from)))
-        for check in fmt.extra_checks(fields):
-            block.problems.append(Problem(
-                check.bad.numpy(), lambda row, check=check: check.describe(row).numpy().decode()))
-        return fmt.derived_ids(fields).numpy()
-
     def raw_blocks(self, side, ranges):
         """The raw columns text_lines.LineParser gives for lines (labels, dense, dense_present,
-        categorical, derived, bad_lines), one element per block of rows, as a tf.data.Dataset:
-        arrays from the blocks (checked ahead in threads), their categorical strings cut out of
-        each block's bytes in a parallel map (parquet_columns.Texts)."""
-        fmt = self._format
-        dense = len(fmt.dense_names)
-        columns = len(fmt.categorical_names)
-        signature = {
-            "labels": tf.TensorSpec([None], tf.float32),
-            "dense": tf.TensorSpec([None, dense], tf.float32),
-            "dense_present": tf.TensorSpec([None, dense], tf.bool),
-            "categorical_bytes": tf.TensorSpec([], tf.string),
-            "categorical_offsets": tf.TensorSpec([None], tf.int32),
-            "derived": tf.TensorSpec([None, len(fmt.derived_fields)], tf.int64),
-            "bad_lines": tf.TensorSpec([], tf.int64),
-        }
+        categorical, derived, bad_lines), one element per block of rows, as a tf.data.Dataset
+        (tfscale.data.handover): blocks checked ahead in threads, their categorical strings cut
+        out of each block's bytes in a parallel map."""
 
-        def generate():
+        def elements():
             for _, block, derived, bad_rows in self.checked_blocks(side, ranges):
-                data, offsets = block.categorical.flat()
-                yield {"labels": block.labels, "dense": block.integers.astype(np.float32),
-                       "dense_present": block.present, "categorical_bytes": data,
-                       "categorical_offsets": offsets,
-                       "derived": derived, "bad_lines": np.int64(bad_rows)}
+                yield handover.element(block.labels, block.integers, block.present,
+                                       block.categorical, derived, bad_rows)
 
-        def cut(arrays):
-            raw = dict(arrays)
-            raw["categorical"] = strings_tensor(
-                raw.pop("categorical_bytes"), raw.pop("categorical_offsets"),
-                tf.shape(raw["labels"])[0], columns)
-            return raw
-
-        return tf.data.Dataset.from_generator(generate, output_signature=signature).map(
-            cut, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return handover.raw_columns(elements, self._format)
 
     def rows_in(self, side, row_range):
         """The rows of `row_range` a pass reads: those on `side`, less the bad ones when they

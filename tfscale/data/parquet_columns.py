@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import tensorflow as tf
 
-from tfscale.data.text_lines import INT64_PATTERN, INT64_RANGE
+from tfscale.data.text_lines import INT64_PATTERN, INT64_RANGE, Fields, LineLayout
 from tfscale.errors import UserError
 
 LABEL, INTEGER, TEXT = "label", "integer", "text"  # the kinds of field
@@ -171,8 +171,9 @@ class Texts:
 def strings_tensor(data, offsets, rows, columns):
     """The tf.string [rows, columns] of `Texts.flat`'s (bytes, offsets): one substr over the
     bytes (TensorFlow's C++ kernel, inside a tf.data map or eagerly)."""
-    values = tf.strings.substr(data, offsets[:-1], offsets[1:] - offsets[:-1])
-    return tf.transpose(tf.reshape(values, [columns, rows]))
+    starts = tf.transpose(tf.reshape(offsets[:-1], [columns, rows]))  # int32: cheap to move
+    ends = tf.transpose(tf.reshape(offsets[1:], [columns, rows]))
+    return tf.strings.substr(data, starts, ends - starts)
 
 
 @dataclasses.dataclass
@@ -234,6 +235,18 @@ def check_rows(table, column_map, has_labels):
         categorical=_texts(table, column_map, categorical),
         problems=problems,
     )
+
+
+def derived_ids(block, text_format):
+    """The derived ids of `block`'s rows (int64 [n, E]), from its `derived_from` columns; the
+    format's extra checks of those columns join the block's problems."""
+    if not text_format.derived_from:
+        return np.zeros([len(block.labels), 0], np.int64)
+    fields = Fields(block.derived_from.as_tensor(), LineLayout(tuple(text_format.derived_from)))
+    for check in text_format.extra_checks(fields):
+        block.problems.append(Problem(
+            check.bad.numpy(), lambda row, check=check: check.describe(row).numpy().decode()))
+    return text_format.derived_ids(fields).numpy()
 
 
 def _stacked(columns, rows, dtype):

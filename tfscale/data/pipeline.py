@@ -1,6 +1,7 @@
 """How tfscale's tf.data pipelines are set up (training and test batches, scoring, vocabulary
-counting): autotuning off; and large tensors a pipeline's functions read (the synthetic data's
-per-id tables) held by reference, so that tf.data does not copy them.
+counting): autotuning off; large tensors a pipeline's functions read (the synthetic data's
+per-id tables) held by reference, so that tf.data does not copy them; and training batches
+staged on the GPU ahead of the step when there is one.
 
 Why autotuning off: TF 2.21's autotuning thread is not woken when its iterator is deleted, so a
 deletion (Keras deletes the epoch's iterator at the end of `fit`, evaluation after each pass) can
@@ -16,6 +17,29 @@ def without_autotuning(dataset):
     options = tf.data.Options()
     options.autotune.enabled = False
     return dataset.with_options(options)
+
+
+STAGED_BATCHES = 2  # batches waiting on the GPU while a step runs
+
+
+def accelerator():
+    """The name of the device a step runs on when it is not the CPU (the first GPU this process
+    sees: one per process under horovodrun or tfscale.run), else None."""
+    gpus = tf.config.list_logical_devices("GPU")
+    return gpus[0].name if gpus else None
+
+
+def staged_on_device(dataset, device=None, buffer_size=STAGED_BATCHES):
+    """`dataset` with `buffer_size` of its elements copied to `device` ahead of the step that
+    reads them (tf.data's prefetch_to_device: the copy to the GPU overlaps the step before), or
+    `dataset` itself when `device` is None and there is no GPU (`accelerator`).
+
+    The staged dataset's length is unknown to tf.data (prefetch_to_device must end a pipeline,
+    so no `assert_cardinality` may follow it): give `fit` its `steps_per_epoch`."""
+    device = device or accelerator()
+    if device is None:
+        return dataset
+    return dataset.apply(tf.data.experimental.prefetch_to_device(device, buffer_size))
 
 
 def held_by_reference(tensors):

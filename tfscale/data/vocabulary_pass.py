@@ -213,9 +213,11 @@ def _lines_before(path, offset):
     return lines
 
 
-def blocks(piece, header_lines):
-    """(lines of `piece` before it, bytes) of the blocks of whole lines of `piece`, header lines
-    left out; every "\\r" is dropped, as the reader does."""
+def blocks(piece, header_lines, block_bytes=None):
+    """(lines of `piece` before it, bytes) of the blocks of about `block_bytes` (default
+    BLOCK_BYTES) whole lines of `piece`, header lines left out; every "\\r" is dropped, as the
+    reader does."""
+    block_bytes = block_bytes or BLOCK_BYTES
     opener = gzip.open if compression_of(piece.path) else open
     with opener(piece.path, "rb") as stream:
         stream.seek(piece.start)
@@ -223,7 +225,7 @@ def blocks(piece, header_lines):
         carry, lines_before = b"", 0
         skip = header_lines if piece.start == 0 else 0
         while True:
-            wanted = BLOCK_BYTES if remaining is None else min(BLOCK_BYTES, remaining)
+            wanted = block_bytes if remaining is None else min(block_bytes, remaining)
             chunk = stream.read(wanted) if wanted else b""
             if remaining is not None:
                 remaining -= len(chunk)

@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfscale import distributed
+from tfscale.data.pipeline import staged_on_device
 from tfscale.errors import UserError
 from tfscale.training import callbacks as tfs_callbacks
 from tfscale.training import distributed_fit
@@ -231,8 +232,10 @@ def train(model, source, config, print_fn=print):
                 # the smallest shard's count, so no rank waits for another at the epoch's end.
                 dataset = dataset.take(steps_per_epoch - skip_batches).apply(
                     tf.data.experimental.assert_cardinality(steps_per_epoch - skip_batches))
-            model.fit(dataset, initial_epoch=epoch, epochs=epoch + 1, verbose=0, shuffle=False,
-                      callbacks=run_callbacks)
+            staged = staged_on_device(dataset)  # on a GPU: batches copied ahead of the step
+            staged_steps = None if staged is dataset else _known_length(dataset)
+            model.fit(staged, initial_epoch=epoch, epochs=epoch + 1, verbose=0, shuffle=False,
+                      callbacks=run_callbacks, steps_per_epoch=staged_steps)
         train_seconds = time.perf_counter() - started
         steps = int(model.optimizer.iterations) - first_step
         if stopper is not None and stopper.stopped:
@@ -251,6 +254,12 @@ def train(model, source, config, print_fn=print):
         writer.flush()
     return TrainingResult(epoch_results, int(model.optimizer.iterations),
                           stopped_early=bool(stopper and stopper.stopped))
+
+
+def _known_length(dataset):
+    """The batches of `dataset` when tf.data knows them, else None."""
+    length = int(dataset.cardinality())
+    return length if length >= 0 else None
 
 
 def progress_to_resume(store, config, print_fn, progressive=False):
