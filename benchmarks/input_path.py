@@ -45,6 +45,10 @@ flags.DEFINE_integer("rounds", 3, "Rounds of every case.")
 flags.DEFINE_integer("batch_size", 8192, "Batch of the readers and of training.")
 flags.DEFINE_string("results", "benchmarks/results/input_path.jsonl", "JSON lines file.")
 flags.DEFINE_string("note", "", "What else ran on the machine (stored with each line).")
+flags.DEFINE_string("old_tree", None,
+                    "readers, stages: also measure the tree in this directory (e.g. `git archive` "
+                    "of an earlier commit), each tree in a process of its own, alternating.")
+flags.DEFINE_string("tree", "after", "The label of the tree measured (set with --old_tree).")
 
 TEXT, PARQUET, VOCABULARY = "criteo.txt", "criteo.parquet", "criteo.vocab"
 FLATTER = 0.7  # Zipf exponents e -> 1 + (e - 1) * FLATTER: about 5M distinct values in 1M lines
@@ -151,7 +155,9 @@ def run_alternating(cases, rounds, part):
 # ----------------------------------------------------------------------------- stages
 
 def stage_cases():
-    """name -> function giving rows, for passes stopping after each stage (module doc)."""
+    """name -> function giving rows, for passes stopping after each stage (module doc). The
+    stages every tree has (so that --old_tree measures the same passes) and, in a tree with
+    text blocks, theirs."""
     import numpy as np
     import tensorflow as tf
 
@@ -164,6 +170,7 @@ def stage_cases():
     text = CriteoTSV(_path(TEXT), test_fraction=None, hash_buckets=HASH_BUCKETS)
     reader, side = parquet._train, Side()
     ranges = reader.files.ranges()
+    chunk_rows = 65536
 
     def count(dataset):
         """Rows of a dataset of raw columns, (features, labels) or tensors of rows."""
@@ -174,56 +181,78 @@ def stage_cases():
 
         return sum(rows(element) for element in dataset)
 
-    def parquet_decode():
+    def parquet_1_decode():
         return sum(reader.files.read(r).num_rows for r in ranges)
 
-    def parquet_checks():
-        return sum(check_rows(rows, reader.files.column_map, True).labels.size
-                   for _, rows, _ in reader._pieces(side, ranges))
+    def parquet_2_checks():
+        rows = 0
+        for r in ranges:
+            table = reader.files.read(r)
+            for begin in range(0, table.num_rows, chunk_rows):
+                block = table.slice(begin, chunk_rows)
+                rows += len(check_rows(block, reader.files.column_map, True).labels)
+        return rows
 
-    def parquet_checked_ahead():
-        return sum(len(block.labels) for _, block, _, _ in reader.checked_blocks(side, ranges))
-
-    def parquet_handover():
-        # raw_blocks without the map that cuts strings out of the bytes
-        return count(reader.raw_blocks(side, ranges)._input_dataset)
-
-    def parquet_strings():
+    def parquet_3_raw_columns():
         return count(reader.raw_blocks(side, ranges))
 
-    def parquet_encoded():
+    def parquet_4_encoded():
         return count(parquet._rows(reader, side, ranges))
 
-    def parquet_batches():
+    def parquet_5_batches():
         return count(parquet.train_batches(FLAGS.batch_size))
 
     files = text._train
     chunk = 4096
 
-    def text_lines(finish):
+    def line_chunks(finish):
         return files.chunks(np.arange(1), chunk).map(finish, num_parallel_calls=tf.data.AUTOTUNE)
 
-    def text_decode():
-        return count(text_lines(lambda file_index, first, lines: lines))
+    def lines_1_decode():
+        return count(line_chunks(lambda file_index, first, lines: lines))
 
-    def text_split():
-        return count(text_lines(lambda file_index, first, lines: split_fields(
+    def lines_2_split():
+        return count(line_chunks(lambda file_index, first, lines: split_fields(
             lines, "\t", files.layout.num_fields)[0]))
 
     parser = LineParser(text.FORMAT, files)
 
-    def text_checked():
+    def lines_3_checked():
         return count(parsed_chunks(files, parser, LineSelection(), np.arange(1), chunk))
 
-    def text_encoded():
+    def text_4_encoded():
         return count(text._rows(files, LineSelection(), np.arange(1)))
 
-    def text_batches():
+    def text_5_batches():
         return count(text.train_batches(FLAGS.batch_size))
 
-    return {name: function for name, function in locals().items()
-            if name.startswith(("parquet_", "text_")) and callable(function)
-            and name not in ("text_lines",)}
+    cases = {name: function for name, function in locals().items()
+             if name.startswith(("parquet_", "lines_", "text_")) and callable(function)}
+    try:
+        from tfscale.data import handover
+        from tfscale.data.text_blocks import TextBlocks
+        from tfscale.data.vocabulary_pass import Piece, blocks
+    except ImportError:  # a tree whose text readers parse lines with tf.data only
+        return cases
+    text_blocks = TextBlocks(text.FORMAT, files, False, "missing")
+
+    def text_blocks_of(work):
+        return sum(work(block) for _, block in blocks(Piece(0, files.paths[0], 0, None), 0))
+
+    def blocks_1_decode():
+        return text_blocks_of(lambda block: text_blocks._parsed(block).num_rows)
+
+    def blocks_2_checks():
+        return text_blocks_of(lambda block: len(check_rows(
+            text_blocks._parsed(block), text_blocks._column_map, True).labels))
+
+    def blocks_3_raw_columns():
+        return count(handover.raw_columns(
+            lambda: text_blocks.elements(LineSelection(), np.arange(1)), text.FORMAT))
+
+    cases.update(blocks_1_decode=blocks_1_decode, blocks_2_checks=blocks_2_checks,
+                 blocks_3_raw_columns=blocks_3_raw_columns)
+    return cases
 
 
 # ----------------------------------------------------------------------------- training
@@ -275,18 +304,33 @@ def record(line):
     line = dict(line, benchmark="input_path", date=time.strftime("%Y-%m-%d"),
                 command="python -m benchmarks.input_path " + " ".join(sys.argv[1:]),
                 machine=machine(), file_lines=FLAGS.lines, batch_size=FLAGS.batch_size,
-                note=FLAGS.note)
+                tree=FLAGS.tree, note=FLAGS.note)
     with open(FLAGS.results, "a") as stream:
         stream.write(json.dumps(line) + "\n")
     shown = {k: (round(v) if isinstance(v, float) and v > 100 else v) for k, v in line.items()
-             if k in ("case", "round", "rows_per_second", "cpu_seconds", "examples_per_second",
-                      "load_average_1min_before")}
+             if k in ("tree", "case", "round", "rows_per_second", "cpu_seconds",
+                      "examples_per_second", "load_average_1min_before")}
     print(json.dumps(shown), flush=True)
+
+
+def run_trees(part, rounds):
+    """`part` of this tree ("after") and of --old_tree ("before"), each round in a process of
+    its own per tree, the order alternating."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    trees = [("after", root), ("before", f"{FLAGS.old_tree}:{root}")]
+    for round_index in range(rounds):
+        for label, path in trees if round_index % 2 == 0 else trees[::-1]:
+            command = [sys.executable, os.path.abspath(__file__), f"--part={part}", "--rounds=1",
+                       f"--tree={label}", f"--dir={FLAGS.dir}", f"--results={FLAGS.results}",
+                       f"--batch_size={FLAGS.batch_size}", f"--note={FLAGS.note}"]
+            subprocess.run(command, check=True, cwd=root, env=dict(os.environ, PYTHONPATH=path))
 
 
 def main(argv):
     del argv
-    if FLAGS.make_files:
+    if FLAGS.old_tree and FLAGS.part != "train":
+        run_trees(FLAGS.part, FLAGS.rounds)
+    elif FLAGS.make_files:
         make_files(FLAGS.make_files, FLAGS.lines)
     elif FLAGS.part == "readers":
         run_alternating(reader_cases(), FLAGS.rounds, "readers")

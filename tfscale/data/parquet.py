@@ -34,7 +34,7 @@ from tfscale.data.text_lines import (
     resolve_paths, shuffle_seed, shuffle_windows)
 from tfscale.errors import DATA_ERROR_MARKER, UserError
 
-CHUNK_ROWS = 16384  # rows checked and converted together, and parsed by one map call
+CHUNK_ROWS = 65536  # rows checked and converted together, and parsed by one map call
 
 
 def is_parquet(path):

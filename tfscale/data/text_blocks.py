@@ -25,7 +25,7 @@ from tfscale.data.text_lines import LineParser
 from tfscale.data.vocabulary_pass import Piece, blocks
 from tfscale.errors import DATA_ERROR_MARKER, UserError, user_error_from_tf
 
-BLOCK_BYTES = 2 << 20  # whole lines parsed together; blocks are parsed ahead in threads
+BLOCK_BYTES = 8 << 20  # whole lines parsed together; blocks are parsed ahead in threads
 
 
 class TextBlocks:
