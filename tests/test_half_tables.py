@@ -18,6 +18,7 @@ from tfscale.optimizers import (LossScaleOptimizer, RowSparseAdam, RowSparseSGD,
 from tfscale.optimizers.table_state import OptimizerTableState, per_row_state
 from tfscale.serving.model_export import export_model
 from tfscale.training.checkpoints import CheckpointStore
+from tests.test_row_updates import _op_counts
 
 SIZES = [40, 30, 50]
 
@@ -213,3 +214,26 @@ def test_the_top_k_exchange_hands_a_half_precision_table_float32_rows():
     assert np.all(np.isfinite(history))
     assert all(np.any(saved != np.asarray(table.value))
                for saved, table in zip(before, _tables(model)))
+
+
+@pytest.mark.parametrize("sharding", ["replicated", "dynamic"])
+def test_a_half_precision_tables_step_reads_and_writes_only_its_rows(sharding):
+    """No whole read of the table or its accumulator (which a step would pay with a copy of
+    the table), and the gradient handed to the optimizer is float32."""
+    model = _model("bfloat16", RowWiseAdagrad(0.05), sharding)
+    x, y = _batches(64)
+    model.fit(x, y, batch_size=64, epochs=1, verbose=0)
+    step = tf.function(model.train_step).get_concrete_function(
+        (tf.constant(x[:64]), tf.constant(y[:64])))
+    for table in _tables(model):
+        for variable in [table, *per_row_state(model.optimizer, table)]:
+            ops = _op_counts(step.graph, variable)
+            # (a dynamic table also writes the rows it hands out, and resets their state)
+            assert ops["ResourceScatterUpdate"] == (2 if sharding == "dynamic" else 1), (
+                variable.path, ops)
+            assert not ops.keys() & {"ReadVariableOp", "AssignVariableOp"}, (variable.path, ops)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(model(tf.constant(x[:8]), training=True))
+    gradients = tape.gradient(loss, _tables(model))
+    assert all(isinstance(g, tf.IndexedSlices) and g.values.dtype == tf.float32
+               for g in gradients), gradients

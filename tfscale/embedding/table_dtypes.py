@@ -44,23 +44,17 @@ def arithmetic_dtype(dtype):
 
 def read_float32(resource, rows, whole):
     """Rows `rows` of the half-precision tf.Variable `resource` as float32, gathered in place (or
-    from a whole read, `whole`), whose gradient is float32 row slices of the variable (TensorFlow's
-    own would be the table's dtype: a float16 gradient would lose small values before the loss
-    scaler or the optimizer saw them)."""
+    from a whole read, `whole`), whose gradient is float32 row slices of the variable: the
+    gather's own gradient, handed float32 values (TensorFlow's cast would hand it the table's
+    dtype, and a float16 gradient loses small values before the loss scaler or the optimizer
+    sees them)."""
+    return _float32_with_float32_gradient(
+        tf.gather(resource.read_value() if whole else resource, rows))
 
-    @tf.custom_gradient
-    def read(indices):
-        stored = tf.gather(resource.read_value() if whole else resource, indices)
 
-        def gradient(upstream, variables=None):
-            if not variables:  # traced where the variable is not watched (a SavedModel's)
-                return None
-            flat = tf.reshape(indices, [-1])
-            values = tf.reshape(upstream, tf.concat([tf.shape(flat), tf.shape(resource)[1:]],
-                                                    axis=0))
-            return None, [tf.IndexedSlices(values, flat, tf.shape(resource, out_type=flat.dtype))
-                          for _ in variables]
-
-        return tf.cast(stored, tf.float32), gradient
-
-    return read(rows)
+@tf.custom_gradient
+def _float32_with_float32_gradient(stored):
+    """`stored` (half precision) cast to float32, its gradient passed on in float32. A function
+    of the gathered rows, not of the variable: a custom gradient over a variable reads it whole
+    every step."""
+    return tf.cast(stored, tf.float32), lambda upstream: upstream
