@@ -58,6 +58,8 @@ def status_bytes(field):
 def measure():
     """This rank's measurements of the run FLAGS.run."""
     import keras
+    import numpy as np
+    import tensorflow as tf
 
     import models
     from benchmarks.timing import cpu_flags, machine_description
@@ -66,7 +68,7 @@ def measure():
     from tfscale.embedding.dynamic import DynamicTables
     from tfscale.embedding.initializers import RowSeededNormal
     from tfscale.optimizers import RowSparseAdam, RowWiseAdagrad
-    from tfscale.optimizers.table_state import dynamic_row_bytes
+    from tfscale.optimizers.table_state import dynamic_row_bytes, per_row_state
     from tfscale.training.run import build_model_and_optimizer
 
     if distributed.launched_by_horovodrun():
@@ -96,11 +98,12 @@ def measure():
     if row_bytes:
         rows_in_use = model.summary_scalars()["dynamic/id_rows/rows_in_use"]
         rows_held, row_bytes = row_bytes[0][0].rows, row_bytes[0][1]
-    else:  # every row of the shards: the tables and RowSparseAdam's moments and last steps
+    else:  # every row of the shards: the tables and their per-row optimizer state
         tables = [v for v in model.trainable_variables if v.path.endswith("embeddings")]
         rows_in_use = ids
         rows_held = int(tables[0].shape[0])
-        row_bytes = sum(int(t.shape[1]) * 4 * 3 + 4 for t in tables)
+        row_bytes = sum(int(np.prod(v.shape[1:])) * tf.as_dtype(v.dtype).size
+                        for t in tables for v in [t, *per_row_state(model.optimizer, t)])
     return {
         "tables": "row" if FLAGS.run == "row" else "dynamic", "capacity": int(FLAGS.run)
         if FLAGS.run != "row" else ids, "ranks": distributed.size(), "rank": distributed.rank(),
