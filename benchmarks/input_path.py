@@ -9,7 +9,8 @@ readers, stage by stage, and training from the file against the built-in data.
 --make_files writes 1M Criteo-format lines with about 5M distinct categorical values
 (benchmarks.criteo_file with flatter Zipf exponents) and the same rows as Parquet
 (pyarrow's writer, its default row groups; integers int64, categorical values text, empty
-fields null), then the vocabulary (min count 10) the vocabulary cases look up.
+fields null), their first 20,000 rows as test files of both kinds (training evaluates on them),
+then the vocabulary (min count 10) the vocabulary cases look up.
 
 Parts (each appends JSON lines to --results: the machine (lscpu model name and flags, cores),
 date, command, load average and the other processes' CPU seconds of every run, --note):
@@ -23,6 +24,9 @@ date, command, load average and the other processes' CPU seconds of every run, -
   train    `launch.train` (DeepFM, batch 8,192, one epoch) on the TSV file, on the Parquet
            file and on `--data=synthetic` with as many rows, alternating, in processes of their
            own; the epoch line's examples/s.
+  vocabulary  the vocabulary pass (min count 10) and the TSV reader, alternating, each in a
+           process of its own (benchmarks.vocab_pass's cases): rows/s after start-up, and the
+           peak resident memory.
 """
 
 import json
@@ -40,7 +44,8 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("make_files", None, "Write the test files into this directory and stop.")
 flags.DEFINE_integer("lines", 1_000_000, "Lines of --make_files.")
 flags.DEFINE_string("dir", "/tmp/inpath", "The directory of --make_files' files.")
-flags.DEFINE_enum("part", "readers", ["readers", "stages", "train"], "What to measure.")
+flags.DEFINE_enum("part", "readers", ["readers", "stages", "train", "vocabulary"],
+                  "What to measure.")
 flags.DEFINE_integer("rounds", 3, "Rounds of every case.")
 flags.DEFINE_integer("batch_size", 8192, "Batch of the readers and of training.")
 flags.DEFINE_string("results", "benchmarks/results/input_path.jsonl", "JSON lines file.")
@@ -49,8 +54,11 @@ flags.DEFINE_string("old_tree", None,
                     "readers, stages: also measure the tree in this directory (e.g. `git archive` "
                     "of an earlier commit), each tree in a process of its own, alternating.")
 flags.DEFINE_string("tree", "after", "The label of the tree measured (set with --old_tree).")
+flags.DEFINE_bool("report", False, "Only print the tables of --results.")
 
 TEXT, PARQUET, VOCABULARY = "criteo.txt", "criteo.parquet", "criteo.vocab"
+TEST_TEXT, TEST_PARQUET = "criteo_test.txt", "criteo_test.parquet"  # the first 20,000 rows
+TEST_ROWS = 20_000
 FLATTER = 0.7  # Zipf exponents e -> 1 + (e - 1) * FLATTER: about 5M distinct values in 1M lines
 HASH_BUCKETS = 1_000_000
 
@@ -73,6 +81,9 @@ def make_files(directory, lines):
                            pacsv.ParseOptions(delimiter="\t", quote_char=False),
                            pacsv.ConvertOptions(column_types=types, strings_can_be_null=True))
     pq.write_table(table, os.path.join(directory, PARQUET))
+    pq.write_table(table.slice(0, TEST_ROWS), os.path.join(directory, TEST_PARQUET))
+    with open(text, "rb") as source, open(os.path.join(directory, TEST_TEXT), "wb") as test:
+        test.writelines(line for _, line in zip(range(TEST_ROWS), source))
     vocabulary = CriteoTSV.build_vocabulary(text, min_count=10)
     vocabulary.save(os.path.join(directory, VOCABULARY))
     print(f"{lines:,} lines, {sum(vocabulary.distinct.values()):,} distinct values, "
@@ -265,10 +276,11 @@ def train_case(name):
     common = [sys.executable, "-m", "launch.train", f"--batch_size={FLAGS.batch_size}",
               "--epochs=1", "--logdir=none", "--checkpoint_dir=none", "--log_every_steps=1000"]
     if name == "synthetic":
-        args = ["--data=synthetic", f"--train_rows={FLAGS.lines}"]
+        args = ["--data=synthetic", f"--train_rows={FLAGS.lines}", f"--test_rows={TEST_ROWS}"]
     else:
-        args = ["--data=criteo", f"--train_path={_path(TEXT if name == 'tsv' else PARQUET)}",
-                f"--vocabulary={_path(VOCABULARY)}", "--test_fraction=0.0"]
+        train, test = (TEXT, TEST_TEXT) if name == "tsv" else (PARQUET, TEST_PARQUET)
+        args = ["--data=criteo", f"--train_path={_path(train)}", f"--test_path={_path(test)}",
+                f"--vocabulary={_path(VOCABULARY)}"]
     done = subprocess.run(common + args, capture_output=True, text=True)
     found = EPOCH_LINE.search(done.stdout)
     if done.returncode or not found:
@@ -291,6 +303,33 @@ def run_training(rounds):
                     "load_average_1min_after": os.getloadavg()[0]})
 
 
+def run_vocabulary(rounds):
+    """benchmarks.vocab_pass's `reader` and `pass` cases on the TSV file, alternating."""
+    from benchmarks.timing import OtherProcessesCPU
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = os.path.join(root, "benchmarks", "vocab_pass.py")
+    for round_index in range(rounds):
+        for case in ("reader", "pass") if round_index % 2 == 0 else ("pass", "reader"):
+            load, others = os.getloadavg()[0], OtherProcessesCPU()
+            done = subprocess.run([sys.executable, script, f"--case={case}",
+                                   f"--path={_path(TEXT)}", "--min_count=10"], cwd=root,
+                                  env=dict(os.environ, PYTHONPATH=root), capture_output=True,
+                                  text=True)
+            found = [json.loads(line[line.index("{"):]) for line in done.stdout.splitlines()
+                     if '"case"' in line]
+            if done.returncode or not found:
+                raise RuntimeError(f"{case}: {done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+            result = found[0]
+            record({"part": "vocabulary", "case": case, "round": round_index,
+                    "rows": result["rows"], "seconds": result["seconds"],
+                    "rows_per_second": result["rows"] / result["seconds"],
+                    "peak_rss_mb": result["peak_rss_mb"], "kept": result["kept"],
+                    "other_processes_cpu_seconds": others.seconds(),
+                    "load_average_1min_before": load,
+                    "load_average_1min_after": os.getloadavg()[0]})
+
+
 # ----------------------------------------------------------------------------- results
 
 def machine():
@@ -308,7 +347,7 @@ def record(line):
     with open(FLAGS.results, "a") as stream:
         stream.write(json.dumps(line) + "\n")
     shown = {k: (round(v) if isinstance(v, float) and v > 100 else v) for k, v in line.items()
-             if k in ("tree", "case", "round", "rows_per_second", "cpu_seconds",
+             if k in ("tree", "case", "round", "rows_per_second", "cpu_seconds", "peak_rss_mb",
                       "examples_per_second", "load_average_1min_before")}
     print(json.dumps(shown), flush=True)
 
@@ -326,9 +365,96 @@ def run_trees(part, rounds):
             subprocess.run(command, check=True, cwd=root, env=dict(os.environ, PYTHONPATH=path))
 
 
+def _median(values):
+    import statistics
+
+    return statistics.median(values) if values else float("nan")
+
+
+def _rounds(lines):
+    """The rounds of `lines` (in file order) as dicts case -> line: a round ends where a case
+    comes again or the tree changes (one process runs each case once a round)."""
+    rounds, current = [], {}
+    for line in lines:
+        if line["case"] in current or (current and
+                                       next(iter(current.values()))["tree"] != line["tree"]):
+            rounds.append(current)
+            current = {}
+        current[line["case"]] = line
+    return rounds + ([current] if current else [])
+
+
+def report(path):
+    """Markdown tables of the results file `path` (every date in it)."""
+    lines = [json.loads(line) for line in open(path)]
+    lines = [line for line in lines if not line["note"].startswith("discarded")]
+    by = {}
+    for line in lines:
+        by.setdefault((line["part"], line["tree"], line["case"]), []).append(line)
+    print("| tree | case | runs | rows/s (median) | CPU s (median) | rows per CPU s | "
+          "cores at 5M rows/s |\n|---|---|---:|---:|---:|---:|---:|")
+    for (part, tree, case), runs in sorted(by.items()):
+        if part != "readers":
+            continue
+        per_cpu = _median([r["rows"] / r["cpu_seconds"] for r in runs])
+        print(f"| {tree} | {case} | {len(runs)} | "
+              f"{_median([r['rows_per_second'] for r in runs]):,.0f} | "
+              f"{_median([r['cpu_seconds'] for r in runs]):.2f} | {per_cpu:,.0f} | "
+              f"{5e6 / per_cpu:.1f} |")
+    print("\nRatios of rows/s in the same process and round (median, range):\n")
+    print("| tree | ratio | median | range |\n|---|---|---:|---:|")
+    pairs = [("parquet_hash", "pyarrow_read_table"), ("parquet_vocabulary", "pyarrow_read_table"),
+             ("tsv_hash", "pyarrow_read_csv"), ("tsv_vocabulary", "pyarrow_read_csv")]
+    rounds = _rounds([line for line in lines if line["part"] == "readers"])
+    for tree in sorted({line["tree"] for line in lines if line["part"] == "readers"}):
+        for ours, theirs in pairs:
+            ratios = [pick[ours]["rows_per_second"] / pick[theirs]["rows_per_second"]
+                      for pick in rounds if pick[ours]["tree"] == tree
+                      and ours in pick and theirs in pick]
+            if ratios:
+                print(f"| {tree} | {ours} / {theirs} | {_median(ratios):.2f} | "
+                      f"{min(ratios):.2f}-{max(ratios):.2f} |")
+    print("\nStages (CPU seconds of a pass over the file stopping after the stage, median):\n")
+    print("| case | " + " | ".join(sorted({t for p, t, _ in by if p == "stages"})) +
+          " |\n|---|---:|---:|")
+    cases = sorted({c for p, _, c in by if p == "stages"})
+    for case in cases:
+        cells = [by.get(("stages", tree, case)) for tree in
+                 sorted({t for p, t, _ in by if p == "stages"})]
+        print(f"| {case} | " + " | ".join(
+            "" if runs is None else f"{_median([r['cpu_seconds'] for r in runs]):.2f} "
+            f"({_median([r['rows_per_second'] for r in runs]):,.0f} rows/s)" for runs in cells)
+              + " |")
+    vocabulary = [line for line in lines if line["part"] == "vocabulary"]
+    if vocabulary:
+        print("\n| round | reader rows/s | pass rows/s | pass / reader | peak MiB reader, pass |"
+              "\n|---|---:|---:|---:|---:|")
+        for key in sorted({(r["date"], r["round"]) for r in vocabulary}):
+            pick = {r["case"]: r for r in vocabulary if (r["date"], r["round"]) == key}
+            reader, counted = pick["reader"], pick["pass"]
+            print(f"| {key[1]} | {reader['rows_per_second']:,.0f} | "
+                  f"{counted['rows_per_second']:,.0f} | "
+                  f"{counted['rows_per_second'] / reader['rows_per_second']:.2f} | "
+                  f"{reader['peak_rss_mb']:,}, {counted['peak_rss_mb']:,} |")
+    train = [line for line in lines if line["part"] == "train"]
+    if train:
+        print("\n| run | case | examples/s | x the synthetic runs beside it | epoch s | "
+              "load before |\n|---|---|---:|---:|---:|---:|")
+        for index, line in enumerate(train):
+            beside = [other["examples_per_second"] for other in train[max(0, index - 1):index + 2]
+                      if other["case"] == "synthetic" and other is not line]
+            ratio = ("" if line["case"] == "synthetic" or not beside else
+                     f"{line['examples_per_second'] / (sum(beside) / len(beside)):.2f}")
+            print(f"| {index + 1} | {line['case']} | {line['examples_per_second']:,.0f} | "
+                  f"{ratio} | {line['epoch_seconds']:.1f} | "
+                  f"{line['load_average_1min_before']:.1f} |")
+
+
 def main(argv):
     del argv
-    if FLAGS.old_tree and FLAGS.part != "train":
+    if FLAGS.report:
+        report(FLAGS.results)
+    elif FLAGS.old_tree and FLAGS.part != "train":
         run_trees(FLAGS.part, FLAGS.rounds)
     elif FLAGS.make_files:
         make_files(FLAGS.make_files, FLAGS.lines)
@@ -336,6 +462,8 @@ def main(argv):
         run_alternating(reader_cases(), FLAGS.rounds, "readers")
     elif FLAGS.part == "stages":
         run_alternating(stage_cases(), FLAGS.rounds, "stages")
+    elif FLAGS.part == "vocabulary":
+        run_vocabulary(FLAGS.rounds)
     else:
         run_training(FLAGS.rounds)
 

@@ -72,7 +72,8 @@ class CriteoTSV(DelimitedTextSource):
         on_bad_line: "error" stops at the first malformed line; "skip" drops and counts them.
         on_short_line: "missing" reads the missing trailing fields of a short line as missing
             values; "error" treats such a line as malformed.
-        chunk_lines: lines parsed together by one vectorised step.
+        chunk_lines: lines parsed together by one vectorised step of the passes that count
+            rows, bad and short lines.
 
     Raises:
         UserError: a path or pattern matches no file, a file has no data lines or not the

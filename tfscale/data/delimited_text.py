@@ -4,7 +4,9 @@ Avazu CSV, a user's own) specialises with a `TextFormat`.
 Owns: the train and test pipelines (file order and window shuffles per epoch, sharding by line
 number), the counts a run reports (rows per shard, bad and short lines, each in a pass of its
 own), the test lines a run records, and the vocabulary pass over its files
-(tfscale.data.vocabulary_pass). Reading, parsing and checking lines are tfscale.data.text_lines'.
+(tfscale.data.vocabulary_pass). The pipelines read blocks of lines with
+tfscale.data.text_blocks (pyarrow's parser and Arrow's checks, the LineParser for any block they
+cannot vouch for); lines, the LineParser and the line-by-line passes are tfscale.data.text_lines'.
 """
 
 import gzip
@@ -57,7 +59,8 @@ class DelimitedTextSource(CTRSource):
       on_short_line: "missing" reads the missing trailing fields of a line that holds at least
         the label and one more field as missing values, counting such lines (see
         short_line_count); "error" treats such a line as malformed.
-      chunk_lines: lines parsed together by one vectorised step.
+      chunk_lines: lines parsed together by one vectorised step of the passes that count rows,
+        bad and short lines (training reads blocks of lines, tfscale.data.text_blocks).
     """
 
     FORMAT = None  # a TextFormat

@@ -2,7 +2,9 @@
 
 Owns: the column mapping (a field's name -> the file's column), which Arrow types each kind of
 field takes, the checks of a block of rows with their messages, and turning checked rows into
-plain arrays (labels, integers with their presence, text). A null is a missing value, as an empty
+plain arrays (labels, integers with their presence) and text columns handed to TensorFlow as one
+buffer of bytes with offsets (Texts). The text readers' blocks, parsed by pyarrow, are checked
+here too (tfscale.data.text_blocks). A null is a missing value, as an empty
 field is in a line; so are an empty text and, in a floating point column of integers, NaN (what
 pandas writes for the gaps of an integer column). A bad value (a label other than 0 or 1, an
 integer feature that is not an integer of int64's range) makes its row a bad row.
