@@ -4,11 +4,13 @@ DeepFM and the built-in synthetic data:
 
     python -m benchmarks.table_memory [--embedding_dim=16] [--batch_sizes=8192,32768]
         [--seeds=0,1] [--auc_rows=1000000] [--rowwise_rates=0.01,0.03,0.1] [--timed_steps=20]
+        [--parts=rate_sweep,step,auc]
     python -m benchmarks.table_memory --report     # the markdown tables of --out
 
 Each setting is built as `python -m launch.train --optimizer=... --table_dtype=...` builds it
 (--scaling_rule=sqrt for every setting, the built-in data's rule; row-wise Adagrad's tables take
---embedding_learning_rate from a sweep of --rowwise_rates at the first batch size and seed).
+--embedding_learning_rate from a sweep of --rowwise_rates at the first batch size and seed, or
+--rowwise_rate).
 Measured:
 
 - bytes a row of the deep table: its row and its per-row optimizer state, counted from the
@@ -47,6 +49,11 @@ flags.DEFINE_list("rowwise_rates", ["0.01", "0.03", "0.1"],
 flags.DEFINE_integer("timed_steps", 20, "Timed steps of each setting at each batch size.")
 flags.DEFINE_string("out", "benchmarks/results/table_memory.jsonl", "Raw results.")
 flags.DEFINE_bool("report", False, "Only print the markdown tables of --out.")
+flags.DEFINE_float("rowwise_rate", None,
+                   "Row-wise Adagrad's rate for the step and AUC parts (default: the best swept).")
+flags.DEFINE_list("parts", ["rate_sweep", "step", "auc"],
+                  "What to measure; the results file keeps the records of the other parts (and "
+                  "the rates swept before: the best of all is row-wise Adagrad's rate).")
 FLAGS.set_default("embedding_dim", 16)
 EPOCH_LINE = re.compile(r"epoch 1/1: test AUC ([\d.]+)")
 
@@ -129,12 +136,13 @@ def report(path):
     """The markdown tables of the results file `path`."""
     records = [json.loads(line) for line in open(path, encoding="utf-8")]
     names = {setting: f"{setting[0]}, {setting[1]}" for setting in SETTINGS}
+    sweep = sorted((r for r in records if r["kind"] == "rate_sweep"), key=lambda r: r["rate"])
     lines = [f"Machine: {records[0]['machine']}; CPU flags: {records[0]['cpu_flags']}.", "",
              "Row-wise Adagrad's table learning rate, swept at batch "
-             f"{records[0]['batch_size']:,} (seed {records[0]['seed']}), test AUC:", "",
-             "| rate | test AUC |", "|---:|---:|"]
-    lines += [f"| {r['rate']:g}{' (chosen)' if r['chosen'] else ''} | {r['test_auc']:.4f} |"
-              for r in records if r["kind"] == "rate_sweep"]
+             f"{sweep[0]['batch_size']:,} (seed {sweep[0]['seed']}), test AUC after one epoch:",
+             "", "| rate | test AUC |", "|---:|---:|"]
+    lines += [f"| {r['rate']:g}{' (used below)' if r['chosen'] else ''} | {r['test_auc']:.4f} |"
+              for r in sweep]
     steps = [r for r in records if r["kind"] == "step"]
     lines += ["", f"Bytes a row of the deep table (width {steps[0]['width']}: the row and its "
               "per-row optimizer state) and the median step of "
@@ -175,6 +183,11 @@ def main(argv):
 
     machine = {"machine": machine_description(), "cpu_flags": cpu_flags(),
                "load": os.getloadavg()}
+    kept = []  # the results file's records of the parts not run now
+    if os.path.exists(FLAGS.out):
+        with open(FLAGS.out, encoding="utf-8") as results:
+            kept = [json.loads(line) for line in results]
+    kept = [r for r in kept if r["kind"] not in FLAGS.parts or r["kind"] == "rate_sweep"]
     records = []
 
     def record(**fields):
@@ -183,15 +196,19 @@ def main(argv):
 
     batch_sizes = [int(b) for b in FLAGS.batch_sizes]
     seeds = [int(s) for s in FLAGS.seeds]
-    sweep = {rate: auc_run("rowwise_adagrad", "float32", rate, batch_sizes[0], seeds[0])[0]
-             for rate in FLAGS.rowwise_rates}
-    rate = max(sweep, key=sweep.get)
-    for swept, auc in sweep.items():
-        record(kind="rate_sweep", rate=float(swept), batch_size=batch_sizes[0], seed=seeds[0],
-               test_auc=auc, chosen=swept == rate)
+    if "rate_sweep" in FLAGS.parts:  # added to the rates swept before
+        for rate in FLAGS.rowwise_rates:
+            kept = [r for r in kept if not (r["kind"] == "rate_sweep" and r["rate"] == float(rate))]
+            record(kind="rate_sweep", rate=float(rate), batch_size=batch_sizes[0], seed=seeds[0],
+                   test_auc=auc_run("rowwise_adagrad", "float32", rate, batch_sizes[0],
+                                    seeds[0])[0])
+    swept = [r for r in kept + records if r["kind"] == "rate_sweep"]
+    rate = FLAGS.rowwise_rate or max(swept, key=lambda r: r["test_auc"])["rate"]
+    for r in swept:
+        r["chosen"] = r["rate"] == rate
     FLAGS.train_rows = FLAGS.auc_rows
     source = common_flags.build_source(None)
-    for batch_size in batch_sizes:
+    for batch_size in batch_sizes if "step" in FLAGS.parts else []:
         medians, bytes_a_row, others = step_times(source, batch_size, rate)
         for setting in SETTINGS:
             record(kind="step", optimizer=setting[0], table_dtype=setting[1],
@@ -199,16 +216,16 @@ def main(argv):
                    step_ratio=medians[setting] / medians[SETTINGS[0]],
                    row_bytes=bytes_a_row[setting], width=FLAGS.embedding_dim,
                    timed_steps=FLAGS.timed_steps, other_processes_cpu_s=others)
-    for batch_size in batch_sizes:
+    for batch_size in batch_sizes if "auc" in FLAGS.parts else []:
         for seed in seeds:
             for setting in SETTINGS:
                 auc, seconds = auc_run(*setting, rate, batch_size, seed)
                 record(kind="auc", optimizer=setting[0], table_dtype=setting[1],
-                       embedding_learning_rate=float(rate) if setting[0] != "adam" else None,
+                       embedding_learning_rate=rate if setting[0] != "adam" else None,
                        batch_size=batch_size, seed=seed, train_rows=FLAGS.auc_rows,
                        test_auc=auc, seconds=seconds)
     with open(FLAGS.out, "w", encoding="utf-8") as out:
-        out.writelines(json.dumps(r) + "\n" for r in records)
+        out.writelines(json.dumps(r) + "\n" for r in kept + records)
 
 
 if __name__ == "__main__":

@@ -74,6 +74,7 @@ def model_facts(model):
     deep = model.field_embedding.deep_table.embeddings
     wide = model.field_embedding.wide_table
     facts = {"class": type(model).__name__, "deep_table": list(deep.shape),
+             "table_dtype": deep.dtype,
              "deep_table_regularized": model.field_embedding.deep_table.embeddings_regularizer
              is not None,
              "wide_table_rows": None if wide is None else int(wide.embeddings.shape[0]),

@@ -46,7 +46,8 @@ CASES = {
                                "--data=synthetic", "--optimizer=cowclip", "--model=deepfm",
                                "--embedding_update=row", "--embedding_comm=allgather",
                                "--scaling_preset=synthetic",
-                               "--precision=float32", "--deterministic", "--dedup_ids"],
+                               "--precision=float32", "--deterministic", "--dedup_ids",
+                               "--table_dtype=float32"],
     "cowclip_avazu_preset": [*SYNTHETIC, "--scaling_preset=avazu"],
     "cowclip_criteo_preset": [*SYNTHETIC, "--scaling_preset=criteo"],
     "cowclip_overrides": [*COWCLIP, "--learning_rate=0.003", "--embedding_learning_rate=0.0005",
@@ -58,6 +59,9 @@ CASES = {
     "came_dense": [*SYNTHETIC, "--optimizer=came", "--embedding_update=dense"],
     "adagrad": [*SYNTHETIC, "--optimizer=adagrad"],
     "sgd": [*SYNTHETIC, "--optimizer=sgd"],
+    "rowwise_adagrad_bfloat16": [*SYNTHETIC, "--optimizer=rowwise_adagrad",
+                                 "--embedding_learning_rate=0.02", "--table_dtype=bfloat16"],
+    "adam_float16_tables": [*ADAM, "--table_dtype=float16"],
     "adam_rule_none": [*ADAM, "--scaling_rule=none"],
     "adam_rule_sqrt": [*ADAM, "--scaling_rule=sqrt"],
     "adam_rule_sqrt_dense": [*ADAM, "--scaling_rule=sqrt", "--embedding_update=dense"],
@@ -102,7 +106,7 @@ COVERED_FLAGS = (
     "density", "density_warmup", "density_warmup_epochs", "topk_dense_gradients", "dedup_ids",
     "clip_r", "zeta", "l2", "learning_rate", "embedding_learning_rate", "embedding_init_stddev",
     "warmup_epochs", "warmup_steps", "scaling_rule", "scaling_preset", "embedding_update",
-    "hash_buckets", "fit_hash_buckets", "loss_scale_growth_steps",
+    "hash_buckets", "fit_hash_buckets", "loss_scale_growth_steps", "table_dtype",
 )
 # Values of covered flags run by other tests' launches: those that go with --progressive
 # (training day by day, not by epochs as every case here; tests/test_progressive.py runs and
@@ -352,6 +356,24 @@ def test_optimizer_without_rule_is_one_row_sparse_optimizer_at_its_default_rate(
                                  "learning_rate": pytest.approx(rate, rel=1e-6), "table_l2": l2}
     assert case["model"]["l2"] == {"embedding": 0.0, "wide": 0.0, "linear": l2}
     assert not case["model"]["deep_table_regularized"]
+
+
+@pytest.mark.parametrize("name, table_optimizer, dtype", [
+    ("rowwise_adagrad_bfloat16", "RowWiseAdagrad", "bfloat16"),
+    ("adam_float16_tables", "RowSparseAdam", "float16"),
+    ("adam", "RowSparseAdam", "float32"),
+])
+def test_table_optimizer_and_dtype(facts, name, table_optimizer, dtype):
+    """--optimizer=rowwise_adagrad: RowWiseAdagrad for the tables at --embedding_learning_rate,
+    Adam for the dense weights; --table_dtype stores the tables' rows."""
+    case = run(facts, name)
+    assert case["model"]["table_dtype"] == dtype
+    if name == "rowwise_adagrad_bfloat16":
+        assert inner(case, "embedding")["class"] == table_optimizer
+        assert inner(case, "embedding")["learning_rate"] == pytest.approx(0.02, rel=1e-6)
+        assert inner(case, "dense")["class"] == "FusedAdam"
+    else:
+        assert case["optimizer"]["class"] == table_optimizer
 
 
 def test_came_on_every_row_is_the_papers_came(facts):
