@@ -74,21 +74,27 @@ RESUMED = {engine: grouped_launches.launcher_job(
     engines=tuple(e for e in ENGINES if e != engine)) for engine in ENGINES}
 UNINTERRUPTED = grouped_launches.launcher_job(
     "parity-uninterrupted", 2, *SMALL, *RESUME, "--checkpoint_dir={dir}/parity/uninterrupted")
-STOPPED_FOR_4 = grouped_launches.launcher_job(
-    "parity-stopped-for-4", 2, *SMALL, *RESUME, "--stop_after_steps=5",
-    "--checkpoint_dir={dir}/parity/resume-at-4")
-RESUMED_AT_4 = grouped_launches.launcher_job(
-    "parity-resumed-at-4", 4, *SMALL, *RESUME, "--resume",
-    "--checkpoint_dir={dir}/parity/resume-at-4", stage=1, engines=("tf",))
+
+
+def stopped_then_resumed_at_4(prefix, flags, directory):
+    """Jobs: a 2-rank Horovod run of `flags` stopped after 5 of 12 steps, and its resumption at
+    4 ranks on TensorFlow's engine, both writing checkpoint directory `directory`."""
+    stopped = grouped_launches.launcher_job(
+        f"parity-{prefix}stopped-for-4", 2, *SMALL, *flags, "--stop_after_steps=5",
+        f"--checkpoint_dir={directory}")
+    resumed = grouped_launches.launcher_job(
+        f"parity-{prefix}resumed-at-4", 4, *SMALL, *flags, "--resume",
+        f"--checkpoint_dir={directory}", stage=1, engines=("tf",))
+    return stopped, resumed
+
+
+STOPPED_FOR_4, RESUMED_AT_4 = stopped_then_resumed_at_4("", RESUME,
+                                                        "{dir}/parity/resume-at-4")
 # The same with row-wise Adagrad and bfloat16 dynamic tables (checkpointed by id).
 RESUME_HALF = ["--optimizer=rowwise_adagrad", "--table_dtype=bfloat16",
                "--embedding_sharding=dynamic", "--embedding_learning_rate=0.02"]
-HALF_STOPPED_FOR_4 = grouped_launches.launcher_job(
-    "parity-half-stopped-for-4", 2, *SMALL, *RESUME_HALF, "--stop_after_steps=5",
-    "--checkpoint_dir={dir}/parity/half-resume-at-4")
-HALF_RESUMED_AT_4 = grouped_launches.launcher_job(
-    "parity-half-resumed-at-4", 4, *SMALL, *RESUME_HALF, "--resume",
-    "--checkpoint_dir={dir}/parity/half-resume-at-4", stage=1, engines=("tf",))
+HALF_STOPPED_FOR_4, HALF_RESUMED_AT_4 = stopped_then_resumed_at_4(
+    "half-", RESUME_HALF, "{dir}/parity/half-resume-at-4")
 
 
 def latest_step(checkpoint_dir):

@@ -18,15 +18,14 @@ import tensorflow as tf
 
 from tfscale.embedding import table_names
 from tfscale.embedding.table_dtypes import arithmetic_dtype
-from tfscale.optimizers.averaged import RefusesUnaveragedGradients
-from tfscale.optimizers.capabilities import DeclaresTableState, TableState
-from tfscale.optimizers.row_updates import RowUpdates
+from tfscale.optimizers.row_sparse_adagrad import RowSparseAdagrad
 
 
 @keras.saving.register_keras_serializable(package="tfscale")
-class RowWiseAdagrad(RefusesUnaveragedGradients, DeclaresTableState, RowUpdates,
-                     keras.optimizers.Adagrad):
-    """Row-wise Adagrad (module docstring): one float32 accumulator a row of each table.
+class RowWiseAdagrad(RowSparseAdagrad):
+    """Row-wise Adagrad (module docstring): one float32 accumulator a row of each table, which
+    starts at `initial_accumulator_value` (RowSparseAdagrad's per-value accumulator, shared by
+    the row).
 
     Args:
         learning_rate: the tables' learning rate (a float or a Keras schedule).
@@ -72,17 +71,6 @@ class RowWiseAdagrad(RefusesUnaveragedGradients, DeclaresTableState, RowUpdates,
             if self.updates_rows_in_place(variable)
             else self.add_variable_from_reference(variable, "accumulator", initializer=start)
             for variable in var_list]
-
-    def table_state(self, table):
-        """Per row: the accumulator, which starts at `initial_accumulator_value`.
-
-        Args:
-            table: an embedding table this optimizer was built on.
-
-        Returns:
-            A tfscale.optimizers.capabilities.TableState."""
-        accumulator = self._accumulators[self._get_variable_index(table)]
-        return TableState(per_row=(accumulator,), fresh=(self.initial_accumulator_value,))
 
     def update_rows(self, variable, ids, gradient_rows, weight_rows, learning_rate):
         gradient_rows = self.with_table_l2(gradient_rows, weight_rows)
