@@ -427,12 +427,11 @@ def report(path):
               + " |")
     vocabulary = [line for line in lines if line["part"] == "vocabulary"]
     if vocabulary:
-        print("\n| round | reader rows/s | pass rows/s | pass / reader | peak MiB reader, pass |"
+        print("\n| run | reader rows/s | pass rows/s | pass / reader | peak MiB reader, pass |"
               "\n|---|---:|---:|---:|---:|")
-        for key in sorted({(r["date"], r["round"]) for r in vocabulary}):
-            pick = {r["case"]: r for r in vocabulary if (r["date"], r["round"]) == key}
+        for index, pick in enumerate(_rounds(vocabulary)):
             reader, counted = pick["reader"], pick["pass"]
-            print(f"| {key[1]} | {reader['rows_per_second']:,.0f} | "
+            print(f"| {index + 1} | {reader['rows_per_second']:,.0f} | "
                   f"{counted['rows_per_second']:,.0f} | "
                   f"{counted['rows_per_second'] / reader['rows_per_second']:.2f} | "
                   f"{reader['peak_rss_mb']:,}, {counted['peak_rss_mb']:,} |")
@@ -448,6 +447,12 @@ def report(path):
             print(f"| {index + 1} | {line['case']} | {line['examples_per_second']:,.0f} | "
                   f"{ratio} | {line['epoch_seconds']:.1f} | "
                   f"{line['load_average_1min_before']:.1f} |")
+        medians = {case: _median([line["examples_per_second"] for line in train
+                                  if line["case"] == case]) for case in ("synthetic", "tsv",
+                                                                         "parquet")}
+        print("\nMedians: " + ", ".join(f"{case} {rate:,.0f}" for case, rate in medians.items())
+              + f"; tsv {medians['tsv'] / medians['synthetic']:.2f}x and parquet "
+              f"{medians['parquet'] / medians['synthetic']:.2f}x the synthetic data's")
 
 
 def main(argv):
