@@ -43,7 +43,7 @@ def _trained_weights(dataset, steps):
     inputs = {"dense": keras.Input([3], name="dense"),
               "categorical": keras.Input([4], dtype="int64", name="categorical")}
     embedded = keras.layers.Flatten()(keras.layers.Embedding(100, 2)(inputs["categorical"]))
-    output = keras.layers.Dense(1, activation="sigmoid")(
+    output = keras.layers.Dense(1, activation="sigmoid", name="click")(
         keras.layers.Concatenate()([inputs["dense"], embedded]))
     model = keras.Model(inputs, output)
     model.compile(optimizer="adam", loss="binary_crossentropy")
