@@ -42,7 +42,7 @@ class RowWiseAdagrad(RowSparseAdagrad):
     Example:
         ```python
         optimizer_map = keras.optimizers.OptimizerMap(keras.optimizers.Adam(1e-3))  # dense
-        optimizer_map[r".*/embeddings"] = tfscale.optimizers.RowWiseAdagrad(0.03)  # tables
+        optimizer_map[r".*/embeddings"] = tfscale.optimizers.RowWiseAdagrad(0.01)  # tables
         model.compile(optimizer=keras.optimizers.MultiOptimizer(optimizer_map),
                       loss="binary_crossentropy")
         ```
