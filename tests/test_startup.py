@@ -39,14 +39,17 @@ def test_a_step_scalar_first_recorded_while_tracing_does_not_make_the_function_t
     assert scalars.summary_scalars() == {"x": 6.0}
 
 
-@pytest.mark.parametrize("sharding", ["replicated", DynamicTables(capacity=50_000)])
-def test_the_train_step_is_traced_once(sharding):
+@pytest.mark.parametrize("sharding, staleness", [
+    ("replicated", 0), (DynamicTables(capacity=50_000), 0), ("replicated", 1),
+], ids=["replicated", "dynamic", "stale"])
+def test_the_train_step_is_traced_once(sharding, staleness):
+    """Stale embedding updates' queues are made in the first trace too."""
     source = SyntheticCTR(seed=0, train_rows=512, test_rows=64, vocabulary_scale=0.002)
     keras.utils.set_random_seed(0)
     model = models.build_model("deepfm", source.schema, embedding_dim=4, hidden_units=[8],
                                embedding_sharding=sharding)
     model.compile(optimizer=RowSparseAdam(1e-3), loss=keras.losses.BinaryCrossentropy(),
-                  metrics=[keras.metrics.AUC(name="auc")])
+                  metrics=[keras.metrics.AUC(name="auc")], embedding_staleness=staleness)
     traces, train_step = [], model.train_step
 
     def counted(data):

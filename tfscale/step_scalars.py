@@ -71,13 +71,15 @@ class StepScalars:
                               tf.float64)
 
 
-def eager_variable(initial_value, dtype=None):
+def eager_variable(initial_value, dtype=None, shape=None):
     """A non-trainable tf.Variable created at once outside any graph being traced, also when
     a tf.function's first trace asks for it. Not lifted into that function as the variables of
     its first call are: a tf.function whose first trace creates any variable traces itself a
-    second time (the whole train step, seconds at start-up), which this one does not cause."""
+    second time (the whole train step, seconds at start-up), which this one does not cause.
+    `shape`: as tf.Variable's (a TensorShape with unknown dimensions for a variable whose shape
+    changes)."""
     with tf.init_scope():
-        return tf.Variable(initial_value, dtype=dtype, trainable=False,
+        return tf.Variable(initial_value, dtype=dtype, shape=shape, trainable=False,
                            experimental_enable_variable_lifting=False)
 
 

@@ -27,6 +27,7 @@ from tfscale.errors import UserError
 from tfscale.exchanges.base import EmbeddingExchange, StepExchange, loss_scale
 from tfscale.exchanges.sharded import RowShardedExchange, finite_everywhere, nan_unless, times
 from tfscale.row_gradients import CountedSlices, occurrence_counts
+from tfscale.step_scalars import eager_variable
 
 
 class _TableQueue:
@@ -36,13 +37,11 @@ class _TableQueue:
         width = table.shape[-1]
         self.table = table
         self.with_counts = with_counts
-        self.values = tf.Variable(tf.zeros([0, width]), shape=tf.TensorShape([None, width]),
-                                  trainable=False)
-        self.indices = tf.Variable(tf.zeros([0], tf.int64), shape=tf.TensorShape([None]),
-                                   trainable=False)
-        self.counts = tf.Variable(tf.zeros([0]), shape=tf.TensorShape([None]),
-                                  trainable=False) if with_counts else None
-        self.lengths = tf.Variable(tf.zeros([staleness], tf.int64), trainable=False)
+        self.values = eager_variable(tf.zeros([0, width]), shape=tf.TensorShape([None, width]))
+        self.indices = eager_variable(tf.zeros([0], tf.int64), shape=tf.TensorShape([None]))
+        self.counts = eager_variable(tf.zeros([0]), shape=tf.TensorShape([None])) \
+            if with_counts else None
+        self.lengths = eager_variable(tf.zeros([staleness], tf.int64))
 
     def variables(self):
         named = {"values": self.values, "indices": self.indices, "lengths": self.lengths}
@@ -102,8 +101,8 @@ class StalenessQueues(PerRankState):
                 if table_names.is_row_table(variable):
                     self._queues[variable.path] = _TableQueue(variable, self.staleness,
                                                              self.with_counts)
-            self._origin_steps = tf.Variable(tf.fill([self.staleness], tf.constant(-1, tf.int64)),
-                                             trainable=False)
+            self._origin_steps = eager_variable(tf.fill([self.staleness],
+                                                        tf.constant(-1, tf.int64)))
 
     def pop(self, variables, scale=None):
         """The oldest queued gradient of each queued table, times `scale` (the loss scale this
