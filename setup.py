@@ -22,6 +22,9 @@ setup(
         # Parquet input (tfscale.data.parquet) and the vocabulary pass, which parses and counts
         # with it and writes Parquet vocabulary files.
         "pyarrow>=16",
+        # bfloat16 arrays in NumPy (half-precision tables' checkpoints); TensorFlow's own
+        # dependency.
+        "ml_dtypes",
     ],
     extras_require={
         # torch 2.13.0 is the CPU build the machine image carries; came-pytorch is CAME's
