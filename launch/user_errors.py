@@ -3,6 +3,7 @@ inside the TF graph) becomes one paragraph on stderr and exit status 2 instead o
 with the library's argument names (written `argument=value`) turned into the flags that set
 them."""
 
+import ast
 import math
 import re
 import sys
@@ -36,6 +37,7 @@ ARGUMENT_FLAGS = {
     "resume": "resume",
     "sharding": "embedding_sharding",
     "stop_after_steps": "stop_after_steps",
+    "table_dtype": "table_dtype",
     "train_progressively": "progressive",
     "vocabulary_cache_dir": "vocabulary_cache_dir",
 }
@@ -43,7 +45,8 @@ ARGUMENT_FLAGS = {
 
 def in_flag_terms(message):
     """`message` with every `argument=value` or `argument` of ARGUMENT_FLAGS written as its flag
-    (`--flag=value`, or `--flag` alone for a value of True)."""
+    (`--flag=value`, or `--flag` alone for a value of True; a dict value as the KEY=VALUE pairs
+    the list flags take)."""
 
     def as_flag(match):
         flag = ARGUMENT_FLAGS.get(match.group(1))
@@ -52,6 +55,9 @@ def in_flag_terms(message):
         value = match.group(2)
         if value is None or value == "True":
             return f"--{flag}"
+        if value.startswith("{"):
+            pairs = ast.literal_eval(value)
+            return f"--{flag}={','.join(f'{key}={item}' for key, item in pairs.items())}"
         return f"--{flag}={value.strip(chr(39) + chr(34))}"
 
     return re.sub(r"`(\w+)(?:=([^`]*))?`", as_flag, message)

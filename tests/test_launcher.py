@@ -241,9 +241,11 @@ def test_library_arguments_are_told_as_flags():
     from launch.user_errors import in_flag_terms
 
     assert in_flag_terms("`embedding_exchange=\"gtopk\"` with `embedding_staleness=1`; "
-                         "give `resume=True` or a `checkpoint_dir`; `unknown_arg=3`") == (
+                         "give `resume=True` or a `checkpoint_dir`; `unknown_arg=3`; "
+                         "`columns={'I1': 'your_column'}`; `table_dtype=\"float32\"`") == (
         "--embedding_comm=gtopk with --embedding_staleness=1; give --resume or a "
-        "--checkpoint_dir; `unknown_arg=3`")
+        "--checkpoint_dir; `unknown_arg=3`; --parquet_columns=I1=your_column; "
+        "--table_dtype=float32")
 
 
 @functools.lru_cache(maxsize=None)

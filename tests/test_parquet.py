@@ -258,7 +258,7 @@ def test_the_column_mapping_reads_columns_of_other_names(tmp_path):
                                         r"'I5' \(and 8 more\).*`columns=\{'I1': "):
         CriteoParquet(path)
     with pytest.raises(UserError, match="renamed.parquet: training files need the label column "
-                                        "'label'.*`columns={'label': ...}`"):
+                                        r"'label'.*`columns=\{'label': 'your_label_column'\}`"):
         CriteoParquet(path, columns={k: v for k, v in mapping.items() if k != "label"})
     with pytest.raises(UserError, match="`columns` maps 'I14', not a field of criteo rows"):
         CriteoParquet(path, columns={**mapping, "I14": "x"})

@@ -305,7 +305,7 @@ class ParquetSource(CTRSource):
             raise UserError(f"{self._train.files.paths[0]}: training files need the label "
                             f"column {self.column_map.column[fmt.label_name]!r} and this one has "
                             "none (a test file?); if yours has another name, give it with "
-                            "`columns={'label': ...}`")
+                            "`columns={'label': 'your_label_column'}`")
         self._test = None if test_paths is None else RowReader(
             ParquetFiles(test_paths, self.column_map), fmt, skip_bad, int(chunk_rows))
         self._test_fraction = held_out_fraction(test_paths, test_fraction)
