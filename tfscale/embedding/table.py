@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfscale.embedding import table_names
-from tfscale.embedding.table_dtypes import is_half, read_float32
+from tfscale.embedding.table_dtypes import as_float32
 
 # id(keras.Variable or the tf.Variable it holds) -> (a weak reference to it, its Table).
 _BY_VARIABLE = {}
@@ -116,11 +116,8 @@ class Table:
         """Rows `local_rows` (int, any shape) of this rank's variable as float32, read as the
         optimizer updates it (module docstring); their gradient is float32 row slices (a
         half-precision table's too: tfscale.embedding.table_dtypes)."""
-        if not is_half(self.variable.dtype):
-            return table_names.gather_rows(self.variable, local_rows,
-                                           in_place=self.updated_by_row)
-        return read_float32(table_names.resource_of(self.variable), local_rows,
-                            whole=not self.updated_by_row)
+        return as_float32(table_names.gather_rows(self.variable, local_rows,
+                                                  in_place=self.updated_by_row))
 
     def start_step(self):
         """Forgets earlier lookups: the train step calls it before its forward pass."""

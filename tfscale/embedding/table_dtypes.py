@@ -1,6 +1,6 @@
 """The dtypes an embedding table's rows are stored in (`TABLE_DTYPES`), and how a table stored in
 half precision is read: float32 (4 bytes an element), or bfloat16 / float16 (2 bytes, half the
-table's memory). Rows are read as float32 (`read_float32`: the gather, then the cast, so a lookup
+table's memory). Rows are read as float32 (`as_float32`: the gather, then the cast, so a lookup
 costs the batch's rows) and their gradient is float32 row slices, so the exchanges, the loss
 scaler and the optimizer's arithmetic all work in float32; the optimizer writes the updated rows
 back rounded stochastically (tfscale.optimizers.stochastic_rounding), which FBGEMM also does for
@@ -42,14 +42,12 @@ def arithmetic_dtype(dtype):
     return tf.float32 if is_half(dtype) else tf.as_dtype(dtype)
 
 
-def read_float32(resource, rows, whole):
-    """Rows `rows` of the half-precision tf.Variable `resource` as float32, gathered in place (or
-    from a whole read, `whole`), whose gradient is float32 row slices of the variable: the
-    gather's own gradient, handed float32 values (TensorFlow's cast would hand it the table's
-    dtype, and a float16 gradient loses small values before the loss scaler or the optimizer
-    sees them)."""
-    return _float32_with_float32_gradient(
-        tf.gather(resource.read_value() if whole else resource, rows))
+def as_float32(rows):
+    """Rows gathered from a table, as float32; a half-precision table's rows with a float32
+    gradient: the gather's own gradient, handed float32 values (TensorFlow's cast would hand it
+    the table's dtype, and a float16 gradient loses small values before the loss scaler or the
+    optimizer sees them)."""
+    return _float32_with_float32_gradient(rows) if is_half(rows.dtype) else rows
 
 
 @tf.custom_gradient

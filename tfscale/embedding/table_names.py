@@ -44,22 +44,14 @@ def is_wide_table(variable):
     return re.fullmatch(WIDE_TABLE_PATTERN, variable.path) is not None
 
 
-def resource_of(variable):
-    """The tf.Variable of `variable` (a Keras variable that is not autocast, or a tf.Variable);
-    a TypeError for an autocast one."""
-    resource = variable.value if isinstance(variable, keras.Variable) else variable
-    if not isinstance(resource, tf.Variable):
-        raise TypeError(f"{variable.path} read as a {type(resource).__name__}: tables are read "
-                        "by row from a variable that is not autocast (create it with "
-                        "autocast=False)")
-    return resource
-
-
 def gather_rows(variable, rows, in_place):
     """Rows `rows` of `variable` (a Keras or tf.Variable, not autocast): `in_place`, a
     ResourceGather, for a variable updated by row; otherwise a gather from a whole read, for one
     updated whole (why: tfscale.embedding.table)."""
-    resource = resource_of(variable)
+    resource = variable.value if isinstance(variable, keras.Variable) else variable
+    if not isinstance(resource, tf.Variable):
+        raise TypeError(f"gather_rows needs a variable that is not autocast; {variable.path} "
+                        f"read as a {type(resource).__name__} (create it with autocast=False)")
     if in_place:
         return tf.gather(resource, rows)
     return tf.gather(resource.read_value(), rows)
