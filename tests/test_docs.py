@@ -172,50 +172,123 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path):
         assert not found, f"{page.relative_to(tmp_path)} speaks of its development: {found}"
 
 
-def exported_names(module_path):
-    """The names in `__all__` of the module file `module_path` (read, not imported)."""
+def module_assignment(module_path, name):
+    """The literal value assigned to `name` at the top level of the module file `module_path`
+    (read, not imported), or None."""
     tree = ast.parse(module_path.read_text(encoding="utf-8"))
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(
-                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
-            return list(ast.literal_eval(node.value))
-    return []
+                isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return ast.literal_eval(node.value)
+    return None
 
 
-# The public packages and the page of the API reference that renders their names; the names
-# `tfscale` exports that are packages have pages of their own.
-PUBLIC = {"tfscale": "tfscale", "tfscale.optimizers": "optimizers",
-          "tfscale.exchanges": "exchanges", "tfscale.distributed": "distributed",
-          "tfscale.training": "training", "tfscale.serving": "serving"}
-# Modules without `__all__`: their public names, as their docstrings name them.
-NAMED = {"tfscale.data": ("rank_batches", "CriteoTSV", "AvazuCSV", "FILE_FORMATS",
-                          "CriteoParquet", "AvazuParquet", "PARQUET_FORMATS"),
-         "tfscale.callbacks": ("CatchUpRows", "Checkpoint", "TrainingMonitor",
-                               "PeriodicCheckpoint", "StopAfterSteps", "NonFiniteGuard")}
-PUBLIC.update({"tfscale.data": "data", "tfscale.callbacks": "callbacks"})
-SUBPACKAGE_PAGES = {"callbacks": "callbacks", "data": "data", "distributed": "distributed",
-                    "exchanges": "exchanges", "initializers": "tfscale", "optimizers": "optimizers",
-                    "serving": "serving"}
+def exported_names(module_path):
+    """The names in `__all__` of the module file `module_path` (read, not imported)."""
+    return list(module_assignment(module_path, "__all__") or [])
 
 
-def public_names(package):
-    if package in NAMED:
-        return list(NAMED[package])
-    return exported_names(ROOT / package.replace(".", "/") / "__init__.py")
+PACKAGE = ROOT / "tfscale"
+
+
+def public_namespaces():
+    """{public namespace: its source file}. Public are: `tfscale`, each of its packages
+    (tfscale/*/__init__.py), and each module `tfscale` exports under a name of its own
+    (`tfscale.callbacks` is tfscale/training/callbacks.py); a namespace's public names are its
+    `__all__`."""
+    namespaces = {"tfscale": PACKAGE / "__init__.py"}
+    namespaces.update({f"tfscale.{init.parent.name}": init
+                       for init in sorted(PACKAGE.glob("*/__init__.py"))})
+    lazy = module_assignment(PACKAGE / "__init__.py", "_PUBLIC") or {}
+    for name, (module, attribute) in sorted(lazy.items()):
+        if attribute is None and f"tfscale.{name}" not in namespaces:
+            namespaces[f"tfscale.{name}"] = ROOT / (module.replace(".", "/") + ".py")
+    return namespaces
+
+
+# The page of the API reference that renders a namespace's names: docs/reference/<last part of
+# its name>.md, but for these.
+PAGES = {"tfscale": "tfscale", "tfscale.initializers": "tfscale"}
+
+
+def reference_page(namespace):
+    return ROOT / "docs" / "reference" / f"{PAGES.get(namespace, namespace.split('.')[-1])}.md"
+
+
+def public_names(namespace):
+    return exported_names(public_namespaces()[namespace])
+
+
+def test_every_package_declares_its_public_names():
+    """What a package's __init__ binds (imports, definitions, constants) without a leading
+    underscore is in its `__all__`, and `tfscale`'s `__all__` is what it imports on first use:
+    a public name cannot be left out of the reference by being left out of `__all__`."""
+    left_out = []
+    for namespace, path in public_namespaces().items():
+        declared = set(exported_names(path))
+        assert declared, f"{path.relative_to(ROOT)} declares no `__all__`"
+        if namespace == "tfscale":
+            assert declared == set(module_assignment(path, "_PUBLIC")), namespace
+            continue
+        if path.name != "__init__.py":
+            continue  # a module: `__all__` picks its public names from its helpers
+        bound = set()
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.ImportFrom):
+                bound.update(alias.asname or alias.name for alias in node.names)
+            elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                bound.add(node.name)
+            elif isinstance(node, ast.Assign):
+                bound.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        left_out += [f"{namespace}.{name}" for name in sorted(bound - declared)
+                     if not name.startswith("_")]
+    assert not left_out, "names packages bind but leave out of `__all__`: " + ", ".join(left_out)
+
+
+def classes_users_construct():
+    """{class name: [where]} of the tfscale classes that README.md, docs/ (code blocks and
+    inline code) and examples/ construct (`Name(`), subclass or import."""
+    classes = set()
+    for path in PACKAGE.rglob("*.py"):
+        classes.update(node.name for node in ast.parse(path.read_text(encoding="utf-8")).body
+                       if isinstance(node, ast.ClassDef) and not node.name.startswith("_"))
+    texts = {}
+    for path in markdown_files():
+        text = path.read_text(encoding="utf-8")
+        texts[path] = "\n".join(code_blocks(text) + INLINE_CODE.findall(FENCE.sub("", text)))
+    texts.update({path: path.read_text(encoding="utf-8")
+                  for path in sorted((ROOT / "examples").glob("*.py"))})
+    used = {}
+    for path, code in texts.items():
+        for name in classes:
+            if re.search(rf"(?<![\w]){name}\(|\bclass \w+\({name}\)|^\s*from tfscale[\w.]* import "
+                         rf"[^\n]*\b{name}\b", code, re.M):
+                used.setdefault(name, []).append(str(path.relative_to(ROOT)))
+    return used
+
+
+def test_the_classes_the_docs_construct_are_public():
+    public = {name for namespace in public_namespaces() for name in public_names(namespace)}
+    private = {name: where for name, where in classes_users_construct().items()
+               if name not in public}
+    assert not private, ("classes the docs or examples construct that no public namespace "
+                         f"exports (add them to their package's `__all__`): {private}")
 
 
 def test_the_api_reference_covers_every_public_name():
+    namespaces = public_namespaces()
     missing = []
-    for package, page in PUBLIC.items():
-        text = (ROOT / "docs" / "reference" / f"{page}.md").read_text(encoding="utf-8")
-        for name in public_names(package):
-            if package == "tfscale" and name in SUBPACKAGE_PAGES:
-                target = ROOT / "docs" / "reference" / f"{SUBPACKAGE_PAGES[name]}.md"
-                if not target.exists():
-                    missing.append(f"{package}.{name} (no page)")
-                continue
-            if not re.search(rf"^::: {re.escape(package)}\.{re.escape(name)}\s*$", text, re.M):
-                missing.append(f"{package}.{name} (docs/reference/{page}.md)")
+    for namespace in namespaces:
+        page = reference_page(namespace)
+        text = page.read_text(encoding="utf-8") if page.exists() else ""
+        if not text:
+            missing.append(f"{namespace} (no page {page.relative_to(ROOT)})")
+            continue
+        for name in public_names(namespace):
+            if f"{namespace}.{name}" in namespaces:
+                continue  # a namespace of its own: its page, checked above
+            if not re.search(rf"^::: {re.escape(namespace)}\.{re.escape(name)}\s*$", text, re.M):
+                missing.append(f"{namespace}.{name} ({page.relative_to(ROOT)})")
     assert not missing, "public names the API reference does not render: " + ", ".join(missing)
 
 
@@ -239,7 +312,7 @@ def test_every_public_name_has_a_docstring_and_an_example():
     loaded = griffe.load("tfscale", search_paths=[str(ROOT)], resolve_aliases=True,
                          resolve_external=False)
     bare, without_example = [], []
-    for package in PUBLIC:
+    for package in public_namespaces():
         module = loaded if package == "tfscale" else loaded[package[len("tfscale."):]]
         for name in public_names(package):
             member = module[name]

@@ -28,7 +28,7 @@ import importlib
 import typing
 
 if typing.TYPE_CHECKING:  # what the names below are, for readers and the API reference
-    from tfscale import data, distributed, exchanges, optimizers, serving
+    from tfscale import data, distributed, embedding, exchanges, optimizers, serving, training
     from tfscale.embedding import initializers
     from tfscale.embedding.field_embedding import FieldEmbedding
     from tfscale.errors import UserError
@@ -38,8 +38,8 @@ if typing.TYPE_CHECKING:  # what the names below are, for readers and the API re
 __version__ = "0.1.0"
 
 __all__ = ["FieldEmbedding", "FunctionalTrainStepModel", "TrainStepModel", "UserError",
-           "callbacks", "data", "distributed", "exchanges", "initializers", "optimizers",
-           "serving"]
+           "callbacks", "data", "distributed", "embedding", "exchanges", "initializers",
+           "optimizers", "serving", "training"]
 
 # Public name -> (module, attribute or None for the module itself), imported on first use, so
 # that `python -m tfscale.run` starts its processes without loading TensorFlow first.
@@ -51,10 +51,12 @@ _PUBLIC = {
     "callbacks": ("tfscale.training.callbacks", None),
     "data": ("tfscale.data", None),
     "distributed": ("tfscale.distributed", None),
+    "embedding": ("tfscale.embedding", None),
     "exchanges": ("tfscale.exchanges", None),
     "initializers": ("tfscale.embedding.initializers", None),
     "optimizers": ("tfscale.optimizers", None),
     "serving": ("tfscale.serving", None),
+    "training": ("tfscale.training", None),
 }
 
 

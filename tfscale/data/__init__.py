@@ -4,11 +4,22 @@ launcher's `--data` and `launch.build_vocab --format` read it), and their rows i
 in `PARQUET_FORMATS`. A new format is a `delimited_text.DelimitedTextSource` subclass with its
 `TextFormat`, plus one line here (and a `parquet.ParquetSource` subclass of the same FORMAT for
 its Parquet files).
-`rank_batches` gives each Horovod rank its part of arrays, a tf.data.Dataset or a source."""
+`rank_batches` gives each rank its part of arrays, a tf.data.Dataset or a source. `CTRSource` is
+the interface a source of another kind implements, its batches described by a `FeatureSchema`."""
 
 from tfscale.data.avazu import AvazuCSV, AvazuParquet
 from tfscale.data.criteo import CriteoParquet, CriteoTSV
+from tfscale.data.delimited_text import DelimitedTextSource
+from tfscale.data.parquet import ParquetSource
 from tfscale.data.rank_batches import rank_batches
+from tfscale.data.schema import FeatureSchema
+from tfscale.data.source import CTRSource
+from tfscale.data.synthetic import SyntheticCTR
+from tfscale.data.text_lines import LineLayout, TextFormat
 
 FILE_FORMATS = {"criteo": CriteoTSV, "avazu": AvazuCSV}
 PARQUET_FORMATS = {"criteo": CriteoParquet, "avazu": AvazuParquet}
+
+__all__ = ["AvazuCSV", "AvazuParquet", "CTRSource", "CriteoParquet", "CriteoTSV",
+           "DelimitedTextSource", "FILE_FORMATS", "FeatureSchema", "LineLayout", "PARQUET_FORMATS",
+           "ParquetSource", "SyntheticCTR", "TextFormat", "rank_batches"]

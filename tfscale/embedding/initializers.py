@@ -14,6 +14,9 @@ import tensorflow as tf
 
 from tfscale import distributed
 
+# What `tfscale.initializers` offers (the functions below serve the tables' strategies).
+__all__ = ["RowSeededNormal"]
+
 # A shard draws the stream in windows of this many rows (one window's values in memory at a time).
 CHUNK_ROWS = 1 << 16
 # Normal values TensorFlow's Philox kernels make per counter step (float32: one 4-word output,

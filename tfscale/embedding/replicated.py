@@ -11,6 +11,10 @@ from tfscale.embedding.table import RowShard, Table
 
 
 class Replicated(TableStrategy):
+    """The `replicated` strategy, FieldEmbedding's default (`sharding="replicated"`): every rank
+    holds every row; a step's rows are looked up on the rank, and their gradients averaged over
+    the ranks by the model's embedding exchange. It has no settings."""
+
     name = "replicated"
     description = "replicated"
 

@@ -26,6 +26,10 @@ from tfscale.step_scalars import ReportsProgress, scalars_of
 from tfscale.training import distributed_fit
 from tfscale.training.checkpoints import CheckpointStore
 
+# What `tfscale.callbacks` offers (the rest of this module serves them and the run).
+__all__ = ["CatchUpRows", "Checkpoint", "NonFiniteGuard", "PeriodicCheckpoint", "StopAfterSteps",
+           "TrainingMonitor"]
+
 
 def learning_rates(optimizer):
     """{name: current learning rate} for an optimizer, each optimizer inside a MultiOptimizer, or
