@@ -32,6 +32,20 @@ flags.DEFINE_integer("log_every_steps", 20, "Progress line and TensorBoard scala
 flags.DEFINE_integer("stop_after_steps", None,
                      "Stop (as if interrupted) after this many global steps; resume with --resume.",
                      lower_bound=1)
+flags.DEFINE_list("profile_steps", [],
+                  "FIRST,LAST: write TensorFlow's profile of these global steps (rank 0's) to "
+                  "<logdir>/train for TensorBoard's Profile tab: the trace viewer, op statistics, "
+                  "the input-pipeline analysis (docs/tuning.md). Skip the first steps, which "
+                  "trace the train step: e.g. 20,25. Not with --progressive.")
+flags.register_validator(
+    "profile_steps", lambda steps: not steps or (
+        len(steps) == 2 and all(s.strip().isdigit() for s in steps)
+        and 1 <= int(steps[0]) <= int(steps[1])),
+    message="--profile_steps takes FIRST,LAST: two global steps, 1 <= FIRST <= LAST")
+flags.register_multi_flags_validator(
+    ["profile_steps", "progressive"], lambda values: not (values["profile_steps"]
+                                                          and values["progressive"]),
+    message="--profile_steps profiles a run of epochs, not --progressive")
 
 
 def run():
@@ -106,7 +120,9 @@ def run():
         result = train_progressively(model, days, ProgressiveConfig(**run_settings), print_line)
         scored = days[-1][1]  # the trained model's scores of the last day's first lines
     else:
-        result = train(model, source, TrainingConfig(epochs=FLAGS.epochs, **run_settings),
+        profile_steps = tuple(int(step) for step in FLAGS.profile_steps) or None
+        result = train(model, source, TrainingConfig(epochs=FLAGS.epochs,
+                                                     profile_steps=profile_steps, **run_settings),
                        print_line)
         scored = source
     if checkpoint_dir and not result.stopped_early and not result.finished_before:

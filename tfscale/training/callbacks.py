@@ -27,8 +27,8 @@ from tfscale.training import distributed_fit
 from tfscale.training.checkpoints import CheckpointStore
 
 # What `tfscale.callbacks` offers (the rest of this module serves them and the run).
-__all__ = ["CatchUpRows", "Checkpoint", "NonFiniteGuard", "PeriodicCheckpoint", "StopAfterSteps",
-           "TrainingMonitor"]
+__all__ = ["CatchUpRows", "Checkpoint", "NonFiniteGuard", "PeriodicCheckpoint", "ProfileSteps",
+           "StopAfterSteps", "TrainingMonitor"]
 
 
 def learning_rates(optimizer):
@@ -212,6 +212,84 @@ class StopAfterSteps(keras.callbacks.Callback):
         if int(self.model.optimizer.iterations) >= self.max_steps:
             self.model.stop_training = True
             self.stopped = True
+
+
+class ProfileSteps(keras.callbacks.Callback):
+    """Records TensorFlow's profile of global steps `first_step` to `last_step` (the optimizer's
+    iterations, counted from 1; a resumed run counts on) into `logdir`, for TensorBoard's
+    Profile tab (`tensorboard --logdir LOGDIR`): the trace viewer's timeline of every op and
+    input-pipeline event, op statistics and the input-pipeline analysis. A window that an
+    epoch's end cuts stops there (evaluation is not profiled).
+
+    Why not keras.callbacks.TensorBoard(profile_batch=...): it counts the batches of each `fit`
+    call, and a run that calls `fit` once per epoch (tfscale.training.train) would profile the
+    first epoch's batches, whatever the step.
+
+    Args:
+        logdir: the directory TensorBoard reads; the profile goes to logdir/plugins/profile.
+        first_step: the first global step profiled (>= 1). Skip the first steps: they trace
+            and compile the train step.
+        last_step: the last global step profiled (>= first_step); a few steps are enough, a
+            trace grows by the op.
+
+    Raises:
+        ValueError: `first_step` is below 1 or `last_step` below `first_step`.
+
+    Example:
+        ```python
+        import tempfile
+
+        import keras
+        import numpy as np
+        import tfscale
+
+        ids = keras.Input((3,), dtype="int64")
+        vectors = tfscale.FieldEmbedding([10, 10, 10], embedding_dim=4)(ids)
+        outputs = keras.layers.Dense(1, activation="sigmoid")(keras.layers.Flatten()(vectors))
+        model = tfscale.FunctionalTrainStepModel(ids, outputs)
+        model.compile(optimizer=tfscale.optimizers.RowSparseAdam(1e-3),
+                      loss="binary_crossentropy")
+        logdir = tempfile.mkdtemp()
+        model.fit(np.random.randint(0, 10, (640, 3)), np.random.randint(0, 2, (640, 1)),
+                  batch_size=64, verbose=0,
+                  callbacks=[tfscale.callbacks.ProfileSteps(logdir, first_step=4, last_step=6)])
+        # logdir/plugins/profile/<time>/<host>.xplane.pb: open logdir in TensorBoard
+        ```
+    """
+
+    def __init__(self, logdir, first_step, last_step):
+        super().__init__()
+        if first_step < 1 or last_step < first_step:
+            raise ValueError(f"`first_step={first_step}`, `last_step={last_step}`: give "
+                             "1 <= first_step <= last_step")
+        self.logdir = logdir
+        self.first_step = int(first_step)
+        self.last_step = int(last_step)
+        self._steps_before_fit = 0
+        self._profiling = False
+        self._done = False
+
+    def on_train_begin(self, logs=None):
+        self._steps_before_fit = int(self.model.optimizer.iterations)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        step = self._steps_before_fit + batch + 1  # the step this batch takes
+        if not (self._profiling or self._done) and self.first_step <= step <= self.last_step:
+            tf.profiler.experimental.start(self.logdir)
+            self._profiling = True
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._profiling and self._steps_before_fit + batch + 1 >= self.last_step:
+            self._stop()
+
+    def on_train_end(self, logs=None):
+        if self._profiling:
+            self._stop()
+
+    def _stop(self):
+        tf.profiler.experimental.stop()
+        self._profiling = False
+        self._done = True  # once: a later `fit` does not profile again
 
 
 class NonFiniteGuard(keras.callbacks.Callback):

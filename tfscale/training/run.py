@@ -49,6 +49,9 @@ class TrainingConfig:
             False refuses a `checkpoint_dir` that holds a checkpoint.
         stop_after_steps: stop as an interrupted run would (tests, preemption drills); None:
             never.
+        profile_steps: (first, last): TensorFlow's profile of these global steps, written to
+            logdir/train for TensorBoard's Profile tab (tfscale.callbacks.ProfileSteps; rank 0's
+            steps); None: no profile.
 
     Example:
         ```python
@@ -65,6 +68,7 @@ class TrainingConfig:
     checkpoint_every_steps: int = 0  # 0: only at the end of each epoch
     resume: bool = False
     stop_after_steps: int = None  # stop as an interrupted run would (tests, preemption drills)
+    profile_steps: tuple = None  # (first, last) global steps profiled into logdir/train
 
 
 @dataclasses.dataclass
@@ -154,7 +158,7 @@ def train(model, source, config, print_fn=print):
             ranks or is more than the training split; `checkpoint_dir` holds a checkpoint and
             `resume` is False, or holds a run trained day by day, or one that does not match
             the model; `resume` without a `checkpoint_dir`; under Horovod, a source that cannot
-            tell its batches per epoch.
+            tell its batches per epoch; `profile_steps` without a `logdir`.
         tfscale.errors.NonFiniteTraining: training stopped being finite (a UserError; see
             tfscale.callbacks.NonFiniteGuard).
 
@@ -168,6 +172,8 @@ def train(model, source, config, print_fn=print):
         ```
     """
     check_test_split_is_labelled(source)
+    if config.profile_steps and not config.logdir:
+        raise UserError("`profile_steps` writes a profile into `logdir`: give a `logdir`")
     chief = distributed.is_chief()
     if not chief:
         print_fn = _silent
@@ -203,6 +209,9 @@ def train(model, source, config, print_fn=print):
         run_callbacks.append(tfs_callbacks.TrainingMonitor(
             config.batch_size, config.log_every_steps, writers.get("train"), steps_per_epoch,
             print_fn))
+        if config.profile_steps:
+            run_callbacks.append(tfs_callbacks.ProfileSteps(
+                os.path.join(config.logdir, "train"), *config.profile_steps))
     checkpointer = None
     if store is not None:  # on every rank: each contributes its per-rank state to a save
         checkpointer = tfs_callbacks.PeriodicCheckpoint(
