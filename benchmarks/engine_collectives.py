@@ -18,7 +18,7 @@ inside a tf.function, as tfscale's train steps call them. Tensors are float32 ro
   the same total bytes as `uneven`, equal shapes;
 - on TensorFlow's engine only, `allgather/runtime`, `alltoall/runtime`: the runtime's collective
   alone on the equal tensor (no size agreement, no padding, no mask: what the engine adds on top;
-  called through the engine's private key helpers, and left out if those are gone).
+  called through the engine's private key functions, and left out if those are gone).
 
 and once, size-independent: `allreduce/4B` and `allgather/4B` (one float32, one int32: the
 latency of one collective), and on TensorFlow's engine `allgather/4B_runtime` (the runtime's

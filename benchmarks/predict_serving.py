@@ -1,9 +1,10 @@
-"""Two measurements for issue 17, each a ratio against a baseline in the same run:
+"""Tables sized from the data, and the exported model's serving speed: two measurements, each a
+ratio against a baseline in the same run:
 
 1. `--part=default_change`: the 10K-line sample (8K train / 2K test by line hash, batch 256,
-   DeepFM, CowClip, one epoch) trained by `launch.train` in a fresh process per setting: the old
-   default (every field hashed into 1M buckets) against the new one (the automatic vocabulary),
-   and hashing with buckets fitted to the data. Reports parameters, peak memory, training
+   DeepFM, CowClip, one epoch) trained by `launch.train` in a fresh process per setting: every
+   field hashed into 1M buckets against the default (the automatic vocabulary), and hashing with
+   buckets fitted to the data. Reports parameters, peak memory, training
    examples/s and test AUC.
    Peak memory is the training process's high-water resident set (VmHWM).
 2. `--part=serving`: rows/s of the exported SavedModel's `score_lines` (raw lines in, parsing

@@ -5,9 +5,9 @@ making a tf.data iterator over them adds:
 
 SyntheticCTR keeps, per id, its place in the id order and the teacher's draws (a first-order
 weight and an 8-wide hidden vector: 1.35 GB at scale 1), and reads them in its tf.data map
-(held by reference since d517b2f: tfscale.data.pipeline.held_by_reference).
-Each configuration runs in a fresh child process of the source tree given (git worktrees: the
-code before and after a change), which prints the resident memory (RSS) after importing
+(held by reference: tfscale.data.pipeline.held_by_reference).
+Each configuration runs in a fresh child process of each source tree given (--trees: checkouts
+to compare), which prints the resident memory (RSS) after importing
 TensorFlow, after the tables are built (with the process's peak so far, its rusage), and after
 making the first iterator over the train batches (with the seconds that took): with tf.data's
 static rewrites on or off, and with op determinism (the launcher's --deterministic, its

@@ -19,7 +19,7 @@ peak resident memory (VmHWM; every rank's under horovodrun):
   pass_2       the same under `horovodrun -np 2 -H localhost:2 --gloo`;
   tfdata       the reader's tf.data chunks (LineParser, tf.unique_with_counts) counted into the
                same bounded counts: the engine the pass did not choose;
-  old          the pass of the tree at --old_tree (the previous commit, `git archive`), if given.
+  old          the pass of the tree at --old_tree (another checkout, `git archive`), if given.
 One JSON line per case and round is appended to --results with the machine (lscpu model name
 and flags, cores), the date, the command and the 1-minute load average before and after."""
 

@@ -12,10 +12,10 @@ back without those informational lines; anything else (an error, a Python warnin
 
 Importing TensorFlow imports Keras whole, and Keras imports scikit-learn, pandas and matplotlib
 when they are installed (and TensorFlow's old Keras, SciPy) for what the entry points never use:
-its scikit-learn wrappers, DataFrames given to `fit`, its plotting helpers, sparse matrices.
+its scikit-learn wrappers, DataFrames given to `fit`, its plotting functions, sparse matrices.
 They are held back while TensorFlow is imported (about 1.4 s of CPU a process: 4 ranks on 2
 cores wait about 3 s for them); importing one afterwards works as usual, only Keras's own
-helpers for it stay off in this process.
+support for it stays off in this process.
 """
 
 import contextlib

@@ -1,0 +1,168 @@
+"""Every measured figure in README.md and the guide pages (docs/*.md; not docs/results/, whose
+pages are the write-ups, nor docs/reference/, generated from docstrings) is one that a results
+file holds: the raw files in benchmarks/results/ or a results page in docs/results/.
+
+A figure is a number in prose (code blocks, inline code and link targets left out) with a
+decimal part (0.7833, 2.09) or a unit: a ratio (1.12x), a percentage, a size (1.34 GB, 12 MB) or
+a time (213 ms, 15.2 s, 8 min). Integers without a unit are counts, batch sizes and flag values,
+facts of the code, and are not figures. Also not figures, by rule: a ratio of 1 (a baseline
+against itself), a version (after a product's name: TensorFlow 2.21, CUDA 12.4), an arXiv id, a
+value given to a setting (after "="), a power of ten in scientific notation (1e-5), and a
+paper's published numbers (in a sentence or section that names the paper or says "published").
+The few remaining facts of the code with a unit are in ALLOWED, each with its reason.
+
+A figure is backed when a results file holds the same number with the same unit, or, for a ratio
+or a number with decimals, the same digits without it (a table says its unit in its header); a
+unitless decimal also when a raw value of six or more decimals rounds to it. No TensorFlow."""
+
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+RESULTS_DIRS = (ROOT / "benchmarks" / "results", ROOT / "docs" / "results")
+RESULTS_SUFFIXES = {".jsonl", ".json", ".md", ".csv", ".txt"}
+
+FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.M | re.S)
+INLINE_CODE = re.compile(r"`(?:[^`\n]|\n(?![ \t]*\n))*`")
+LINK_TARGET = re.compile(r"\]\([^)\s]*(?:\s+\"[^\"]*\")?\)")
+DEFINITION = re.compile(r"^ {0,3}\[[^\]]+\]:.*$", re.M)
+COMMENT = re.compile(r"<!--.*?-->", re.S)
+# README's headline table is written from the results files by scripts/headline_table.py and
+# checked against them by tests/test_docs.py.
+HEADLINE = re.compile(r"<!-- headline table.*?<!-- end of headline table -->", re.S)
+
+UNIT = r"x|%|[KMGT]i?B|ms|µs|s|seconds?|min|minutes?|h|hours?"
+FIGURE = re.compile(
+    r"(?<![\w.,/#+\-−])(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?![\d.,]\d|[eE][+\-]?\d)"
+    r"(?:\s?(" + UNIT + r")(?![\w]))?")
+VERSIONED = re.compile(
+    r"(?:Python|TensorFlow|TF|Keras|CUDA|cuDNN|NCCL|Ubuntu|PyTorch|Horovod|pyarrow|NumPy|numpy"
+    r"|gcc|GCC|cmake|CMake|version|v|arXiv|glibc|Debian|Linux|MkDocs|Gloo|OpenMPI|MPI)\s*$")
+SETTING = re.compile(r"(?:=|≈)\s*$")
+CITES_A_PAPER = re.compile(
+    r"\bpapers?\b|\bpublished\b|\bthe authors\b|\bofficial README\b|\barXiv\b", re.I)
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z(\[*])|\n(?=\s*[|#-])|\n\s*\n")
+
+# (page, figure as written): why it is a fact of the code, not a measurement.
+ALLOWED = {
+    ("docs/architecture.md", "300 s"): "tfscale.distributed.COLLECTIVE_TIMEOUT_SECONDS",
+    ("docs/engines.md", "300 s"): "tfscale.distributed.COLLECTIVE_TIMEOUT_SECONDS",
+    ("docs/multihost.md", "300 s"): "tfscale.distributed.COLLECTIVE_TIMEOUT_SECONDS",
+    ("docs/data.md", "8 MB"): "tfscale.data.text_blocks.BLOCK_BYTES",
+    ("docs/launching.md", "10 seconds"): "tfscale.run_ranks.STOP_GRACE_SECONDS",
+    ("docs/came.md", "11x"): "arithmetic of the update: its first step without bias correction",
+    ("docs/came.md", "0.1x"): "arithmetic of the update: its first 1-D step",
+    ("docs/data.md", "98%"): "the count-min sketch's bound with its 4 rows: 1 - exp(-4)",
+    ("docs/data.md", "1.6%"): "the error of 4,096 smallest fingerprints: 1 / sqrt(4,096 - 2)",
+}
+
+
+def guide_pages():
+    return [ROOT / "README.md"] + sorted(p for p in (ROOT / "docs").glob("*.md"))
+
+
+def prose(text):
+    """`text` without code, link targets, comments and README's generated headline table."""
+    for pattern in (HEADLINE, COMMENT, FENCE, INLINE_CODE, DEFINITION):
+        text = pattern.sub(" ", text)
+    return LINK_TARGET.sub("]", text)
+
+
+def sections(text):
+    """(heading, body) of each part of `text` under a heading of its own."""
+    parts = re.split(r"^(#{1,6} .*)$", text, flags=re.M)
+    yield "", parts[0]
+    for index in range(1, len(parts), 2):
+        yield parts[index], parts[index + 1]
+
+
+def figures(text):
+    """(number, unit) and the figure as written, of each figure in markdown `text` (module
+    docstring: what is a figure)."""
+    found = []
+    for heading, body in sections(prose(text)):
+        if CITES_A_PAPER.search(heading):
+            continue
+        for sentence in SENTENCE_END.split(body):
+            if CITES_A_PAPER.search(sentence):
+                continue
+            for match in FIGURE.finditer(sentence):
+                whole, decimals, unit = match.group(1), match.group(2) or "", match.group(3) or ""
+                if not decimals and not unit:
+                    continue
+                before = sentence[:match.start()]
+                if VERSIONED.search(before) or SETTING.search(before):
+                    continue
+                number = whole.replace(",", "") + decimals
+                if unit == "x" and float(number) == 1:
+                    continue
+                found.append(((number, unit), match.group(0).strip()))
+    return found
+
+
+RESULT_NUMBER = re.compile(
+    r"(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?:[eE][+\-]?\d+)?(?:\s?(" + UNIT + r")(?!\w))?")
+
+
+def held(texts):
+    """{(number, unit)} the results files' `texts` hold; raw values with five or more decimals
+    also as their roundings to 1-4 decimals, unitless."""
+    numbers = set()
+    for text in texts:
+        for match in RESULT_NUMBER.finditer(text):
+            whole, decimals, unit = match.group(1), match.group(2) or "", match.group(3) or ""
+            if re.search(r"[eE][+\-]?\d", match.group(0)):
+                continue  # 1e-5: a setting
+            number = whole.replace(",", "") + decimals
+            numbers.add((number, unit))
+            numbers.add((number, ""))
+            if len(decimals) > 5:
+                for places in range(1, 5):
+                    numbers.add((f"{float(number):.{places}f}", ""))
+    return numbers
+
+
+def results_texts():
+    return [path.read_text(encoding="utf-8", errors="replace")
+            for directory in RESULTS_DIRS for path in sorted(directory.rglob("*"))
+            if path.suffix in RESULTS_SUFFIXES]
+
+
+def unbacked(text, numbers, page=None):
+    """The figures of markdown `text` that `numbers` (held by results files) do not hold."""
+    return [written for (number, unit), written in figures(text)
+            if (number, unit) not in numbers and (page, written) not in ALLOWED
+            and not ((unit == "x" or "." in number) and (number, "") in numbers)]
+
+
+def test_the_number_check_catches_an_unbacked_figure():
+    numbers = held(["| run | 0.78334219 | 1.12x | 213 ms | 1,385 ms | 4.46 GB |",
+                    "| 1.58 | 12.5 | 95 |"])
+    text = ("The step is 1.12x and 1.13x Adam's, 213 ms (1,385 ms dense); AUC 0.7833 or 0.7835; "
+            "tables 4.46 GB, 4.46 MB; 17% more, batch 65,536, 1x, Python 3.11, lr=0.0025, 1e-5; "
+            "1.58x, 12.5 s, 12.6 s, 95 ms.\n"
+            "`0.9999` in code; [page](results/2.5x.md)\n```\n7.7x\n```\n"
+            "The paper reports 80.96% at 64K.\n\n## Published results\n80.90% at 128K.\n")
+    assert unbacked(text, numbers) == ["1.13x", "0.7835", "17%", "12.6 s", "95 ms"]
+
+
+def test_allowed_figures_are_on_their_pages():
+    stale = [entry for entry in ALLOWED
+             if entry[1] not in [written for _, written in figures(
+                 (ROOT / entry[0]).read_text(encoding="utf-8"))]]
+    assert not stale, f"ALLOWED entries no page holds any more: {stale}"
+
+
+@pytest.fixture(scope="module")
+def results_numbers():
+    return held(results_texts())
+
+
+@pytest.mark.parametrize("path", guide_pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_figure_is_in_a_results_file(path, results_numbers):
+    page = str(path.relative_to(ROOT))
+    found = unbacked(path.read_text(encoding="utf-8"), results_numbers, page)
+    assert not found, (f"{page}: figures no file in benchmarks/results/ or docs/results/ holds "
+                       f"(cite the results page, correct or remove them): {found}")
