@@ -1,6 +1,7 @@
 """The CowClip authors' own code (bytedance/LargeBatchCTR: train.py, clip.py, data_utils.py and
-their DeepCTR fork) on the built-in synthetic data, beside our runs of benchmarks/cowclip_tuned.py:
-does CowClip's AUC loss at large batch on this data belong to the data or to our implementation?
+their DeepCTR fork) on the built-in synthetic data, beside tfscale's runs of
+benchmarks/cowclip_tuned.py: does CowClip's AUC loss at large batch on this data belong to the
+data or to tfscale's implementation?
 
     python -m benchmarks.cowclip_official --step=setup    # their environment (a venv outside)
     python -m benchmarks.cowclip_official --step=data     # the splits, as arrays for the adapter
