@@ -6,8 +6,10 @@ A figure is a number in prose (code blocks, inline code and link targets left ou
 decimal part (0.7833, 2.09) or a unit: a ratio (1.12x), a percentage, a size (1.34 GB, 12 MB) or
 a time (213 ms, 15.2 s, 8 min). Integers without a unit are counts, batch sizes and flag values,
 facts of the code, and are not figures. Also not figures, by rule: a ratio of 1 (a baseline
-against itself), a version (after a product's name: TensorFlow 2.21, CUDA 12.4), an arXiv id, a
-value given to a setting (after "="), a power of ten in scientific notation (1e-5), and a
+against itself), a version or a name's number (after a product's name: TensorFlow 2.21, CUDA
+12.4, Criteo 1TB), an arXiv id, a
+value given to a setting (after "=") or a default (before "by default"), a power of ten in
+scientific notation (1e-5), a product (5,036 x 8: a ratio is written 1.12x), and a
 paper's published numbers (in a sentence or section that names the paper or says "published").
 The few remaining facts of the code with a unit are in ALLOWED, each with its reason.
 
@@ -39,8 +41,9 @@ FIGURE = re.compile(
     r"(?:\s?(" + UNIT + r")(?![\w]))?")
 VERSIONED = re.compile(
     r"(?:Python|TensorFlow|TF|Keras|CUDA|cuDNN|NCCL|Ubuntu|PyTorch|Horovod|pyarrow|NumPy|numpy"
-    r"|gcc|GCC|cmake|CMake|version|v|arXiv|glibc|Debian|Linux|MkDocs|Gloo|OpenMPI|MPI)\s*$")
+    r"|gcc|GCC|cmake|CMake|version|v|arXiv|glibc|Debian|Linux|MkDocs|Gloo|OpenMPI|MPI|Criteo)\s*$")
 SETTING = re.compile(r"(?:=|≈)\s*$")
+DEFAULT = re.compile(r"\s*\)?\s*by default\b")
 CITES_A_PAPER = re.compile(
     r"\bpapers?\b|\bpublished\b|\bthe authors\b|\bofficial README\b|\barXiv\b", re.I)
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z(\[*])|\n(?=\s*[|#-])|\n\s*\n")
@@ -92,9 +95,13 @@ def figures(text):
                 whole, decimals, unit = match.group(1), match.group(2) or "", match.group(3) or ""
                 if not decimals and not unit:
                     continue
-                before = sentence[:match.start()]
-                if VERSIONED.search(before) or SETTING.search(before):
+                before, after = sentence[:match.start()], sentence[match.end():]
+                if VERSIONED.search(before) or SETTING.search(before) or DEFAULT.match(after):
                     continue
+                if unit == "x" and not match.group(0).endswith(whole + decimals + "x"):
+                    unit = ""  # 5,036 x 8: a product, not a ratio
+                    if not decimals:
+                        continue
                 number = whole.replace(",", "") + decimals
                 if unit == "x" and float(number) == 1:
                     continue
@@ -142,7 +149,7 @@ def test_the_number_check_catches_an_unbacked_figure():
                     "| 1.58 | 12.5 | 95 |"])
     text = ("The step is 1.12x and 1.13x Adam's, 213 ms (1,385 ms dense); AUC 0.7833 or 0.7835; "
             "tables 4.46 GB, 4.46 MB; 17% more, batch 65,536, 1x, Python 3.11, lr=0.0025, 1e-5; "
-            "1.58x, 12.5 s, 12.6 s, 95 ms.\n"
+            "1.58x, 12.5 s, 12.6 s, 95 ms; 30 s by default, 5,036 x 8.\n"
             "`0.9999` in code; [page](results/2.5x.md)\n```\n7.7x\n```\n"
             "The paper reports 80.96% at 64K.\n\n## Published results\n80.90% at 128K.\n")
     assert unbacked(text, numbers) == ["1.13x", "0.7835", "17%", "12.6 s", "95 ms"]
