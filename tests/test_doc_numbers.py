@@ -114,8 +114,9 @@ RESULT_NUMBER = re.compile(
 
 
 def held(texts):
-    """{(number, unit)} the results files' `texts` hold; raw values with five or more decimals
-    also as their roundings to 1-4 decimals, unitless."""
+    """{(number, unit)} the results files' `texts` hold, a table's numbers with its column's
+    unit; raw values with six or more decimals also as their roundings to 1-4 decimals,
+    unitless."""
     numbers = set()
     for text in texts:
         for match in RESULT_NUMBER.finditer(text):
@@ -128,6 +129,34 @@ def held(texts):
             if len(decimals) > 5:
                 for places in range(1, 5):
                     numbers.add((f"{float(number):.{places}f}", ""))
+        numbers |= table_numbers(text)
+    return numbers
+
+
+# A markdown table's column whose header names its unit in brackets: "median step (ms)".
+HEADER_UNIT = re.compile(r"\((" + UNIT + r")\)")
+TABLE_RULE = re.compile(r"^\s*\|[\s:|-]*-[\s:|-]*\|\s*$")
+
+
+def cells(line):
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def table_numbers(text):
+    """{(number, unit)} of the numbers in markdown tables' columns whose header names a unit."""
+    numbers = set()
+    lines = text.splitlines()
+    for index, line in enumerate(lines[:-1]):
+        if not (line.lstrip().startswith("|") and TABLE_RULE.match(lines[index + 1])):
+            continue
+        units = [match.group(1) if (match := HEADER_UNIT.search(header)) else None
+                 for header in cells(line)]
+        for row in lines[index + 2:]:
+            if not row.lstrip().startswith("|"):
+                break
+            for unit, cell in zip(units, cells(row)):
+                for match in RESULT_NUMBER.finditer(cell if unit else ""):
+                    numbers.add((match.group(1).replace(",", "") + (match.group(2) or ""), unit))
     return numbers
 
 
@@ -146,13 +175,15 @@ def unbacked(text, numbers, page=None):
 
 def test_the_number_check_catches_an_unbacked_figure():
     numbers = held(["| run | 0.78334219 | 1.12x | 213 ms | 1,385 ms | 4.46 GB |",
-                    "| 1.58 | 12.5 | 95 |"])
+                    "| 1.58 | 12.5 | 95 |\n\n| batch | step (ms) | peak (MB) |\n|---|--:|--:|\n"
+                    "| 8,192 | 178 | 9,294 |\n"])
     text = ("The step is 1.12x and 1.13x Adam's, 213 ms (1,385 ms dense); AUC 0.7833 or 0.7835; "
             "tables 4.46 GB, 4.46 MB; 17% more, batch 65,536, 1x, Python 3.11, lr=0.0025, 1e-5; "
-            "1.58x, 12.5 s, 12.6 s, 95 ms; 30 s by default, 5,036 x 8.\n"
+            "1.58x, 12.5 s, 12.6 s, 95 ms; 30 s by default, 5,036 x 8; 178 ms, 9,294 MB, "
+            "8,192 ms.\n"
             "`0.9999` in code; [page](results/2.5x.md)\n```\n7.7x\n```\n"
             "The paper reports 80.96% at 64K.\n\n## Published results\n80.90% at 128K.\n")
-    assert unbacked(text, numbers) == ["1.13x", "0.7835", "17%", "12.6 s", "95 ms"]
+    assert unbacked(text, numbers) == ["1.13x", "0.7835", "17%", "12.6 s", "95 ms", "8,192 ms"]
 
 
 def test_allowed_figures_are_on_their_pages():
