@@ -71,12 +71,12 @@ def _state_bytes(model):
     import numpy as np
     import tensorflow as tf
 
-    from tfscale.embedding.table_names import is_embedding_table
+    from tfscale.embedding.strategies import is_table
     from tfscale.optimizers.memory import optimizer_state_bytes
     from tfscale.optimizers.table_state import table_state
 
     total = optimizer_state_bytes(model).total
-    tables = [v for v in model.trainable_variables if is_embedding_table(v)]
+    tables = [v for v in model.trainable_variables if is_table(v)]
     held = [slot for table in tables for slot in (lambda s: s.per_row + s.whole)(
         table_state(model.optimizer, table))]
     return total, sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in held)

@@ -156,7 +156,7 @@ def row_gradient_flags():
 def describe(model):
     """A few words on the embedding half: placement, how the tables are held, de-duplication,
     staleness."""
-    from tfscale.embedding import placement
+    from tfscale.embedding import placement_report
     from tfscale.optimizers import table_state
 
     dedup = "de-duplicated lookups" if FLAGS.dedup_ids else "plain lookups"
@@ -164,5 +164,5 @@ def describe(model):
                  if FLAGS.embedding_staleness else "synchronous embedding updates")
     wire = ("; rows and their gradients between ranks in bfloat16"
             if FLAGS.sharded_wire_dtype == "bfloat16" else "")
-    return (f"{placement.describe(model)}; {table_state.describe(model)}{wire}; {dedup}, "
+    return (f"{placement_report.describe(model)}; {table_state.describe(model)}{wire}; {dedup}, "
             f"{staleness}")

@@ -17,7 +17,7 @@ from tensorflow.python.framework import config as tf_config
 
 import launch.train
 from tests.multiworker import launcher_run
-from tfscale.embedding import table_names
+from tfscale.embedding.strategies import is_table
 from tfscale.optimizers.cowclip import CowClip
 from tfscale.training import run as training
 
@@ -64,7 +64,7 @@ def optimizer_facts(optimizer, model):
 
 
 def _kind(variable):
-    if table_names.is_embedding_table(variable):
+    if is_table(variable):
         return "deep_table" if variable.shape[-1] > 1 else "wide_table"
     return "dense"
 

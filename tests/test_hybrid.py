@@ -48,14 +48,14 @@ tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfigur
 import keras
 from models import DeepFM
 from tests.horovod_launch import python
-from tfscale.embedding import placement
+from tfscale.embedding import placement_report
 from tests.test_hybrid import SCHEMA
 with tf.device("/CPU:1"):
     model = DeepFM(SCHEMA, hidden_units=(8,))
     model.build()
     model.compile(keras.optimizers.Adam(1e-3), "binary_crossentropy")
     model.optimizer.build(model.trainable_variables)
-print(json.dumps({"line": placement.describe(model),
+print(json.dumps({"line": placement_report.describe(model),
                   "gpus": len(tf.config.list_logical_devices("GPU")),
                   "devices": {v.path: v.value.device.rsplit("device:", 1)[-1]
                               for v in model.variables + model.optimizer.variables}}))

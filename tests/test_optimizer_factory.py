@@ -15,7 +15,7 @@ from absl import flags
 import models
 from launch import optimization_flags, train  # noqa: F401  (train defines every flag)
 from tfscale.data.synthetic import SyntheticCTR
-from tfscale.embedding import table_names
+from tfscale.embedding.strategies import is_table
 from tfscale.errors import UserError
 from tfscale.optimizers import CowClip, FusedAdam, RowSparseAdam, RowSparseSGD, factory
 from tfscale.optimizers.row_updates import RowUpdates
@@ -39,7 +39,7 @@ def _moves_after_one_unit_step(optimizer, model):
     variables = model.trainable_variables
     gradients = []
     for variable in variables:
-        if table_names.is_embedding_table(variable):
+        if is_table(variable):
             width = variable.shape[1]
             gradients.append(tf.IndexedSlices(
                 tf.ones([len(TOUCHED_ROWS), width]), tf.constant(TOUCHED_ROWS, tf.int64),

@@ -2,14 +2,14 @@
 rows against Adam on the densified gradient; `compile(optimizer=
 RowSparseAdam())` takes the row-sparse path (only the batch's rows and moments move); and tables
 are read the way their optimizer updates them (in place by row, or whole), which decides whether
-TensorFlow copies a whole table every step (tfscale.embedding.table_names)."""
+TensorFlow copies a whole table every step (tfscale.embedding.table)."""
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfscale.embedding import table_names
+from tfscale.embedding.strategies import is_table
 from tfscale.embedding.field_embedding import FieldEmbedding
 from tfscale.optimizers import CowClip, FusedAdam, RowSparseAdam
 from tfscale.optimizers.table_state import per_row_state
@@ -306,7 +306,7 @@ def _trained_tables(optimizer, deduplicate=True, epochs=2):
 
 
 def _tables(model):
-    return [v for v in model.trainable_variables if table_names.is_row_table(v)]
+    return [v for v in model.trainable_variables if is_table(v)]
 
 
 @pytest.mark.parametrize("deduplicate", [True, False])

@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from tests.test_row_sparse_adam import _data, _model, _tables
-from tfscale.embedding import table_names
+from tfscale.embedding.strategies import is_table
 from tfscale.optimizers import (CowClip, FusedAdam, RowSparseAdagrad, RowSparseAdam,
                                 RowSparseCAME, RowSparseSGD, factory, large_batch_settings)
 from tfscale.optimizers.loss_scaling import LossScaleOptimizer
@@ -200,7 +200,7 @@ def test_multioptimizer_tables_move_only_where_looked_up_and_dense_weights_every
     seen[(ids + np.array([0, 40, 70])).ravel()] = True
     for variable, before in zip(model.trainable_variables, initial):
         after = variable.numpy()
-        if table_names.is_row_table(variable):
+        if is_table(variable):
             np.testing.assert_array_equal(after[~seen], before[~seen])
             assert (after[seen] != before[seen]).any(axis=1).all(), variable.path
         else:

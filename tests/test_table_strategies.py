@@ -2,6 +2,9 @@
 (tests/hashed_strategy.py) and registered by one call trains a model through the Table
 interface: its lookups read the rows it maps ids to, the train step updates its tables by row
 and collects its lookups' counts, and the model checkpoints; no state rides on the variables.
+A strategy whose tables' variable has another name than "embeddings" gets row updates all the
+same: tables are found through the registry (tfscale.embedding.strategies.table_of), never by
+name.
 A partitioned one (tests/partitioned_strategy.py), installed by an entry point alone
 (tests/plugins), trains from launch.train on 2 ranks, resumes at 1 and exports, with nothing of
 it written anywhere else."""
@@ -12,9 +15,12 @@ import pytest
 import tensorflow as tf
 
 from tfscale import FieldEmbedding, FunctionalTrainStepModel
-from tfscale.embedding import strategies
-from tfscale.embedding.table import table_of
-from tfscale.optimizers import RowSparseAdam
+from tfscale.embedding import dedup, strategies
+from tfscale.embedding.strategy import TableStrategy
+from tfscale.embedding.table import RowShard, Table, table_of
+from tfscale.optimizers import RowSparseAdam, factory
+from tfscale.optimizers.capabilities import optimizer_for
+from tfscale.optimizers.scaling import large_batch_settings
 from tests import grouped_launches
 from tests.hashed_strategy import BUCKETS, Hashed
 
@@ -28,15 +34,45 @@ def hashed_strategy():
     del strategies.STRATEGIES[Hashed.name]
 
 
-def _model():
+def _model(sharding=Hashed.name, optimizer=None):
     keras.utils.set_random_seed(0)
     ids = keras.Input((len(VOCABULARY),), dtype="int64")
-    embedding = FieldEmbedding(VOCABULARY, embedding_dim=4, use_wide=True, sharding=Hashed.name)
+    embedding = FieldEmbedding(VOCABULARY, embedding_dim=4, use_wide=True, sharding=sharding)
     vectors, linear = embedding(ids)
     logits = keras.layers.Dense(1)(keras.layers.Flatten()(vectors)) + linear
     model = FunctionalTrainStepModel(ids, keras.layers.Activation("sigmoid")(logits))
-    model.compile(RowSparseAdam(learning_rate=0.1), "binary_crossentropy")
+    model.compile(optimizer or RowSparseAdam(learning_rate=0.1), "binary_crossentropy")
     return model, embedding
+
+
+class NamedRows(TableStrategy):
+    """Every row on every rank, de-duplicated lookups, as `replicated`, in a variable named
+    "rows"."""
+
+    name = "test_named_rows"
+    description = "replicated, named rows (a test strategy)"
+
+    def make_table(self, name, rows, width, initializer, regularizer, dtype):
+        return Table(name, rows, width, self, RowsLayer(rows, width, initializer, name=name))
+
+    def build(self, table, embedding):
+        table.layer.build()
+        table.attach(table.layer.held, RowShard(table.rows, 1, 0))
+
+    def lookup(self, tables, rows, embedding, training=False):
+        return [dedup.lookup(table, rows) for table in tables]
+
+
+class RowsLayer(keras.layers.Layer):
+    """A [rows, width] table in the variable "rows"."""
+
+    def __init__(self, rows, width, initializer, **kwargs):
+        super().__init__(**kwargs)
+        self.table_shape, self.initializer = (rows, width), initializer
+
+    def build(self, input_shape=None):
+        self.held = self.add_weight(shape=self.table_shape, initializer=self.initializer,
+                                    autocast=False, name="rows")
 
 
 def test_a_registered_strategy_holds_looks_up_and_trains_its_tables(tmp_path):
@@ -69,6 +105,31 @@ def test_a_registered_strategy_holds_looks_up_and_trains_its_tables(tmp_path):
     restored.optimizer.build(restored.trainable_variables)
     restored.load_weights(tmp_path / "model.weights.h5")
     np.testing.assert_array_equal(restored_embedding.tables[0].variable.numpy(), after)
+
+
+def test_a_table_in_a_variable_of_another_name_is_updated_by_row():
+    model, embedding = _model(sharding=NamedRows())
+    deep, wide = embedding.tables
+    assert deep.variable.path.endswith("deep_embedding/rows")
+    assert strategies.table_of(deep.variable) is deep and strategies.is_table(wide.variable)
+    first, second = np.array([[1, 3]], np.int64), np.array([[2, 4]], np.int64)
+    model.fit(first, np.array([1.0]), batch_size=1, epochs=1, verbose=0)
+    assert deep.updated_by_row and wide.updated_by_row
+    before = deep.variable.numpy()
+    model.fit(second, np.array([0.0]), batch_size=1, epochs=1, verbose=0)
+    after = deep.variable.numpy()
+    # Adam's momentum would move the first batch's rows again under a whole update; by row,
+    # only the second batch's rows move.
+    moved = np.flatnonzero(np.any(after != before, axis=1))
+    np.testing.assert_array_equal(moved, np.sort((second + embedding.offsets).reshape(-1)))
+
+    # The optimizer factory sends such tables to the tables' optimizer too.
+    optimizer = factory.build_optimizer(large_batch_settings(4096, "sqrt"), "adam",
+                                        warmup_steps=0)
+    model, embedding = _model(sharding=NamedRows(), optimizer=optimizer)
+    assert {optimizer_for(optimizer, t.variable).name for t in embedding.tables} == {"embedding"}
+    dense = [v for v in model.trainable_variables if not strategies.is_table(v)]
+    assert dense and {optimizer_for(optimizer, v).name for v in dense} == {"dense"}
 
 
 def test_an_unknown_strategy_names_the_argument_and_the_choices():

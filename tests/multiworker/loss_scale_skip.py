@@ -19,7 +19,7 @@ import tensorflow as tf  # noqa: E402
 from tests.multiworker.data_parallel_steps import (GLOBAL_BATCH, compiled_model,  # noqa: E402
                                                    model_state, rank_slice, source)
 from tfscale import distributed  # noqa: E402
-from tfscale.embedding import table_names  # noqa: E402
+from tfscale.embedding.strategies import is_table  # noqa: E402
 from tfscale.exchanges import AllgatherExchange  # noqa: E402
 from tfscale.optimizers import CowClip, FusedAdam, RowSparseAdam  # noqa: E402
 from tfscale.optimizers.loss_scaling import LossScaleOptimizer  # noqa: E402
@@ -54,7 +54,7 @@ class EmbeddingInfOnRank1(AllgatherExchange):
         bad = tf.logical_and(tf.equal(self._calls, BAD_STEP), tf.equal(self._rank, 1))
         poisoned = []
         for gradient, variable in zip(gradients, variables):
-            if isinstance(gradient, tf.IndexedSlices) and table_names.is_row_table(variable):
+            if isinstance(gradient, tf.IndexedSlices) and is_table(variable):
                 gradient = with_values(gradient, tf.where(
                     bad, tf.fill(tf.shape(gradient.values), np.inf), gradient.values))
             poisoned.append(gradient)

@@ -7,7 +7,8 @@ an in-graph range check of the ids, tables and lookups in host memory
 `sharding="dynamic"` tables whose rows are given to ids as they arrive
 (tfscale.embedding.dynamic). Each table is a tfscale.embedding.table.Table, held by the strategy
 `sharding` names (tfscale.embedding.strategies). The tables' names are
-tfscale.embedding.table_names', by which optimizers tell the two kinds apart."""
+tfscale.embedding.table_names', by which a user's keras.optimizers.OptimizerMap or CowClip's
+`embedding_tables` tells the two apart."""
 
 import keras
 import numpy as np

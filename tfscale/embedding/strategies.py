@@ -2,14 +2,23 @@
 per strategy here, `register` at run time, or, for a strategy in another package, an entry point
 of the group "tfscale.table_strategies" (name = "module:Class", a TableStrategy subclass or
 instance), loaded when its name is first asked for, so the launcher's `--embedding_sharding`
-takes it too. Also which TableCheckpoint holds a variable (`checkpoint_format_of`)."""
+takes it too.
+
+It is also the one place that says which variables are embedding tables (`table_of`,
+`tables_of`, `is_table`): the train step, the optimizers, the exchanges, checkpoints and the
+launcher's reports all ask it, never a variable's name. A table is a Table a strategy made
+(registered when it is built: Table.attach), or a keras.layers.Embedding's table in a user's
+model, which the default strategy (`replicated`) recognises; every table is 2-D and its gradient
+comes as rows. Which TableCheckpoint holds a variable: `checkpoint_format_of`."""
 
 from importlib import metadata
 
-from tfscale.embedding import dynamic, replicated, row_sharding, table_names
-from tfscale.embedding.by_row_checkpoint import BY_ROW
+import keras
+
+from tfscale.embedding import dynamic, replicated, row_sharding
+from tfscale.embedding import table as made_tables
 from tfscale.embedding.strategy import TableStrategy
-from tfscale.embedding.table import table_of
+from tfscale.embedding.table import RowShard, Table
 
 ENTRY_POINT_GROUP = "tfscale.table_strategies"
 
@@ -18,6 +27,9 @@ STRATEGIES = {strategy.name: strategy for strategy in (
     row_sharding.RowSharded(),
     dynamic.DynamicTables(),
 )}
+
+# FieldEmbedding's default `sharding`, and the strategy of a keras.layers.Embedding's table.
+DEFAULT = "replicated"
 
 
 def register(strategy):
@@ -69,23 +81,78 @@ def get(sharding):
     return STRATEGIES[sharding]
 
 
+def table_of(variable):
+    """The Table of `variable`, or None when it is not an embedding table: the one answer to
+    "is this a table" (module docstring).
+
+    A Table a strategy made is found by its variable (Table.attach). A keras.layers.Embedding's
+    table (a 2-D Keras variable named "embeddings" that no strategy made: Keras gives it that
+    name) is recognised by the default strategy and registered as one of its Tables, every row
+    on every rank, the first time it is asked for; its tf.Variable is found from then on too.
+
+    Args:
+        variable: a Keras variable, or the tf.Variable a Keras variable holds.
+
+    Returns:
+        A tfscale.embedding.table.Table, or None."""
+    table = made_tables.table_of(variable)
+    if table is None and _is_keras_embedding_table(variable):
+        table = _registered_keras_table(variable)
+    return table
+
+
+def tables_of(variables):
+    """The Tables of those of `variables` that are embedding tables (`table_of`), in order.
+
+    Args:
+        variables: Keras variables (or the tf.Variables they hold).
+
+    Returns:
+        A list of Tables."""
+    return [t for t in map(table_of, variables) if t is not None]
+
+
+def is_table(variable):
+    """Whether `variable` is an embedding table (`table_of`): 2-D, its gradient in rows.
+
+    Args:
+        variable: a Keras variable, or the tf.Variable a Keras variable holds.
+
+    Returns:
+        A bool."""
+    return table_of(variable) is not None
+
+
 def checkpoint_format_of(variable):
-    """The TableCheckpoint holding `variable`: its Table's strategy's; by row for a Keras
-    Embedding's table (tfscale.embedding.table_names); None for any other variable."""
+    """The TableCheckpoint holding `variable`: its Table's strategy's (by row for a Keras
+    Embedding's table, held by the default strategy); None for any other variable."""
     table = table_of(variable)
-    if table is not None:
-        return table.strategy.checkpoint_format
-    return BY_ROW if table_names.is_row_table(variable) else None
+    return None if table is None else table.strategy.checkpoint_format
 
 
 def checkpoint_formats():
     """The TableCheckpoints of every registered strategy, each once (a checkpoint is checked
     against each, so tables of a kind the model lacks are told apart)."""
-    formats = [BY_ROW]
+    formats = []
     for strategy in STRATEGIES.values():
         if strategy.checkpoint_format not in formats:
             formats.append(strategy.checkpoint_format)
     return formats
+
+
+def _is_keras_embedding_table(variable):
+    return (isinstance(variable, keras.Variable) and len(variable.shape) == 2
+            and variable.path.split("/")[-1] == "embeddings")
+
+
+def _registered_keras_table(variable):
+    """A Table of the default strategy for the keras.layers.Embedding table `variable` (its
+    layer not known: only Tables a strategy made are looked up through theirs)."""
+    rows, width = (int(n) for n in variable.shape)
+    name = variable.path.split("/")[-2] if "/" in variable.path else variable.path
+    table = Table(name, rows, width, STRATEGIES[DEFAULT], layer=None)
+    table.attach(variable, RowShard(rows, 1, 0))
+    return table
 
 
 def _entry_points():

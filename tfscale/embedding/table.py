@@ -1,9 +1,13 @@
-"""`Table`: one embedding table, as the rest of tfscale sees it: its name and kind, its global
+"""`Table`: one embedding table, as the rest of tfscale sees it: its name, its global
 shape, the strategy holding it (tfscale.embedding.strategy), the rows this rank holds, how its
-optimizer updates it, and the lookup of the step being traced. `table_of(variable)` finds the
-Table of a variable (optimizers and exchanges are handed variables, so tables are found by
-them, through a registry this module keeps), `tables_of(variables)` those of a variable list,
-`model_tables(model)` those of a model's layers (also before they are built).
+optimizer updates it, and the lookup of the step being traced. This module keeps the registry of
+Tables by their variable (optimizers and exchanges are handed variables, so tables are found by
+them): `Table.attach` registers a Table, `table_of(variable)` finds it, `tables_of(variables)`
+those of a variable list, `model_tables(model)` those of a model's layers (also before they are
+built). Everything outside tfscale.embedding asks tfscale.embedding.strategies.table_of, which
+also registers a user's keras.layers.Embedding tables; the strategy-specific answers here
+(`shard_of`, `hands_out_rows`, `written_rows`, `row_indexes_of`) are the same for those tables
+whether registered yet or not.
 
 Why a lookup is read by its update: a variable that the optimizer updates by row (scatters)
 must be read by row in place (ResourceGather): once a variable is scattered into, TensorFlow
@@ -65,7 +69,8 @@ class StepLookup:
 
 class Table:
     """One embedding table of `rows` x `width` (global), held by `strategy` (a TableStrategy)
-    in the variable of the Keras layer `layer`.
+    in the variable of the Keras layer `layer` (None for a keras.layers.Embedding's table:
+    tfscale.embedding.strategies.table_of).
 
     `variable` (set by `attach` when the layer is built) holds this rank's rows, `shard` says
     which; `partitioned` tables hold different rows on each rank (never broadcast, averaged or
@@ -77,7 +82,6 @@ class Table:
     def __init__(self, name, rows, width, strategy, layer):
         self.name = name
         self.layer = layer
-        self.kind = "wide" if name == table_names.WIDE_TABLE_NAME else "deep"
         self.rows = int(rows)
         self.width = int(width)
         self.strategy = strategy
@@ -102,8 +106,9 @@ class Table:
         self.variable, self.shard, self.row_index = variable, shard, row_index
         for held in (variable, variable.value):
             key = id(held)
-            _BY_VARIABLE[key] = (weakref.ref(held, lambda _, key=key: _BY_VARIABLE.pop(key, None)),
-                                 self)
+            # The registry is bound to the callback: at exit it may run after module teardown.
+            _BY_VARIABLE[key] = (weakref.ref(held, lambda _, key=key, registry=_BY_VARIABLE:
+                                             registry.pop(key, None)), self)
 
     def set_updated_by_row(self, by_row):
         """Whether the optimizer updates this table row by row (read by `read_rows`); a table
@@ -148,8 +153,9 @@ class Table:
 
 
 def table_of(variable):
-    """The Table whose rows `variable` (a Keras variable or the tf.Variable it holds) holds, or
-    None."""
+    """The registered Table whose rows `variable` (a Keras variable or the tf.Variable it holds)
+    holds, or None (module docstring: outside tfscale.embedding, ask
+    tfscale.embedding.strategies.table_of)."""
     entry = _BY_VARIABLE.get(id(variable))
     if entry is None or entry[0]() is not variable:
         return None
@@ -157,7 +163,7 @@ def table_of(variable):
 
 
 def tables_of(variables):
-    """The Tables of those of `variables` that hold tables, in order."""
+    """The registered Tables of those of `variables` that hold tables, in order."""
     return [t for t in map(table_of, variables) if t is not None]
 
 

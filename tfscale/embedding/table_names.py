@@ -1,17 +1,13 @@
-"""How tfscale tells embedding tables from the other variables, by name alone (so optimizers,
-exchanges and placement agree without importing the layers), and how a variable's rows are read
-(`gather_rows`):
+"""The names of FieldEmbedding's two tables, as patterns a user selects them by, and how a
+variable's rows are read (`gather_rows`):
 
-  any table:  a variable named "embeddings" (keras.layers.Embedding's table, and both of
-              tfscale.embedding.field_embedding.FieldEmbedding's tables)
   deep table: ".../deep_embedding/embeddings"  -> DEEP_TABLE_PATTERN  (clipped by CowClip)
   wide table: ".../wide_embedding/embeddings"  -> WIDE_TABLE_PATTERN  (1 wide, never clipped)
 
 The patterns are for `re.fullmatch` on `variable.path`, as `keras.optimizers.OptimizerMap` and
-CowClip's `embedding_tables` use them.
-
-Tables of a FieldEmbedding are also Tables (tfscale.embedding.table), which say how they are
-held and updated."""
+CowClip's `embedding_tables` take them, for a FieldEmbedding of a strategy whose tables' variable
+is named "embeddings" (tfscale's own). Which variables are embedding tables, and so updated by
+row, is not read from names: tfscale.embedding.strategies.table_of answers it."""
 
 import re
 
@@ -22,16 +18,6 @@ DEEP_TABLE_NAME = "deep_embedding"
 WIDE_TABLE_NAME = "wide_embedding"
 DEEP_TABLE_PATTERN = rf"(.*/)?{DEEP_TABLE_NAME}/embeddings"
 WIDE_TABLE_PATTERN = rf"(.*/)?{WIDE_TABLE_NAME}/embeddings"
-
-
-def is_embedding_table(variable):
-    """Whether `variable` is named like an embedding table."""
-    return variable.path.split("/")[-1] == "embeddings"
-
-
-def is_row_table(variable):
-    """Whether `variable` is a 2-D embedding table, whose gradient comes in rows."""
-    return is_embedding_table(variable) and len(variable.shape) == 2
 
 
 def is_deep_table(variable):

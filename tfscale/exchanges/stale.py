@@ -21,7 +21,8 @@ import tensorflow as tf
 
 from tfscale import distributed
 from tfscale.distributed.per_rank import PerRankState
-from tfscale.embedding import placement, table_names
+from tfscale.embedding import placement
+from tfscale.embedding.strategies import is_table
 from tfscale.embedding.table import shard_of
 from tfscale.errors import UserError
 from tfscale.exchanges.base import EmbeddingExchange, StepExchange, loss_scale
@@ -98,7 +99,7 @@ class StalenessQueues(PerRankState):
             return
         with tf.init_scope(), tf.device(placement.embedding_device()):
             for variable in variables:
-                if table_names.is_row_table(variable):
+                if is_table(variable):
                     self._queues[variable.path] = _TableQueue(variable, self.staleness,
                                                              self.with_counts)
             self._origin_steps = eager_variable(tf.fill([self.staleness],

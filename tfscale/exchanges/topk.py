@@ -35,7 +35,7 @@ import tensorflow as tf
 from tfscale import distributed
 from tfscale.distributed import topk
 from tfscale.distributed.per_rank import PerRankState
-from tfscale.embedding import table_names
+from tfscale.embedding.strategies import is_table
 from tfscale.embedding.table_dtypes import arithmetic_dtype
 from tfscale.exchanges.allgather import AllgatherExchange
 from tfscale.exchanges.base import SynchronousExchange, loss_scale
@@ -123,7 +123,7 @@ class TopKExchange(SynchronousExchange):
         Returns:
             A str."""
         selected = [v for v in variables if self.is_selected(v)]
-        rows = sum(int(v.shape[0]) for v in selected if table_names.is_row_table(v))
+        rows = sum(int(v.shape[0]) for v in selected if is_table(v))
         megabytes = sum(int(np.prod(v.shape)) for v in selected) * 4 / 1e6
         return (f"{self.name} error-feedback residuals: {rows:,} table rows, {megabytes:,.1f} MB "
                 "float32 per rank, every row passed over each step")
@@ -136,7 +136,7 @@ class TopKExchange(SynchronousExchange):
 
         Returns:
             True for an embedding table, and for any variable with `dense_gradients`."""
-        return table_names.is_row_table(variable) or self.dense_gradients
+        return is_table(variable) or self.dense_gradients
 
     def density_at(self, step):
         """The density of optimizer step `step`.
@@ -215,7 +215,7 @@ class TopKExchange(SynchronousExchange):
 
     def _sparsify(self, accumulator, variable, density, num_ranks):
         """(mean gradient to apply, new residual, bytes sent, bytes received) of one variable."""
-        rows_mode = table_names.is_row_table(variable)
+        rows_mode = is_table(variable)
         rows = accumulator if rows_mode else tf.reshape(accumulator, [-1])
         count = rows.shape[0]
         k = tf.cast(tf.math.ceil(density * count), tf.int32)

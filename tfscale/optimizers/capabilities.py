@@ -28,7 +28,7 @@ class TakesRowSlices:
 
     def updates_rows_in_place(self, variable):
         """Whether row slices of `variable` update only their rows (scatters), not the whole
-        variable; tfscale.embedding.table_names reads the table's rows to match.
+        variable; the table's lookups read its rows to match (tfscale.embedding.table).
 
         Args:
             variable: a variable this optimizer updates.

@@ -26,7 +26,7 @@ import re
 import keras
 import tensorflow as tf
 
-from tfscale.embedding import table_names
+from tfscale.embedding.strategies import is_table
 from tfscale.embedding.table_dtypes import arithmetic_dtype
 from tfscale.embedding.table_names import gather_rows
 from tfscale.optimizers.averaged import RefusesUnaveragedGradients
@@ -84,9 +84,10 @@ class CowClip(RefusesUnaveragedGradients, TakesCountedSlices, keras.optimizers.M
         mode: "faithful" or "scalable" (module docstring); default: scalable when the embedding
             optimizer updates tables by row (a tfscale row-sparse optimizer, as by default),
             faithful otherwise.
-        embedding_tables: regexes (re.fullmatch on variable.path) naming the embedding tables;
-            default: every variable named "embeddings" (keras.layers.Embedding's and
-            tfscale.embedding.field_embedding.FieldEmbedding's tables).
+        embedding_tables: regexes (re.fullmatch on variable.path) naming the embedding tables,
+            e.g. tfscale.embedding.table_names' DEEP_TABLE_PATTERN; default: every embedding
+            table (tfscale.embedding.strategies.table_of: FieldEmbedding's, whatever their
+            strategy, and keras.layers.Embedding's).
         loss_scale_factor: as `keras.optimizers.Optimizer`'s, given to both optimizers too.
         name: the optimizer's name.
 
@@ -153,9 +154,18 @@ class CowClip(RefusesUnaveragedGradients, TakesCountedSlices, keras.optimizers.M
     # ----- which variable is what
 
     def is_embedding_table(self, variable):
+        """Whether `variable` goes to the embedding optimizer (after L2 and, wider than 1, the
+        clip): the variables whose path `embedding_tables` fully matches when given, else every
+        embedding table (tfscale.embedding.strategies.table_of).
+
+        Args:
+            variable: one of the model's trainable variables.
+
+        Returns:
+            A bool."""
         if self.embedding_tables is not None:
             return any(re.fullmatch(p, variable.path) for p in self.embedding_tables)
-        return table_names.is_embedding_table(variable)
+        return is_table(variable)
 
     def is_clipped_table(self, variable):
         """Embedding tables wider than 1 are clipped; 1-wide linear tables are not.

@@ -5,11 +5,14 @@ Embedding tables are updated by row by default (`embedding_update="row"`): the b
 each table and of its optimizer state, with the tables' L2 applied by the optimizer to those
 rows, so a step's cost follows the batch, not the table (tfscale.optimizers.row_updates).
 `embedding_update="dense"` is the papers' update of every row every step, with the L2 as a Keras
-regularizer on whole tables (CowClip's faithful mode, the official code's)."""
+regularizer on whole tables (CowClip's faithful mode, the official code's). Where the tables
+and the dense weights take optimizers of their own, a MultiOptimizer over `TablesApart` sends
+each embedding table (tfscale.embedding.strategies.table_of, whatever its variable's name) to
+the tables' one."""
 
 import keras
 
-from tfscale.embedding import table_names
+from tfscale.embedding.strategies import is_table
 from tfscale.optimizers.came import CAME
 from tfscale.optimizers.cowclip import CowClip
 from tfscale.optimizers.fused_adam import FusedAdam
@@ -86,13 +89,30 @@ def build_optimizer(settings, optimizer_name, warmup_steps, embedding_update="ro
         learning_rate=settings.embedding_learning_rate, name="embedding"))
 
 
+@keras.saving.register_keras_serializable(package="tfscale")
+class TablesApart(keras.optimizers.OptimizerMap):
+    """A keras.optimizers.OptimizerMap holding the tables' optimizer under the key TABLES: every
+    embedding table (tfscale.embedding.strategies.table_of) goes to it, every other variable to
+    the default optimizer.
+
+    Example:
+        ```python
+        tables_apart = TablesApart(FusedAdam(1e-3), {TABLES: RowSparseAdam(1e-2)})
+        optimizer = keras.optimizers.MultiOptimizer(tables_apart)
+        ```
+    """
+
+    def __call__(self, variable):
+        return self[TABLES] if is_table(variable) else self.default_optimizer
+
+
+TABLES = "tables"
+
+
 def _tables_apart(dense_optimizer, table_optimizer):
-    """A Keras MultiOptimizer: `table_optimizer` for FieldEmbedding's deep and wide tables,
-    `dense_optimizer` for every other variable."""
-    optimizer_map = keras.optimizers.OptimizerMap(dense_optimizer)
-    for pattern in (table_names.DEEP_TABLE_PATTERN, table_names.WIDE_TABLE_PATTERN):
-        optimizer_map[pattern] = table_optimizer
-    return keras.optimizers.MultiOptimizer(optimizer_map)
+    """A Keras MultiOptimizer: `table_optimizer` for the embedding tables, `dense_optimizer` for
+    every other variable."""
+    return keras.optimizers.MultiOptimizer(TablesApart(dense_optimizer, {TABLES: table_optimizer}))
 
 
 def _check_embedding_update(embedding_update):

@@ -3,8 +3,10 @@ RowSparseSGD) share. Given an embedding table's gradient as rows (IndexedSlices,
 step hands them over: tfscale.optimizers.capabilities), they sum each id's rows, add the table's
 L2 to those rows only (`table_l2`: 2 * l2 * w, the gradient of a Keras L2 regularizer, on the
 batch's rows), and update only those rows of the table and of its per-row state (gathers and
-scatters, tfscale.embedding.table_names), so a step costs O(rows in the batch), not O(table rows). Any
-other variable, or a dense gradient, takes the optimizer's own dense update.
+scatters), so a step costs O(rows in the batch), not O(table rows). Which variables are tables
+is tfscale.embedding.strategies.table_of's answer (a strategy's tables, whatever their variable's
+name, and keras.layers.Embedding's). Any other variable, or a dense gradient, takes the
+optimizer's own dense update.
 
 Why not a Keras regularizer or `weight_decay` on a table: both touch every row every step (the
 regularizer's gradient is dense, and Keras's weight decay rewrites every variable whole), so
@@ -26,8 +28,9 @@ import zlib
 
 import tensorflow as tf
 
-from tfscale.embedding import table_names
+from tfscale.embedding.strategies import is_table
 from tfscale.embedding.table import hands_out_rows, unwritten
+from tfscale.embedding.table_names import gather_rows
 from tfscale.embedding.table_dtypes import arithmetic_dtype, is_half
 from tfscale.errors import UserError
 from tfscale.optimizers.capabilities import TakesRowSlices
@@ -55,7 +58,7 @@ class RowUpdates(TakesRowSlices):
         self.rounding_seed = int(rounding_seed)
 
     def updates_rows_in_place(self, variable):
-        return table_names.is_row_table(variable)
+        return is_table(variable)
 
     def state_initializer(self, variable, initializer="zeros"):
         """How the per-row state of `variable` starts: `initializer`, or unwritten for a table
@@ -106,7 +109,7 @@ class RowUpdates(TakesRowSlices):
         if isinstance(gradient, tf.IndexedSlices) and self.updates_rows_in_place(keras_variable):
             dtype = arithmetic_dtype(variable.dtype)
             ids, rows, _ = sum_duplicate_rows(gradient)
-            weight_rows = table_names.gather_rows(variable, ids, in_place=True)
+            weight_rows = gather_rows(variable, ids, in_place=True)
             return self.update_rows(variable, ids, tf.cast(rows, dtype),
                                     tf.cast(weight_rows, dtype), tf.cast(learning_rate, dtype))
         if is_half(variable.dtype):
@@ -116,7 +119,7 @@ class RowUpdates(TakesRowSlices):
                 "give it row gradients (`embedding_exchange` allgather or sharded, not dense) or "
                 "store the table in float32 (`table_dtype`)")
         gradient = densify(gradient)
-        if self.table_l2 and table_names.is_row_table(keras_variable):  # dense: every row
+        if self.table_l2 and is_table(keras_variable):  # dense: every row
             gradient = (tf.cast(gradient, variable.dtype)
                         + 2 * self.table_l2 * tf.convert_to_tensor(variable))
         return self.update_whole(gradient, variable, learning_rate)
@@ -128,7 +131,7 @@ class RowUpdates(TakesRowSlices):
         return super().update_step(gradient, variable, learning_rate)
 
     def _use_weight_decay(self, variable):
-        return (not table_names.is_row_table(self._built_on(variable))
+        return (not is_table(self._built_on(variable))
                 and super()._use_weight_decay(variable))
 
     def get_config(self):

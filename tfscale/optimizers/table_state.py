@@ -14,8 +14,8 @@ import tensorflow as tf
 
 from tfscale import distributed
 from tfscale.embedding import stored_arrays
-from tfscale.embedding.table import row_indexes_of, tables_of
-from tfscale.embedding.table_names import is_embedding_table
+from tfscale.embedding.strategies import tables_of
+from tfscale.embedding.table import row_indexes_of
 from tfscale.errors import UserError
 from tfscale.optimizers.capabilities import DeclaresTableState, TableState, wrapped_optimizers
 from tfscale.optimizers.row_sparse_adam import two_slot_names
@@ -27,11 +27,11 @@ def describe(model):
     """How `model`'s embedding tables are held (their strategies' descriptions), with their rows
     and bytes (tables and their optimizer state, which this builds) on this rank."""
     model.optimizer.build(model.trainable_variables)
-    tables = [v for v in model.trainable_variables if is_embedding_table(v)]
+    described = tables_of(model.trainable_variables)
+    tables = [t.variable for t in described]
     held = tables + optimizer_state(model.optimizer, tables)
     megabytes = sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in held) / 1e6
     rows = sum(int(v.shape[0]) for v in tables)
-    described = tables_of(tables)
     how = ", ".join(dict.fromkeys(t.strategy.description for t in described)) or "replicated"
     shards = [t.shard for t in described if t.partitioned]
     if not shards:

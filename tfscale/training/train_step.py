@@ -27,8 +27,9 @@ import tensorflow as tf
 from keras.src.models.model import functional_init_arguments
 
 from tfscale import distributed, exchanges
-from tfscale.embedding import dedup, table_names
-from tfscale.embedding.table import model_tables, table_of, tables_of
+from tfscale.embedding import dedup
+from tfscale.embedding.strategies import table_of, tables_of
+from tfscale.embedding.table import model_tables
 from tfscale.embedding.table_dtypes import is_half
 from tfscale.errors import UserError
 from tfscale.optimizers.averaged import averaged_by_train_step
@@ -257,18 +258,16 @@ class TrainStep:
         dense update."""
         whole = []
         for variable in self.trainable_variables:
-            if not table_names.is_row_table(variable):
+            table = table_of(variable)
+            if table is None:
                 continue
             _refuse_half_precision_rows_unkept(variable, self.optimizer)
             by_row = updates_rows_in_place(self.optimizer, variable)
-            table = table_of(variable)
-            if table is not None:
-                table.set_updated_by_row(by_row)
+            table.set_updated_by_row(by_row)
             if by_row:
                 continue
             optimizer = optimizer_for(self.optimizer, variable)
-            if table is not None:
-                _refuse_whole_update_of_partitioned(table, optimizer)
+            _refuse_whole_update_of_partitioned(table, optimizer)
             whole.append(f"{variable.path} (by {type(optimizer).__name__})")
         if whole:
             warnings.warn(
