@@ -35,8 +35,12 @@ def write(path, text_lines):
 
 
 def rows(dataset):
-    """(labels, dense, present, categorical strings, derived, bad lines) of raw columns."""
+    """(labels, dense, present, categorical strings, derived, bad lines) of raw columns (the
+    strings of the dictionary form gathered by the rows' indices)."""
     raws = list(dataset.as_numpy_iterator())
+    for raw in raws:
+        if "categorical_indices" in raw:
+            raw["categorical"] = raw["categorical_values"][raw["categorical_indices"]]
     keys = ("labels", "dense", "dense_present", "categorical", "derived")
     return [np.concatenate([raw[key] for raw in raws]) for key in keys] + [
         sum(int(raw["bad_lines"]) for raw in raws)]

@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from tfscale import distributed
 from tfscale.data import handover, read_ahead
-from tfscale.data.parquet_columns import ColumnMap, check_rows, derived_ids
+from tfscale.data.parquet_columns import TEXT, ColumnMap, check_rows, derived_ids
 from tfscale.data.pipeline import without_autotuning
 from tfscale.data.preprocessing import source_preprocessing
 from tfscale.data.source import CTRSource
@@ -59,17 +59,32 @@ class RowRange:
         return self.first_row + 1 + np.arange(self.start, self.stop, dtype=np.int64)
 
 
+SMALL_DICTIONARY_PAGE = 512 << 10  # bytes: a dictionary page this small holds every value
+
+
 class ParquetFiles:
-    """One set of Parquet files (the train or the test files) read as `column_map` says."""
+    """One set of Parquet files (the train or the test files) read as `column_map` says.
+
+    A categorical column is read as a dictionary array (its values and each row's index, no
+    value repeated) when its dictionary pages hold all its values: when every row group's
+    dictionary page is under SMALL_DICTIONARY_PAGE bytes (writers give up dictionary pages for
+    plain ones at about 1 MB). Other columns are read as plain values, which Arrow's hash kernel
+    then encodes block by block (parquet_columns.Dictionaries): pyarrow would otherwise build
+    one dictionary of the whole row group's values, at several times the cost."""
 
     def __init__(self, paths, column_map):
         self.paths = resolve_paths(paths)
         self.column_map = column_map
         self._groups = []  # (file_index, group, first row in the file, rows)
+        self._dictionary_columns = []  # per file: the columns read as dictionary arrays
+        derived_from = column_map.text_format.derived_from
+        categorical = {column_map.column[name] for name in column_map.names(TEXT)
+                       if name not in derived_from}
         labelled = []
         for file_index, path in enumerate(self.paths):
             metadata = self._open(path).metadata
             labelled.append(column_map.check_schema(path, metadata.schema.to_arrow_schema()))
+            self._dictionary_columns.append(_small_dictionaries(metadata, categorical))
             if labelled[-1] != labelled[0]:
                 raise UserError(f"{path}: {'has' if labelled[-1] else 'lacks'} the label column, "
                                 f"which {self.paths[0]} {'lacks' if labelled[-1] else 'has'}; "
@@ -87,9 +102,9 @@ class ParquetFiles:
                              if self.has_labels or column != label]
 
     @staticmethod
-    def _open(path):
+    def _open(path, dictionary_columns=()):
         try:
-            return pq.ParquetFile(path)
+            return pq.ParquetFile(path, read_dictionary=list(dictionary_columns) or None)
         except (pa.ArrowException, OSError) as error:
             raise UserError(f"{path}: not a readable Parquet file ({error})") from None
 
@@ -116,9 +131,26 @@ class ParquetFiles:
 
     def read(self, row_range):
         """The Arrow table of `row_range`'s rows (the columns read)."""
-        parquet_file = self._open(self.paths[row_range.file_index])
+        parquet_file = self._open(self.paths[row_range.file_index],
+                                  self._dictionary_columns[row_range.file_index])
         table = parquet_file.read_row_group(row_range.group, columns=self.read_columns)
         return table.slice(row_range.start, row_range.stop - row_range.start)
+
+
+def _small_dictionaries(metadata, columns):
+    """The columns among `columns` of a file of Parquet `metadata` whose every row group has a
+    dictionary page under SMALL_DICTIONARY_PAGE bytes."""
+    small = set(columns)
+    for group in range(metadata.num_row_groups):
+        row_group = metadata.row_group(group)
+        for index in range(row_group.num_columns):
+            chunk = row_group.column(index)
+            if chunk.path_in_schema in small and not (
+                    chunk.has_dictionary_page and chunk.physical_type == "BYTE_ARRAY"
+                    and chunk.data_page_offset - chunk.dictionary_page_offset
+                    < SMALL_DICTIONARY_PAGE):
+                small.discard(chunk.path_in_schema)
+    return sorted(small)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,8 +2,10 @@
 
 Owns: the column mapping (a field's name -> the file's column), which Arrow types each kind of
 field takes, the checks of a block of rows with their messages, and turning checked rows into
-plain arrays (labels, integers with their presence) and text columns handed to TensorFlow as one
-buffer of bytes with offsets (Texts). The text readers' blocks, parsed by pyarrow, are checked
+plain arrays (labels, integers with their presence), categorical columns as each column's
+distinct values and every row's index into them (Dictionaries: only the distinct values of a
+block reach TensorFlow), and other text columns handed to TensorFlow as one buffer of bytes with
+offsets (Texts). The text readers' blocks, parsed by pyarrow, are checked
 here too (tfscale.data.text_blocks). A null is a missing value, as an empty
 field is in a line; so are an empty text and, in a floating point column of integers, NaN (what
 pandas writes for the gaps of an integer column). A bad value (a label other than 0 or 1, an
@@ -170,6 +172,94 @@ class Texts:
         return strings_tensor(*self.flat(), self.rows, len(self.columns))
 
 
+@dataclasses.dataclass
+class Dictionaries:
+    """Categorical columns of a block of rows, each as an Arrow DictionaryArray: the column's
+    distinct values (binary) and each row's int32 index into them (a null: the missing value,
+    read as b""). Made by Arrow's hash kernel (`dictionary_encode`) from a text, bytes or
+    integer column, or, for a dictionary column (what Parquet's dictionary pages and pandas'
+    categoricals give), its dictionary cut down to the values the block's rows use.
+
+    Handed to TensorFlow (`flat`) as the distinct values of every column one after another,
+    after a first empty value that every missing value points to, with each value's column and
+    each row's index into them: TensorFlow encodes each distinct value once and gathers a row's
+    ids by index, and no value becomes a Python object."""
+
+    columns: list
+    rows: int
+
+    @classmethod
+    def of(cls, columns, rows):
+        """The Dictionaries of Arrow arrays or chunked arrays `columns` (text, bytes, integers
+        as their decimal text, or a dictionary of them), each of `rows` rows."""
+        return cls([_dictionary(column) for column in columns], rows)
+
+    def strings(self):
+        """object [n, C] of bytes (a null: b"")."""
+        texts = np.empty([self.rows, len(self.columns)], object)
+        for k, column in enumerate(self.columns):
+            texts[:, k] = _numpy(pc.fill_null(column.dictionary_decode(), b""))
+        return texts
+
+    def take(self, keep):
+        """The rows where `keep` (bool [n]) holds."""
+        mask = pa.array(keep)
+        return Dictionaries([column.filter(mask) for column in self.columns],
+                            int(np.sum(keep)))
+
+    def flat(self):
+        """(bytes, offsets, fields, indices): V distinct values, value v being
+        bytes[offsets[v]:offsets[v + 1]] of column fields[v] (offsets int32 [V + 1], fields
+        int32 [V]; value 0 is b"", the missing value), and indices int32 [n, C], row r's value
+        of column k being value indices[r, k]."""
+        values = [pa.array([b""], pa.binary())] + [column.dictionary for column in self.columns]
+        fields = np.repeat(np.arange(-1, len(self.columns), dtype=np.int32),
+                           [len(value) for value in values])
+        fields[0] = 0
+        indices = np.zeros([self.rows, len(self.columns)], np.int32)
+        base = 1
+        for k, column in enumerate(self.columns):
+            indices[:, k] = _shifted(column.indices, base)
+            base += len(column.dictionary)
+        joined = pa.concat_arrays(values)
+        offsets = np.frombuffer(joined.buffers()[1], np.int32)[
+            joined.offset:joined.offset + len(joined) + 1]
+        data = joined.buffers()[2]
+        return (b"" if data is None else data.to_pybytes()), offsets, fields, indices
+
+
+def _shifted(indices, base):
+    """int32 [n]: Arrow int32 `indices` plus `base`, 0 where null (read from Arrow's buffers)."""
+    values = np.frombuffer(indices.buffers()[1], np.int32)[
+        indices.offset:indices.offset + len(indices)] + np.int32(base)
+    if indices.null_count:
+        valid = np.unpackbits(np.frombuffer(indices.buffers()[0], np.uint8), count=(
+            indices.offset + len(indices)), bitorder="little")[indices.offset:].view(bool)
+        values[~valid] = 0
+    return values
+
+
+def _one_array(column):
+    """An Arrow Array of the values of an Array or ChunkedArray (a single chunk not copied)."""
+    if not isinstance(column, pa.ChunkedArray):
+        return column
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
+def _dictionary(column):
+    """A categorical column as a DictionaryArray of distinct binary values (none null) and
+    int32 indices, its dictionary holding only the values its rows use."""
+    column = _one_array(column)
+    if pa.types.is_dictionary(column.type):  # its used values, each once (nulls: null rows)
+        used = pc.dictionary_encode(pc.cast(column.indices, pa.int32()))
+        distinct = pc.dictionary_encode(_binary(column.dictionary.take(used.dictionary)))
+        return pa.DictionaryArray.from_arrays(distinct.indices.take(used.indices),
+                                              distinct.dictionary, safe=False)
+    encoded = pc.dictionary_encode(column)  # its indices are within its dictionary
+    return pa.DictionaryArray.from_arrays(encoded.indices, _binary(encoded.dictionary),
+                                          safe=False)
+
+
 def strings_tensor(data, offsets, rows, columns):
     """The tf.string [rows, columns] of `Texts.flat`'s (bytes, offsets): one substr over the
     bytes (TensorFlow's C++ kernel, inside a tf.data map or eagerly)."""
@@ -183,13 +273,14 @@ class CheckedRows:
     """A block of rows as arrays (bad rows still in), and the problems found in them.
 
     labels float32 [n] (0 for a file without labels), integers int64 [n, D] (0 where missing or
-    bad), present bool [n, D], derived_from and categorical: Texts of K and C columns."""
+    bad), present bool [n, D], derived_from: Texts of K columns, categorical: Dictionaries of C
+    columns."""
 
     labels: np.ndarray
     integers: np.ndarray
     present: np.ndarray
     derived_from: Texts
-    categorical: Texts
+    categorical: Dictionaries
     problems: list
 
     def bad(self):
@@ -234,7 +325,8 @@ def check_rows(table, column_map, has_labels):
         integers=_stacked(integers, rows, np.int64),
         present=_stacked(present, rows, bool),
         derived_from=_texts(table, column_map, derived_from),
-        categorical=_texts(table, column_map, categorical),
+        categorical=Dictionaries.of(
+            [table.column(column_map.column[name]) for name in categorical], rows),
         problems=problems,
     )
 
@@ -324,5 +416,7 @@ def _binary(column):
         column = pc.cast(column, arrow_type)
     if pa.types.is_integer(arrow_type):
         column = pc.cast(column, pa.string())
-    column = pc.cast(column, pa.binary())
-    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    column = _one_array(column)
+    if column.type == pa.string():
+        return column.view(pa.binary())  # the same buffers
+    return pc.cast(column, pa.binary())

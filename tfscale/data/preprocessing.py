@@ -53,8 +53,16 @@ class HashingEncoder:
         self._buckets = tf.constant(self.buckets, tf.int64)
 
     def encode(self, strings):
+        """int64 ids [n, F] of strings [n, F], column f of field f."""
         hashed = tf.strings.to_hash_bucket_fast(strings, (1 << 63) - 1)
         return tf.where(is_present(strings), hashed % self._buckets + 1,
+                        tf.constant(MISSING_ID, tf.int64))
+
+    def encode_values(self, values, fields):
+        """int64 ids [V] of values [V] of the fields `fields` (int32 [V]): the ids `encode`
+        gives them in their fields' columns."""
+        hashed = tf.strings.to_hash_bucket_fast(values, (1 << 63) - 1)
+        return tf.where(is_present(values), hashed % tf.gather(self._buckets, fields) + 1,
                         tf.constant(MISSING_ID, tf.int64))
 
     def describe(self):
@@ -127,8 +135,16 @@ class Preprocessing:
         raise UserError(f"`dense_transform={name!r}`: give one of {', '.join(DENSE_TRANSFORMS)}")
 
     def features(self, raw):
-        """{"dense": float32 [n, D], "categorical": int64 [n, F]} of raw columns."""
-        categorical = tf.concat([self.encoder.encode(raw["categorical"]), raw["derived"]], axis=1)
+        """{"dense": float32 [n, D], "categorical": int64 [n, F]} of raw columns: categorical
+        strings [n, C] (text_lines.LineParser), or their dictionary form (data.handover: each
+        distinct value encoded once, rows' ids gathered by index; the same ids)."""
+        if "categorical_indices" in raw:
+            ids = tf.gather(self.encoder.encode_values(raw["categorical_values"],
+                                                       raw["categorical_fields"]),
+                            raw["categorical_indices"])
+        else:
+            ids = self.encoder.encode(raw["categorical"])
+        categorical = tf.concat([ids, raw["derived"]], axis=1)
         return {
             "dense": self._dense_transform(raw["dense"], raw["dense_present"]),
             "categorical": categorical,

@@ -20,7 +20,7 @@ import pyarrow.csv as pacsv
 import tensorflow as tf
 
 from tfscale.data import handover, read_ahead
-from tfscale.data.parquet_columns import ColumnMap, Texts, check_rows, derived_ids
+from tfscale.data.parquet_columns import ColumnMap, Dictionaries, check_rows, derived_ids
 from tfscale.data.text_lines import LineParser
 from tfscale.data.vocabulary_pass import Piece, blocks
 from tfscale.errors import DATA_ERROR_MARKER, UserError, user_error_from_tf
@@ -140,7 +140,7 @@ class TextBlocks:
                 raise
             raise UserError(f"{DATA_ERROR_MARKER}{user_error}") from None
         strings = raw["categorical"].numpy()
-        categorical = Texts([pa.array(strings[:, k], pa.binary())
-                             for k in range(strings.shape[1])], len(strings))
+        categorical = Dictionaries.of([pa.array(strings[:, k], pa.binary())
+                                       for k in range(strings.shape[1])], len(strings))
         return handover.element(raw["labels"], raw["dense"], raw["dense_present"], categorical,
                                 raw["derived"], int(raw["bad_lines"]))

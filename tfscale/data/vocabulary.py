@@ -137,25 +137,45 @@ class VocabularyEncoder:
                                       salts)
 
     def encode(self, strings):
-        keys = tf.reshape(self._keys(strings, self._salts), [-1])
+        """int64 ids [n, F] of strings [n, F], column f of field f."""
+        ids = self._ids_of(tf.reshape(self._keys(strings, self._salts), [-1]))
+        return tf.where(tf.strings.length(strings) > 0, tf.reshape(ids, tf.shape(strings)),
+                        tf.constant(MISSING_ID, tf.int64))
+
+    def encode_values(self, values, fields):
+        """int64 ids [V] of values [V] of the fields `fields` (int32 [V]): the ids `encode`
+        gives them in their fields' columns."""
+        ids = self._ids_of(self._keys(values, tf.gather(self._salts, fields)))
+        return tf.where(tf.strings.length(values) > 0, ids, tf.constant(MISSING_ID, tf.int64))
+
+    def _ids_of(self, keys):
         position = tf.minimum(tf.searchsorted(self._sorted_keys, keys, out_type=tf.int64),
                               tf.size(self._sorted_keys, out_type=tf.int64) - 1)
         found = tf.equal(tf.gather(self._sorted_keys, position), keys)
-        ids = tf.where(found, tf.gather(self._ids, position), tf.constant(OOV_ID, tf.int64))
-        return tf.where(tf.strings.length(strings) > 0, tf.reshape(ids, tf.shape(strings)),
-                        tf.constant(MISSING_ID, tf.int64))
+        return tf.where(found, tf.gather(self._ids, position), tf.constant(OOV_ID, tf.int64))
 
 
 # ----------------------------------------------------------------------------- counting
 
 def summarise_chunk(raw):
     """Per-chunk distinct values with counts per categorical field, integer min/max, row count
-    and malformed lines, of the raw columns of a LineParser."""
+    and malformed lines, of the raw columns of a LineParser or of data.handover (whose values
+    are distinct per field already: counted from the rows' indices)."""
     values, counts = [], []
-    for column in tf.unstack(raw["categorical"], axis=1):
-        unique = tf.unique_with_counts(tf.boolean_mask(column, tf.strings.length(column) > 0))
-        values.append(unique.y)
-        counts.append(unique.count)
+    if "categorical_indices" in raw:
+        distinct = raw["categorical_values"]
+        occurrences = tf.math.bincount(tf.reshape(raw["categorical_indices"], [-1]),
+                                       minlength=tf.size(distinct), dtype=tf.int64)
+        used = (occurrences > 0) & (tf.strings.length(distinct) > 0)
+        for field in range(raw["categorical_indices"].shape[1]):
+            kept = used & tf.equal(raw["categorical_fields"], field)
+            values.append(tf.boolean_mask(distinct, kept))
+            counts.append(tf.cast(tf.boolean_mask(occurrences, kept), tf.int32))
+    else:
+        for column in tf.unstack(raw["categorical"], axis=1):
+            unique = tf.unique_with_counts(tf.boolean_mask(column, tf.strings.length(column) > 0))
+            values.append(unique.y)
+            counts.append(unique.count)
     present, dense = raw["dense_present"], raw["dense"]
     return {
         "values": tuple(values),
