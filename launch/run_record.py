@@ -125,7 +125,7 @@ class RunRecord:
     def restored_model(self):
         """The model built from its config, with the newest checkpoint's weights (the
         optimizer's state and any per-rank state in the checkpoint are not read)."""
-        from tfscale.training.run import restore_trained_weights
+        from tfscale.checkpoints.store import restore_trained_weights
 
         model = models.MODELS[self.model_name].from_config(self.record["model_config"])
         progress = restore_trained_weights(model, self.checkpoint_dir)

@@ -14,7 +14,7 @@ from tfscale.embedding.dynamic import DynamicTables
 from tfscale.embedding.field_embedding import FieldEmbedding
 from tfscale.optimizers import RowSparseAdam
 from tfscale.optimizers.table_state import dynamic_row_bytes
-from tfscale.training.checkpoints import CheckpointStore
+from tfscale.checkpoints.store import CheckpointStore
 from tfscale.training.train_step import FunctionalTrainStepModel
 
 CAPACITY = 40_000_000

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from tfscale.errors import UserError
-from tfscale.training.checkpoints import CheckpointStore
+from tfscale.checkpoints.store import CheckpointStore
 
 
 def _trained_model(seed):

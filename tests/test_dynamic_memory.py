@@ -18,7 +18,7 @@ import tensorflow as tf
 from tests.test_dynamic_tables import embedding, held, lookup, small_model
 from tfscale.embedding.initializers import keyed_rows
 from tfscale.optimizers import FusedAdam, RowSparseAdagrad, RowSparseAdam, row_updates, table_state
-from tfscale.training.checkpoints import CheckpointStore
+from tfscale.checkpoints.store import CheckpointStore
 
 
 def test_a_large_dynamic_table_trained_checkpointed_and_restored_stays_small(tmp_path):

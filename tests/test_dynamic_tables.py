@@ -19,7 +19,7 @@ from tfscale.embedding.initializers import RowSeededNormal
 from tfscale.errors import UserError
 from tfscale.optimizers import RowSparseAdam
 from tfscale.optimizers.table_state import table_state
-from tfscale.training.checkpoints import CheckpointStore
+from tfscale.checkpoints.store import CheckpointStore
 from tfscale.training.train_step import FunctionalTrainStepModel
 
 

@@ -17,7 +17,7 @@ from tfscale.optimizers import (LossScaleOptimizer, RowSparseAdam, RowSparseSGD,
                                 stochastic_rounding)
 from tfscale.optimizers.table_state import OptimizerTableState, per_row_state
 from tfscale.serving.model_export import export_model
-from tfscale.training.checkpoints import CheckpointStore
+from tfscale.checkpoints.store import CheckpointStore
 from tests.test_row_updates import _op_counts
 
 SIZES = [40, 30, 50]

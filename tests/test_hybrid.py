@@ -21,7 +21,7 @@ from tfscale.errors import UserError
 from tfscale.optimizers import CowClip, RowSparseSGD
 from tfscale.optimizers.loss_scaling import LossScaleOptimizer
 from tfscale.row_gradients import CountedSlices, sum_duplicate_rows
-from tfscale.training.checkpoints import CheckpointStore
+from tfscale.checkpoints.store import CheckpointStore
 from tfscale.training.train_step import TrainStepModel
 
 SCHEMA = FeatureSchema(("d0", "d1"), ("c0", "c1", "c2"), (3, 6, 40))

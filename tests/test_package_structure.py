@@ -1,6 +1,7 @@
 """The library's shape, checked statically: no import cycles between tfscale's modules, Horovod
 imported by the Horovod engine alone, each
-package importing only the layers below it, no imports of the repository-level `models` and
+package importing only the layers below it (serving below training: it imports nothing of
+tfscale.training), no imports of the repository-level `models` and
 `launch`, private Keras imports only where Keras has
 no public form, and errors raised by the library that speak in its arguments, never in the
 launcher's flags."""
@@ -57,9 +58,10 @@ def test_no_import_cycles():
 
 
 # Bottom to top: a module may import its own layer and those below. "core" is the top-level
-# modules (errors, row gradients, step scalars, metrics), which every layer shares.
-LAYERS = ("core", "distributed", "data", "embedding", "optimizers", "exchanges", "training",
-          "serving")
+# modules (errors, row gradients, step scalars, metrics), which every layer shares. Checkpoints
+# lie below both of their users: training writes and resumes them, serving reads their weights.
+LAYERS = ("core", "distributed", "data", "embedding", "optimizers", "exchanges", "checkpoints",
+          "serving", "training")
 
 
 def _layer(module):
@@ -79,6 +81,16 @@ def test_packages_import_only_the_layers_below_them():
         upward += [f"{name} imports {m}" for m in _imported(tree, modules)
                    if m in modules and m != "tfscale" and LAYERS.index(_layer(m)) > rank]
     assert not upward, upward
+
+
+def test_serving_imports_nothing_of_training():
+    """A SavedModel is written and read without the training run's modules: what serving needs
+    of a run (its checkpoints) lies below both."""
+    modules = _modules()
+    serving = {name: sorted(m for m in _imported(tree, modules)
+                            if m == "tfscale.training" or m.startswith("tfscale.training."))
+               for name, tree in modules.items() if name.startswith("tfscale.serving")}
+    assert serving and not any(serving.values()), serving
 
 
 def test_the_library_imports_neither_models_nor_launch_and_keras_src_only_once():

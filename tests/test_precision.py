@@ -15,7 +15,7 @@ from tfscale.errors import NonFiniteTraining
 from tfscale.optimizers import CAME, CowClip, FusedAdam
 from tfscale.optimizers.loss_scaling import LossScaleOptimizer
 from tfscale.training.callbacks import NonFiniteGuard
-from tfscale.training.checkpoints import CheckpointStore
+from tfscale.checkpoints.store import CheckpointStore
 from tfscale.training.precision import parse_loss_scale, with_loss_scaling
 from tfscale.training.train_step import FunctionalTrainStepModel
 

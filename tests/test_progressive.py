@@ -27,7 +27,7 @@ from tfscale.data.synthetic import SyntheticCTR
 from tfscale.errors import UserError
 from tfscale.optimizers import RowSparseAdam
 from tfscale.training import ProgressiveConfig, TrainingConfig, train, train_progressively
-from tfscale.training.checkpoints import CheckpointStore
+from tfscale.checkpoints.store import CheckpointStore
 from tfscale.training.evaluation import evaluate_exact
 
 FLAGS = flags.FLAGS

@@ -22,7 +22,7 @@ from tfscale.optimizers import CAME, LossScaleOptimizer, RowSparseAdam, RowSpars
 from tfscale.optimizers.memory import optimizer_state_bytes
 from tfscale.optimizers.scaling import large_batch_settings
 from tfscale.optimizers.table_state import per_row_state, table_state
-from tfscale.training.checkpoints import CheckpointStore
+from tfscale.checkpoints.store import CheckpointStore
 
 # Powers of two: Keras keeps the rate in a float32 variable (tests/test_came_parity.py).
 LEARNING_RATE = 2.0 ** -6

@@ -28,7 +28,7 @@ from tfscale.embedding.dynamic import DynamicTables  # noqa: E402
 from tfscale.embedding.field_embedding import FieldEmbedding  # noqa: E402
 from tfscale.optimizers import RowSparseAdam  # noqa: E402
 from tfscale.optimizers.table_state import local_variables, table_state  # noqa: E402
-from tfscale.training.checkpoints import CheckpointStore  # noqa: E402
+from tfscale.checkpoints.store import CheckpointStore  # noqa: E402
 from tfscale.training.train_step import FunctionalTrainStepModel  # noqa: E402
 
 GLOBAL_BATCH = 48  # divides over 2, 3 and 4 ranks

@@ -13,7 +13,7 @@ from tests.multiworker import launcher_run
 from tests.multiworker.sharded_steps import gathered
 from tfscale import distributed
 from tfscale.embedding.by_row_checkpoint import BY_ROW
-from tfscale.training.checkpoints import CheckpointStore
+from tfscale.checkpoints.store import CheckpointStore
 
 
 def main(out, *flags_given):

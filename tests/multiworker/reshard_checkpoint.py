@@ -1,5 +1,5 @@
 """Checkpoints of embedding tables by global row, at any number of ranks
-(tfscale.training.checkpoints, tfscale.embedding.by_row_checkpoint). A job of
+(tfscale.checkpoints.store, tfscale.embedding.by_row_checkpoint). A job of
 tests/multiworker/jobs.py, in one process or under horovodrun:
 
     main("write", SHARDING, DIR)   for each optimizer of OPTIMIZERS, trains a small
@@ -27,7 +27,7 @@ from tfscale import distributed  # noqa: E402
 from tfscale.data.synthetic import SyntheticCTR  # noqa: E402
 from tfscale.optimizers import CAME, FusedAdam  # noqa: E402
 from tfscale.optimizers.table_state import local_variables  # noqa: E402
-from tfscale.training.checkpoints import CheckpointStore  # noqa: E402
+from tfscale.checkpoints.store import CheckpointStore  # noqa: E402
 from tfscale.training.run import build_model_and_optimizer  # noqa: E402
 
 OPTIMIZERS = {"adam": lambda: FusedAdam(learning_rate=1e-2), "came": lambda: CAME(1e-3)}

@@ -223,6 +223,13 @@ class CheckpointStore:
                 shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
 
 
+def restore_trained_weights(model, checkpoint_dir):
+    """Restores into the built `model` the weights of the newest checkpoint in `checkpoint_dir`
+    (tfscale.training.train's, or tfscale.callbacks.Checkpoint's), without its optimizer, for
+    prediction and export; returns the checkpoint's progress dict, or None when there is none."""
+    return CheckpointStore(checkpoint_dir, model=model).restore_latest_weights_only()
+
+
 def _write_file_durably(path, text):
     with open(path, "w") as f:
         f.write(text)

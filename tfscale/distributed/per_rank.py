@@ -14,7 +14,7 @@ from tfscale.distributed import runtime
 
 class PerRankState(abc.ABC):
     """Variables of one rank's own, which checkpoints keep per rank
-    (tfscale.training.checkpoints)."""
+    (tfscale.checkpoints.store)."""
 
     @abc.abstractmethod
     def build(self, variables):

@@ -16,10 +16,10 @@ import keras
 # and the signature `Model.export` reads from a functional or Sequential model's inputs.
 
 from tfscale import distributed
+from tfscale.checkpoints.store import restore_trained_weights
 from tfscale.data.rank_batches import zero_batch
 from tfscale.errors import UserError
 from tfscale.serving.saved_model import write_saved_model
-from tfscale.training.run import restore_trained_weights
 
 SERVE = "serve"  # the endpoint, as Keras's `model.export` names it
 

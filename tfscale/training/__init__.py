@@ -1,6 +1,5 @@
 """Training: the train step (train_step), the run of epochs with evaluation and checkpoints
-(run), online training day by day (progressive), its callbacks, checkpoints (checkpoints; the tables' own
-formats are tfscale.embedding's), exact evaluation and the precision policy. `train`, `train_progressively` and
+(run), online training day by day (progressive), its callbacks, exact evaluation and the precision policy. `train`, `train_progressively` and
 their configurations are the package's public entry; `evaluate_exact`, the AUC and log loss
 of every row over all ranks."""
 

@@ -24,7 +24,7 @@ from tfscale.optimizers.loss_scaling import LossScaleOptimizer
 from tfscale.optimizers.row_sparse_adam import RowSparseAdam
 from tfscale.step_scalars import ReportsProgress, scalars_of
 from tfscale.training import distributed_fit
-from tfscale.training.checkpoints import CheckpointStore
+from tfscale.checkpoints.store import CheckpointStore
 
 # What `tfscale.callbacks` offers (the rest of this module serves them and the run).
 __all__ = ["CatchUpRows", "Checkpoint", "NonFiniteGuard", "PeriodicCheckpoint", "ProfileSteps",
@@ -136,7 +136,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
     which epoch is running and how many of its batches were skipped.
 
     Args:
-        store: a tfscale.training.checkpoints.CheckpointStore.
+        store: a tfscale.checkpoints.store.CheckpointStore.
         every_steps: global steps between checkpoints.
 
     Raises:
@@ -144,7 +144,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
 
     Example:
         ```python
-        # store: a tfscale.training.checkpoints.CheckpointStore
+        # store: a tfscale.checkpoints.store.CheckpointStore
         periodic = tfscale.callbacks.PeriodicCheckpoint(store, every_steps=1000)
         periodic.start_epoch(0, 0)
         model.fit(train, epochs=1, callbacks=[periodic])
@@ -373,7 +373,7 @@ class CatchUpRows(keras.callbacks.Callback):
 
 class Checkpoint(keras.callbacks.Callback):
     """Atomic checkpoints of `fit` in `directory` at each epoch's end, and the newest one
-    restored when `fit` starts, on every rank of a Horovod job (tfscale.training.checkpoints:
+    restored when `fit` starts, on every rank of a Horovod job (tfscale.checkpoints.store:
     tables by row, each rank writing its own rows, so a run resumes at any number of ranks; the
     other state written by rank 0). Resuming starts `fit` at the epoch after the checkpoint's,
     as keras.callbacks.BackupAndRestore does (which restores one rank only).

@@ -27,7 +27,7 @@ from tfscale import distributed
 from tfscale.errors import UserError
 from tfscale.optimizers import table_state
 from tfscale.training import callbacks as tfs_callbacks
-from tfscale.training.checkpoints import CheckpointStore
+from tfscale.checkpoints.store import CheckpointStore
 from tfscale.training.evaluation import evaluate_exact
 from tfscale.training.run import (DAYS_DONE, build_model_and_optimizer,
                                   check_test_split_is_labelled, progress_to_resume)

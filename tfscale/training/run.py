@@ -23,7 +23,7 @@ from tfscale.data.pipeline import staged_on_device
 from tfscale.errors import UserError
 from tfscale.training import callbacks as tfs_callbacks
 from tfscale.training import distributed_fit
-from tfscale.training.checkpoints import CheckpointStore
+from tfscale.checkpoints.store import CheckpointStore
 from tfscale.training.evaluation import evaluate_exact
 from tfscale.training.train_step import TrainStep
 
@@ -131,13 +131,6 @@ def check_test_split_is_labelled(source):
             "it by AUC after every epoch; give labelled `test_paths`, or none to hold out "
             "`test_fraction` of the training lines (unlabelled files are scored after training, "
             "by tfscale.serving.prediction.FilePredictions)")
-
-
-def restore_trained_weights(model, checkpoint_dir):
-    """Restores into the built `model` the weights of the newest checkpoint `train` wrote in
-    `checkpoint_dir`, without its optimizer (for prediction and export); returns the
-    checkpoint's progress dict, or None when there is none."""
-    return CheckpointStore(checkpoint_dir, model=model).restore_latest_weights_only()
 
 
 def train(model, source, config, print_fn=print):
