@@ -51,7 +51,8 @@ flags.DEFINE_enum("embedding_update", "row", list(EMBEDDING_UPDATES),
                   "the batch. dense: every row every step, --l2 as a regularizer on whole tables "
                   "(the papers' update; CowClip's faithful mode, the official code's; CAME's "
                   "statistics over every row): a step's cost follows the table (CAME on DeepFM "
-                  "at batch 8,192: 2.1-2.4x the row update's step, docs/results/came.md).")
+                  "at batch 8,192: 2.09x and 2.64x the row update's step in two runs, "
+                  "docs/results/came.md).")
 flags.DEFINE_float("learning_rate", None, "Dense learning rate (default: the rule's, else 1e-3; "
                    "for came, the best of a sweep at batch 8,192, docs/results/came.md).")
 flags.DEFINE_float("embedding_learning_rate", None,
