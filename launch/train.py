@@ -34,9 +34,9 @@ flags.DEFINE_integer("stop_after_steps", None,
                      lower_bound=1)
 flags.DEFINE_list("profile_steps", [],
                   "FIRST,LAST: write TensorFlow's profile of these global steps (rank 0's) to "
-                  "<logdir>/train for TensorBoard's Profile tab: the trace viewer, op statistics, "
-                  "the input-pipeline analysis (docs/tuning.md). Skip the first steps, which "
-                  "trace the train step: e.g. 20,25. Not with --progressive.")
+                  "<logdir>/train for TensorBoard's Profile tab: the trace viewer and op "
+                  "statistics (docs/tuning.md). Skip the first steps, which trace the train "
+                  "step: e.g. 20,25. Not with --progressive.")
 flags.register_validator(
     "profile_steps", lambda steps: not steps or (
         len(steps) == 2 and all(s.strip().isdigit() for s in steps)

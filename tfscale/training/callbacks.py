@@ -217,9 +217,9 @@ class StopAfterSteps(keras.callbacks.Callback):
 class ProfileSteps(keras.callbacks.Callback):
     """Records TensorFlow's profile of global steps `first_step` to `last_step` (the optimizer's
     iterations, counted from 1; a resumed run counts on) into `logdir`, for TensorBoard's
-    Profile tab (`tensorboard --logdir LOGDIR`): the trace viewer's timeline of every op and
-    input-pipeline event, op statistics and the input-pipeline analysis. A window that an
-    epoch's end cuts stops there (evaluation is not profiled).
+    Profile tab (`tensorboard --logdir LOGDIR`, with the tensorboard-plugin-profile package):
+    the trace viewer's timeline of every op, the input pipeline's beside the step's, and op
+    statistics. A window that an epoch's end cuts stops there (evaluation is not profiled).
 
     Why not keras.callbacks.TensorBoard(profile_batch=...): it counts the batches of each `fit`
     call, and a run that calls `fit` once per epoch (tfscale.training.train) would profile the
