@@ -137,13 +137,8 @@ def table():
         lines.append(f"| {what} | {ours} | {against} "
                      f"| [{cited.index(name) + 1}], {machines[entry['machine']]['label']} |")
     lines += ["", f"Machine, date and command of [1]-[{len(cited)}]: "
-              "[provenance.json](benchmarks/results/provenance.json).", ""]
-    used = sorted({files[name]["machine"] for name in cited}, key=list(machines).index)
-    for key in used:
-        machine = machines[key]
-        lines.append(f"- {machine['label']}: {machine['cpu']}, {machine['cores']}; "
-                     f"CPU flags {machine['cpu_flags']}.")
-    lines.append("")
+              "[provenance.json](benchmarks/results/provenance.json);",
+              "the machines: [docs/results/](docs/results/README.md#machines).", ""]
     for index, name in enumerate(cited, 1):
         lines.append(f"[{index}]: benchmarks/results/{name}")
     return lines

@@ -15,8 +15,12 @@ The few remaining facts of the code with a unit are in ALLOWED, each with its re
 
 A figure is backed when a results file holds the same number with the same unit, or, for a ratio
 or a number with decimals, the same digits without it (a table says its unit in its header); a
-unitless decimal also when a raw value of six or more decimals rounds to it. No TensorFlow."""
+unitless decimal also when a raw value of six or more decimals rounds to it.
 
+The machines are described once, on docs/results/README.md, as benchmarks/results/provenance.json
+records them, and every results page names its own in a line linking there. No TensorFlow."""
+
+import json
 import pathlib
 import re
 
@@ -207,3 +211,38 @@ def test_every_figure_is_in_a_results_file(path, results_numbers):
     found = unbacked(path.read_text(encoding="utf-8"), results_numbers, page)
     assert not found, (f"{page}: figures no file in benchmarks/results/ or docs/results/ holds "
                        f"(cite the results page, correct or remove them): {found}")
+
+
+# ----------------------------------------------------------------------------- machines
+
+RESULTS_INDEX = ROOT / "docs" / "results" / "README.md"
+MACHINE_LINE = re.compile(r"^Machine: (.+)$", re.M)
+
+
+def machine_table(index_text):
+    """{label: (CPU, CPU flags)} of the table under the results index's "Machines" heading."""
+    section = index_text.split("## Machines", 1)[1].split("\n## ", 1)[0]
+    rows = [cells(line) for line in section.splitlines() if line.startswith("|")][2:]
+    return {row[0]: (row[1], row[2]) for row in rows}
+
+
+def test_the_results_index_describes_the_machines_of_provenance_json():
+    """The machines are described once, on the results index, as provenance.json records them
+    (the headline table's runs name them by label)."""
+    table = machine_table(RESULTS_INDEX.read_text(encoding="utf-8"))
+    known = json.loads((ROOT / "benchmarks" / "results" / "provenance.json").read_text())
+    for machine in known["machines"].values():
+        assert machine["label"] in table, f"{machine['label']}: not on {RESULTS_INDEX.name}"
+        cpu, flags = table[machine["label"]]
+        assert cpu == machine["cpu"] and flags.startswith(machine["cpu_flags"]), (machine, cpu,
+                                                                                  flags)
+
+
+@pytest.mark.parametrize("path", sorted(p for p in RESULTS_INDEX.parent.glob("*.md")
+                                        if p != RESULTS_INDEX), ids=lambda p: p.name)
+def test_every_results_page_names_its_machine(path):
+    labels = machine_table(RESULTS_INDEX.read_text(encoding="utf-8"))
+    line = MACHINE_LINE.search(path.read_text(encoding="utf-8"))
+    assert line and any(f"[{label}](README.md#machines)" in line.group(1) for label in labels), (
+        f"{path.name}: no line 'Machine: [label](README.md#machines)' with a label of "
+        f"{sorted(labels)}")
