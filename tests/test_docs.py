@@ -1,11 +1,12 @@
 """The documentation holds together: every relative link in README.md and docs/ leads to a file,
-every launcher flag in README.md's example commands exists, README.md stays an entry point (at
+every option of their command lines (launchers, benchmarks, scripts, examples, tfscale.run) is
+one the program defines, an enum's value one of its choices, README.md stays an entry point (at
 most 120 lines of at most 100 characters), the documentation site builds with warnings as errors
 (`mkdocs build --strict`: links, anchors, the API reference), the API reference covers every
 public name, README.md's headline table and docs/concepts.md's compatibility tables are what
 their scripts write from the results files and the library, and no page speaks of how it was
-developed. No TensorFlow in this process (the launchers' --helpfull and the compatibility
-script run in their own)."""
+developed. No TensorFlow in this process (the programs' help texts and the compatibility script
+run in their own)."""
 
 import ast
 import functools
@@ -33,9 +34,16 @@ INLINE_CODE = re.compile(r"`[^`\n]*`")
 LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+[\"'][^)]*)?\)")
 # A reference-style link's definition: `[label]: target` at the start of a line.
 DEFINITION = re.compile(r"^ {0,3}\[[^\]]+\]:\s*<?([^\s>]+)", re.M)
-LAUNCH = re.compile(r"(?:^|[\s/'\"])-m\s+launch\.(" + "|".join(LAUNCHERS) + r")\b")
-FLAG = re.compile(r"(?<![\w-])--([A-Za-z][\w-]*)")
-DEFINED = re.compile(r"^\s*--(\[no\])?([\w-]+):", re.M)
+# A program a command line runs: `-m launch.X` / `launch/X.py`, the same for benchmarks, scripts
+# and examples, `-m tfscale.run` or `tfscale-run`; the options after it up to the next program, a
+# shell separator or (for tfscale.run) the script it runs are its own.
+PROGRAM = re.compile(
+    r"(?:(?<=[\s/'\"])|^)(?:-m\s+((?:launch|benchmarks)\.\w+|tfscale\.run)\b"
+    r"|(?:\S*/)?((?:launch|benchmarks|scripts|examples)/\w+\.py)\b|(tfscale-run)\b)")
+SEPARATOR = re.compile(r"\|\|?|&&|;")
+OPTION = re.compile(r"(?<![\w-])(--?)([A-Za-z][\w-]*)(?:=[\"']?([^\s\"'`]*))?")
+# A value written as a placeholder (`--dynamic_capacity=N`, `--embedding_sharding=KIND`).
+PLACEHOLDER = re.compile(r"^[A-Z][A-Z0-9_]*$|^<.*>$|^$")
 
 
 def markdown_files():
@@ -83,52 +91,162 @@ def code_blocks(text):
     return [block.group(0) for block in FENCE.finditer(text)]
 
 
-def launcher_commands(text):
-    """(launcher, flags) of each command in `text`'s fenced code blocks that runs a launcher:
-    the --flags after `-m launch.<name>` on its (backslash-joined) line, comments included."""
+def program_name(match):
+    """`launch.train` for `-m launch.train` and `launch/train.py`; `examples/x.py` and
+    `scripts/x.py` stay paths; `tfscale.run` for `tfscale-run`."""
+    module, path, console = match.groups()
+    if module:
+        return module
+    if console:
+        return "tfscale.run"
+    if path.startswith(("launch/", "benchmarks/")):
+        return path[:-len(".py")].replace("/", ".")
+    return path
+
+
+def command_lines(text):
+    """The (backslash-joined) lines of `text`'s fenced code blocks, and its inline code spans,
+    that name a program."""
+    lines = [line for block in code_blocks(text)
+             for line in block.replace("\\\n", " ").splitlines()]
+    lines += [span.strip("`") for span in INLINE_CODE.findall(FENCE.sub("", text))]
+    return [line for line in lines if PROGRAM.search(line)]
+
+
+def program_commands(text):
+    """(program, [(option, value or None)]) of each program run in `text`'s command lines
+    (fenced, comments included, and inline): the --options after it (for tfscale.run also
+    -options, up to the script it runs), each value as written after `=`."""
     commands = []
-    for block in code_blocks(text):
-        for line in block.replace("\\\n", " ").splitlines():
-            match = LAUNCH.search(line)
-            if match:
-                commands.append((match.group(1), FLAG.findall(line[match.end():])))
+    for line in command_lines(text):
+        matches = list(PROGRAM.finditer(line))
+        for match, following in zip(matches, matches[1:] + [None]):
+            program = program_name(match)
+            span = line[match.end():following.start() if following else len(line)]
+            span = SEPARATOR.split(span, 1)[0]
+            if program == "tfscale.run":
+                span = re.split(r"\S+\.py\b", span, 1)[0]
+            options = [(name, value or None) for dashes, name, value in OPTION.findall(span)
+                       if dashes == "--" or program == "tfscale.run"]
+            commands.append((program, options))
     return commands
 
 
+def launcher_commands(text):
+    """(launcher, flags) of each command in `text` that runs one of LAUNCHERS."""
+    return [(program[len("launch."):], [name for name, _ in options])
+            for program, options in program_commands(text)
+            if program in {f"launch.{launcher}" for launcher in LAUNCHERS}]
+
+
+def concrete_programs(program):
+    """The programs `program` stands for: every script of its directory for a placeholder
+    (`examples/X.py`), else itself."""
+    if program.endswith(".py") and PLACEHOLDER.match(pathlib.Path(program).stem):
+        return [str(p.relative_to(ROOT)) for p in sorted((ROOT / program).parent.glob("*.py"))]
+    return [program]
+
+
+def program_exists(program):
+    return (ROOT / (program if program.endswith(".py") else
+                    program.replace(".", "/") + ".py")).is_file()
+
+
+def documented_programs():
+    """Every existing program a command line of README.md or docs/ gives options, and
+    LAUNCHERS."""
+    programs = {f"launch.{launcher}" for launcher in LAUNCHERS}
+    for path in markdown_files():
+        programs.update(concrete for program, options in program_commands(path.read_text(
+            encoding="utf-8")) if options for concrete in concrete_programs(program))
+    return tuple(sorted(filter(program_exists, programs)))
+
+
 @functools.lru_cache(maxsize=None)
-def defined_flags(launcher):
-    """({flag name}, {boolean flag name}) that `python -m launch.<launcher> --helpfull` lists."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    result = subprocess.run([sys.executable, "-m", f"launch.{launcher}", "--helpfull"], cwd=ROOT,
-                            env=env, capture_output=True, text=True, timeout=600)
-    found = DEFINED.findall(result.stdout)
-    assert found, (f"launch.{launcher} --helpfull listed no flags (exit status "
-                   f"{result.returncode}):\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
-    return {name for _, name in found}, {name for no, name in found if no}
+def flag_definitions(programs):
+    """{program: {"flags": {name: choices or None}, "booleans": [...]}} of `programs`, read
+    from their help texts in one process (tests/flag_definitions.py)."""
+    result = subprocess.run([sys.executable, "tests/flag_definitions.py", *programs], cwd=ROOT,
+                            env=python_env(), capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    missing = {program: found[program].get("error") for program in programs
+               if "flags" not in found.get(program, {})}
+    assert not missing, f"programs whose help lists no flags: {missing}"
+    return found
 
 
-def unknown_flags(launcher, flags):
-    names, booleans = defined_flags(launcher)
-    return [flag for flag in flags
-            if flag not in names and not (flag.startswith("no") and flag[2:] in booleans)]
+def option_problems(program, options, definitions):
+    """What is wrong with `options` [(name, value or None)] of `program`: an option it does not
+    define (`--noNAME` counts for a boolean NAME), or a value outside an enum's choices."""
+    flags, booleans = definitions["flags"], definitions["booleans"]
+    problems = []
+    for name, value in options:
+        if name not in flags:
+            if not (name.startswith("no") and name[2:] in booleans):
+                problems.append(f"{program}: --{name} is not defined")
+            continue
+        choices, value = flags[name], (value or "").rstrip(".,;:)")  # the prose's punctuation
+        if choices and not PLACEHOLDER.match(value):
+            problems += [f"{program}: --{name}={value}: {part!r} is not one of {choices}"
+                         for part in value.split(",") if part not in choices]
+    return problems
 
 
 def test_the_flag_check_catches_an_unknown_flag():
     text = ("```\n.venv/bin/horovodrun -np 2 --gloo .venv/bin/python -m launch.train "
             "--batch_size=8 --nodedup_ids \\\n  --no_such_flag  # --nobatch_size\n```\n"
-            "`python -m launch.train --inline_code_is_not_checked`\n")
-    (command,) = launcher_commands(text)
-    assert command == ("train", ["batch_size", "nodedup_ids", "no_such_flag", "nobatch_size"])
-    assert unknown_flags(*command) == ["no_such_flag", "nobatch_size"]
+            "`python -m launch.train --in_inline_code` and `--alone_is_not_a_command`\n")
+    assert launcher_commands(text) == [
+        ("train", ["batch_size", "nodedup_ids", "no_such_flag", "nobatch_size"]),
+        ("train", ["in_inline_code"])]
+    definitions = flag_definitions(documented_programs())["launch.train"]
+    options = [(name, None) for name in launcher_commands(text)[0][1]] + [("data", "tsv")]
+    assert option_problems("launch.train", options, definitions) == [
+        "launch.train: --no_such_flag is not defined", "launch.train: --nobatch_size is not "
+        "defined", f"launch.train: --data=tsv: 'tsv' is not one of {definitions['flags']['data']}"]
 
 
-def test_readme_commands_use_only_defined_flags():
+def test_commands_are_split_by_program():
+    text = ("```\npython -m tfscale.run -np 4 --network=host -m launch.train --data=avazu "
+            "--seed=3 | tail -3\ntfscale-run -np 2 examples/own.py --workdir=DIR --port=9\n"
+            "python -m benchmarks.table_scaling --ids=4 && tensorboard --logdir runs\n```\n")
+    assert program_commands(text) == [
+        ("tfscale.run", [("np", None), ("network", "host")]),
+        ("launch.train", [("data", "avazu"), ("seed", "3")]),
+        ("tfscale.run", [("np", None)]),
+        ("examples/own.py", [("workdir", "DIR"), ("port", "9")]),
+        ("benchmarks.table_scaling", [("ids", "4")])]
+    definitions = {"flags": {"data": ["criteo", "avazu"], "seed": None, "dedup_ids": None},
+                   "booleans": ["dedup_ids"]}
+    assert option_problems("launch.train", [("data", "avazu"), ("data", "KIND"),
+                                            ("nodedup_ids", None), ("data", "tsv"),
+                                            ("nodata", None), ("size", "1")], definitions) == [
+        "launch.train: --data=tsv: 'tsv' is not one of ['criteo', 'avazu']",
+        "launch.train: --nodata is not defined", "launch.train: --size is not defined"]
+
+
+@pytest.mark.parametrize("path", markdown_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_command_lines_use_only_defined_flags(path):
+    """Every option of a program a page's command line runs (launchers, benchmarks, scripts,
+    examples, tfscale.run) is one its help lists, an enum's value one of its choices."""
+    definitions = flag_definitions(documented_programs())
+    problems = set()
+    for program, options in program_commands(path.read_text(encoding="utf-8")):
+        for concrete in concrete_programs(program):
+            if not options:
+                continue
+            if program_exists(concrete):
+                problems.update(option_problems(concrete, options, definitions[concrete]))
+            else:
+                problems.add(f"{concrete}: no such program")
+    problems = sorted(problems)
+    assert not problems, f"{path.relative_to(ROOT)}: " + "; ".join(problems)
+
+
+def test_readme_runs_every_launcher():
     commands = launcher_commands(README.read_text(encoding="utf-8"))
     assert {launcher for launcher, _ in commands} == set(LAUNCHERS), commands
-    unknown = {f"launch.{launcher}: --{flag}" for launcher, flags in commands
-               for flag in unknown_flags(launcher, flags)}
-    assert not unknown, f"README.md uses flags no launcher defines: {sorted(unknown)}"
 
 
 def test_readme_is_an_entry_point():
