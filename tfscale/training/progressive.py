@@ -14,20 +14,21 @@ Under Horovod every rank runs it, as `train`: each scores and trains on its shar
 batch_size / P, all run the smallest shard's steps, a day's metrics are those of the union of the
 shards (tfscale.training.evaluation), and rank 0 alone prints, logs and checkpoints. TensorBoard:
 logdir/train per global step, as `train` writes it, and logdir/progressive ("auc", "logloss")
-with the day's number (1-based) as the step."""
+with the day's number (1-based) as the step. The days are trained by the epoch loop `train` uses
+too (tfscale.training.epochs), each day one pass."""
 
 import dataclasses
 import os
-import time
 
 import numpy as np
 import tensorflow as tf
 
 from tfscale import distributed
+from tfscale.checkpoints.store import CheckpointStore
 from tfscale.errors import UserError
 from tfscale.optimizers import table_state
 from tfscale.training import callbacks as tfs_callbacks
-from tfscale.checkpoints.store import CheckpointStore
+from tfscale.training.epochs import EpochLoop, Pass
 from tfscale.training.evaluation import evaluate_exact
 from tfscale.training.run import (DAYS_DONE, build_model_and_optimizer,
                                   check_test_split_is_labelled, progress_to_resume)
@@ -163,87 +164,46 @@ def train_progressively(model, days, config, print_fn=print):
 
     writers = _summary_writers(config.logdir) if chief else {}
     record = {DAYS_DONE: days_done, _IN_PROGRESS: start.in_progress}
-    # The guard comes first: a non-finite step must not reach the progress line or a checkpoint.
-    run_callbacks = [tfs_callbacks.NonFiniteGuard()]
     monitor = None
     if chief:
         monitor = tfs_callbacks.TrainingMonitor(config.batch_size, config.log_every_steps,
                                                 writers.get("train"), None, print_fn, unit="day")
-        run_callbacks.append(monitor)
     checkpointer = None
-    if store is not None:  # on every rank: each contributes its per-rank state to a save
+    if store is not None:
         checkpointer = _DayCheckpoint(
             store, config.checkpoint_every_steps or np.iinfo(np.int64).max,
             lambda: {DAYS_DONE: list(record[DAYS_DONE]), _IN_PROGRESS: record[_IN_PROGRESS]})
-        run_callbacks.append(checkpointer)
-    catch_up = tfs_callbacks.CatchUpRows()  # at each day's end, before its checkpoint
-    run_callbacks.append(catch_up)
-    stopper = None
-    if config.stop_after_steps is not None:
-        stopper = tfs_callbacks.StopAfterSteps(config.stop_after_steps)
-        run_callbacks.append(stopper)
+    loop = EpochLoop.with_callbacks(model, [monitor] if monitor else [], checkpointer,
+                                    config.stop_after_steps, local_batch_size, shard, print_fn)
 
-    skip_batches = start.batches_done
-    for index in range(start.day, len(days)):
-        name, source = days[index]
-        steps = steps_per_day[index]
-        if stopper is not None and int(model.optimizer.iterations) >= config.stop_after_steps:
-            break
+    def scored(day):
+        name = days[day.index][0]
         if record[_IN_PROGRESS] is None:
-            record[_IN_PROGRESS] = _score_day(model, index, len(days), name, source, shard,
-                                              local_batch_size, writers, print_fn)
+            record[_IN_PROGRESS] = _score_day(model, day.index, len(days), name, day.source,
+                                              shard, local_batch_size, writers, print_fn)
         else:
-            _print_score(print_fn, index, len(days), name, record[_IN_PROGRESS],
+            _print_score(print_fn, day.index, len(days), name, record[_IN_PROGRESS],
                          "scored before the interruption")
         if monitor is not None:
-            monitor.steps_per_epoch = steps
-        if checkpointer is not None:
-            checkpointer.start_epoch(index, skip_batches)
-        first_step = int(model.optimizer.iterations)
-        started = time.perf_counter()
-        _train_on_day(model, source, index, steps, skip_batches, local_batch_size, shard,
-                      run_callbacks, catch_up)
-        train_seconds = time.perf_counter() - started
-        trained_steps = int(model.optimizer.iterations) - first_step
-        if stopper is not None and stopper.stopped:
-            print_fn(f"stopped after global step {int(model.optimizer.iterations)} "
-                     "(`stop_after_steps`); resume with `resume=True`")
-            break
+            monitor.steps_per_epoch = day.steps
+
+    def recorded(day, trained_steps, train_seconds):
         examples_per_second = (trained_steps * config.batch_size / train_seconds
                                if train_seconds > 0 else 0.0)
-        days_done.append(dict(record[_IN_PROGRESS], day=index + 1, steps=steps,
+        days_done.append(dict(record[_IN_PROGRESS], day=day.index + 1, steps=day.steps,
                               train_seconds=train_seconds,
                               examples_per_second=examples_per_second))
         record[_IN_PROGRESS] = None
-        print_fn(f"day {index + 1}/{len(days)}: trained {trained_steps} steps in "
+        print_fn(f"day {day.index + 1}/{len(days)}: trained {trained_steps} steps in "
                  f"{train_seconds:.1f} s ({examples_per_second:,.0f} examples/s)")
-        if checkpointer is not None:
-            checkpointer.save(int(model.optimizer.iterations), epoch=index + 1, batches_done=0)
-        skip_batches = 0
+        return {}  # the days done: _DayCheckpoint records them
 
+    stopped = loop.run([Pass(index, days[index][1], steps_per_day[index])
+                        for index in range(start.day, len(days))],
+                       start.batches_done, after=recorded, before=scored)
     for writer in writers.values():
         writer.flush()
-    return ProgressiveResult(days_done, int(model.optimizer.iterations),
-                             stopped_early=bool(stopper and stopper.stopped))
-
-
-def _train_on_day(model, source, index, steps, skip_batches, local_batch_size, shard,
-                  run_callbacks, catch_up):
-    """One pass of `model.fit` over day `index` (its `steps` on this rank's shard) from batch
-    `skip_batches` on; with none left, only the day's catch-up (`catch_up`, one of
-    `run_callbacks`)."""
-    if skip_batches == steps:  # resumed from a checkpoint of the day's last batch, taken
-        catch_up.set_model(model)  # before the catch-up that ends a day
-        catch_up.on_epoch_end(index)
-        return
-    dataset = source.train_batches(local_batch_size, epoch=index, skip_batches=skip_batches,
-                                   **shard)
-    # A known length: Keras counts no extra iteration, and a larger shard is cut to the smallest
-    # shard's steps, so no rank waits for another at the day's end.
-    dataset = dataset.take(steps - skip_batches).apply(
-        tf.data.experimental.assert_cardinality(steps - skip_batches))
-    model.fit(dataset, initial_epoch=index, epochs=index + 1, verbose=0, shuffle=False,
-              callbacks=run_callbacks)
+    return ProgressiveResult(days_done, int(model.optimizer.iterations), stopped_early=stopped)
 
 
 class _DayCheckpoint(tfs_callbacks.PeriodicCheckpoint):

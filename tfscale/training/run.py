@@ -3,7 +3,8 @@ epoch, TensorBoard scalars, periodic atomic checkpoints, and resuming mid-epoch 
 checkpoint so that a stopped-and-resumed run ends with the same weights as an uninterrupted one.
 
 `model.fit` is called once per epoch (each epoch's dataset starts at the right batch when
-resuming); the model must be compiled before `train` is called.
+resuming), by the epoch loop it shares with online training (tfscale.training.epochs); the model
+must be compiled before `train` is called.
 
 Under Horovod (tfscale.distributed) every rank runs `train`: each reads its own shard of the
 training split at batch_size / P, all run the same number of steps per epoch, all start from
@@ -13,17 +14,16 @@ its per-rank state, such as the top-k exchanges' residuals)."""
 
 import dataclasses
 import os
-import time
 
 import numpy as np
 import tensorflow as tf
 
 from tfscale import distributed
-from tfscale.data.pipeline import staged_on_device
+from tfscale.checkpoints.store import CheckpointStore
 from tfscale.errors import UserError
 from tfscale.training import callbacks as tfs_callbacks
 from tfscale.training import distributed_fit
-from tfscale.checkpoints.store import CheckpointStore
+from tfscale.training.epochs import EpochLoop, Pass
 from tfscale.training.evaluation import evaluate_exact
 from tfscale.training.train_step import TrainStep
 
@@ -195,73 +195,35 @@ def train(model, source, config, print_fn=print):
     if steps_per_epoch is None and distributed.is_active():
         raise UserError(f"{source.describe()} cannot tell its batches per epoch in advance, which "
                         "Horovod needs so that every rank runs the same number of steps")
-    # The guard comes first: a non-finite step must not reach the progress line or a checkpoint.
-    # It runs on every rank: the ranks' optimizer states are identical, so all stop together.
-    run_callbacks = [tfs_callbacks.NonFiniteGuard()]
+    reporting = []
     if chief:
-        run_callbacks.append(tfs_callbacks.TrainingMonitor(
+        reporting.append(tfs_callbacks.TrainingMonitor(
             config.batch_size, config.log_every_steps, writers.get("train"), steps_per_epoch,
             print_fn))
         if config.profile_steps:
-            run_callbacks.append(tfs_callbacks.ProfileSteps(
+            reporting.append(tfs_callbacks.ProfileSteps(
                 os.path.join(config.logdir, "train"), *config.profile_steps))
     checkpointer = None
-    if store is not None:  # on every rank: each contributes its per-rank state to a save
+    if store is not None:
         checkpointer = tfs_callbacks.PeriodicCheckpoint(
             store, config.checkpoint_every_steps or np.iinfo(np.int64).max)
-        run_callbacks.append(checkpointer)
-    # Before the epoch's evaluation and checkpoint (the checkpointer's batch-end saves come first).
-    run_callbacks.append(tfs_callbacks.CatchUpRows())
-    stopper = None
-    if config.stop_after_steps is not None:
-        stopper = tfs_callbacks.StopAfterSteps(config.stop_after_steps)
-        run_callbacks.append(stopper)
+    loop = EpochLoop.with_callbacks(model, reporting, checkpointer, config.stop_after_steps,
+                                    local_batch_size, shard, print_fn)
 
     epoch_results = []
-    for epoch in range(start_epoch, config.epochs):
-        if stopper is not None and int(model.optimizer.iterations) >= config.stop_after_steps:
-            break
-        if checkpointer is not None:
-            checkpointer.start_epoch(epoch, skip_batches)
-        first_step = int(model.optimizer.iterations)
-        started = time.perf_counter()
-        if steps_per_epoch is None or skip_batches < steps_per_epoch:
-            dataset = source.train_batches(local_batch_size, epoch=epoch,
-                                           skip_batches=skip_batches, **shard)
-            if steps_per_epoch is not None:
-                # A known length keeps Keras from counting an extra optimizer iteration when an
-                # epoch's dataset of unknown length runs out; `take` cuts a larger file shard to
-                # the smallest shard's count, so no rank waits for another at the epoch's end.
-                dataset = dataset.take(steps_per_epoch - skip_batches).apply(
-                    tf.data.experimental.assert_cardinality(steps_per_epoch - skip_batches))
-            staged = staged_on_device(dataset)  # on a GPU: batches copied ahead of the step
-            staged_steps = None if staged is dataset else _known_length(dataset)
-            model.fit(staged, initial_epoch=epoch, epochs=epoch + 1, verbose=0, shuffle=False,
-                      callbacks=run_callbacks, steps_per_epoch=staged_steps)
-        train_seconds = time.perf_counter() - started
-        steps = int(model.optimizer.iterations) - first_step
-        if stopper is not None and stopper.stopped:
-            print_fn(f"stopped after global step {int(model.optimizer.iterations)} "
-                     "(`stop_after_steps`); resume with `resume=True`")
-            break
-        result = _evaluate_epoch(model, source, config, epoch, steps, train_seconds, writers,
-                                 print_fn, local_batch_size)
-        epoch_results.append(result)
-        if checkpointer is not None:
-            checkpointer.save(int(model.optimizer.iterations), epoch=epoch + 1, batches_done=0,
-                              test_auc=result["auc"], test_logloss=result["logloss"])
-        skip_batches = 0
 
+    def evaluated(epoch, steps, train_seconds):
+        result = _evaluate_epoch(model, source, config, epoch.index, steps, train_seconds,
+                                 writers, print_fn, local_batch_size)
+        epoch_results.append(result)
+        return {"test_auc": result["auc"], "test_logloss": result["logloss"]}
+
+    stopped = loop.run([Pass(epoch, source, steps_per_epoch)
+                        for epoch in range(start_epoch, config.epochs)],
+                       skip_batches, after=evaluated)
     for writer in writers.values():
         writer.flush()
-    return TrainingResult(epoch_results, int(model.optimizer.iterations),
-                          stopped_early=bool(stopper and stopper.stopped))
-
-
-def _known_length(dataset):
-    """The batches of `dataset` when tf.data knows them, else None."""
-    length = int(dataset.cardinality())
-    return length if length >= 0 else None
+    return TrainingResult(epoch_results, int(model.optimizer.iterations), stopped_early=stopped)
 
 
 def progress_to_resume(store, config, print_fn, progressive=False):
