@@ -20,7 +20,7 @@ import textwrap
 import time
 import traceback
 
-PAGE_SECONDS = 120
+PAGE_SECONDS = 60
 # ```python at any indentation (a block in a list item) up to the closing fence at the same one.
 BLOCK = re.compile(r"^([ \t]*)```python[ \t]*\n(.*?)^\1```[ \t]*$", re.M | re.S)
 FRAGMENT = re.compile(r"<!--\s*fragment:(.*?)-->\s*$")
