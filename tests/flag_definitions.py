@@ -1,4 +1,5 @@
-"""The flags each command-line program of the repository defines, read from its own help text:
+"""The flags each command-line program of the repository defines, read from its own help text
+(`read(programs)` from a test), and what is wrong with options given to one (`option_problems`).
 `python tests/flag_definitions.py PROGRAM...` (a module as `launch.train`, or a script's path)
 prints the JSON {program: {"flags": {name: [choices] or null}, "booleans": [name, ...]}}, or
 {program: {"error": output}} for a program whose help lists no flag.
@@ -9,16 +10,21 @@ process, as `python -m PROGRAM --helpfull` (absl's flags) or, when that lists no
 single-dash options too: "np" for `-np`); an enum flag or an option with `choices` gives its
 choices, a flag taking any value null. A boolean absl flag is also taken as `--noNAME`."""
 
+import functools
 import importlib
 import json
 import os
 import re
 import runpy
+import subprocess
 import sys
 import tempfile
 import time
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD_SECONDS = 120
+# A value written as a placeholder (`--dynamic_capacity=N`, `--embedding_sharding=KIND`).
+PLACEHOLDER = re.compile(r"^[A-Z][A-Z0-9_]*$|^<.*>$|^$")
 # absl --helpfull: `  --[no]name: help` or `  --name: <a|b|c>: help` (an enum's choices).
 ABSL_FLAG = re.compile(r"^\s*--(\[no\])?([\w-]+):(?: <([^>]*)>:)?", re.M)
 # argparse --help: `  -np N, --num-proc N  help`, `  --network {private,host}  help`.
@@ -87,6 +93,40 @@ def definitions(program):
     if not flags:
         return {"error": text[-3000:]}
     return {"flags": flags, "booleans": booleans}
+
+
+@functools.lru_cache(maxsize=None)
+def read(programs):
+    """{program: {"flags": {name: choices or None}, "booleans": [...]}} of the tuple
+    `programs`, read by this script in a process of its own."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=os.pathsep.join(
+        [ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    result = subprocess.run([sys.executable, os.path.abspath(__file__), *programs], cwd=ROOT,
+                            env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    missing = {program: found[program].get("error") for program in programs
+               if "flags" not in found.get(program, {})}
+    assert not missing, f"programs whose help lists no flags: {missing}"
+    return found
+
+
+def option_problems(program, options, definitions):
+    """What is wrong with `options` [(name, value or None)] of `program` (its `definitions`,
+    as read gives them): an option it does not define (`--noNAME` counts for a boolean NAME),
+    or a value outside an enum's choices."""
+    flags, booleans = definitions["flags"], definitions["booleans"]
+    problems = []
+    for name, value in options:
+        if name not in flags:
+            if not (name.startswith("no") and name[2:] in booleans):
+                problems.append(f"{program}: --{name} is not defined")
+            continue
+        choices, value = flags[name], (value or "").rstrip(".,;:)")  # the prose's punctuation
+        if choices and not PLACEHOLDER.match(value):
+            problems += [f"{program}: --{name}={value}: {part!r} is not one of {choices}"
+                         for part in value.split(",") if part not in choices]
+    return problems
 
 
 def main(programs):

@@ -9,7 +9,6 @@ developed. No TensorFlow in this process (the programs' help texts and the compa
 run in their own)."""
 
 import ast
-import functools
 import html
 import importlib.util
 import json
@@ -20,6 +19,8 @@ import subprocess
 import sys
 
 import pytest
+
+from tests import flag_definitions
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -42,8 +43,6 @@ PROGRAM = re.compile(
     r"|(?:\S*/)?((?:launch|benchmarks|scripts|examples)/\w+\.py)\b|(tfscale-run)\b)")
 SEPARATOR = re.compile(r"\|\|?|&&|;")
 OPTION = re.compile(r"(?<![\w-])(--?)([A-Za-z][\w-]*)(?:=[\"']?([^\s\"'`]*))?")
-# A value written as a placeholder (`--dynamic_capacity=N`, `--embedding_sharding=KIND`).
-PLACEHOLDER = re.compile(r"^[A-Z][A-Z0-9_]*$|^<.*>$|^$")
 
 
 def markdown_files():
@@ -142,7 +141,7 @@ def launcher_commands(text):
 def concrete_programs(program):
     """The programs `program` stands for: every script of its directory for a placeholder
     (`examples/X.py`), else itself."""
-    if program.endswith(".py") and PLACEHOLDER.match(pathlib.Path(program).stem):
+    if program.endswith(".py") and flag_definitions.PLACEHOLDER.match(pathlib.Path(program).stem):
         return [str(p.relative_to(ROOT)) for p in sorted((ROOT / program).parent.glob("*.py"))]
     return [program]
 
@@ -162,37 +161,6 @@ def documented_programs():
     return tuple(sorted(filter(program_exists, programs)))
 
 
-@functools.lru_cache(maxsize=None)
-def flag_definitions(programs):
-    """{program: {"flags": {name: choices or None}, "booleans": [...]}} of `programs`, read
-    from their help texts in one process (tests/flag_definitions.py)."""
-    result = subprocess.run([sys.executable, "tests/flag_definitions.py", *programs], cwd=ROOT,
-                            env=python_env(), capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    found = json.loads(result.stdout.strip().splitlines()[-1])
-    missing = {program: found[program].get("error") for program in programs
-               if "flags" not in found.get(program, {})}
-    assert not missing, f"programs whose help lists no flags: {missing}"
-    return found
-
-
-def option_problems(program, options, definitions):
-    """What is wrong with `options` [(name, value or None)] of `program`: an option it does not
-    define (`--noNAME` counts for a boolean NAME), or a value outside an enum's choices."""
-    flags, booleans = definitions["flags"], definitions["booleans"]
-    problems = []
-    for name, value in options:
-        if name not in flags:
-            if not (name.startswith("no") and name[2:] in booleans):
-                problems.append(f"{program}: --{name} is not defined")
-            continue
-        choices, value = flags[name], (value or "").rstrip(".,;:)")  # the prose's punctuation
-        if choices and not PLACEHOLDER.match(value):
-            problems += [f"{program}: --{name}={value}: {part!r} is not one of {choices}"
-                         for part in value.split(",") if part not in choices]
-    return problems
-
-
 def test_the_flag_check_catches_an_unknown_flag():
     text = ("```\n.venv/bin/horovodrun -np 2 --gloo .venv/bin/python -m launch.train "
             "--batch_size=8 --nodedup_ids \\\n  --no_such_flag  # --nobatch_size\n```\n"
@@ -200,9 +168,9 @@ def test_the_flag_check_catches_an_unknown_flag():
     assert launcher_commands(text) == [
         ("train", ["batch_size", "nodedup_ids", "no_such_flag", "nobatch_size"]),
         ("train", ["in_inline_code"])]
-    definitions = flag_definitions(documented_programs())["launch.train"]
+    definitions = flag_definitions.read(documented_programs())["launch.train"]
     options = [(name, None) for name in launcher_commands(text)[0][1]] + [("data", "tsv")]
-    assert option_problems("launch.train", options, definitions) == [
+    assert flag_definitions.option_problems("launch.train", options, definitions) == [
         "launch.train: --no_such_flag is not defined", "launch.train: --nobatch_size is not "
         "defined", f"launch.train: --data=tsv: 'tsv' is not one of {definitions['flags']['data']}"]
 
@@ -219,7 +187,7 @@ def test_commands_are_split_by_program():
         ("benchmarks.table_scaling", [("ids", "4")])]
     definitions = {"flags": {"data": ["criteo", "avazu"], "seed": None, "dedup_ids": None},
                    "booleans": ["dedup_ids"]}
-    assert option_problems("launch.train", [("data", "avazu"), ("data", "KIND"),
+    assert flag_definitions.option_problems("launch.train", [("data", "avazu"), ("data", "KIND"),
                                             ("nodedup_ids", None), ("data", "tsv"),
                                             ("nodata", None), ("size", "1")], definitions) == [
         "launch.train: --data=tsv: 'tsv' is not one of ['criteo', 'avazu']",
@@ -230,14 +198,14 @@ def test_commands_are_split_by_program():
 def test_command_lines_use_only_defined_flags(path):
     """Every option of a program a page's command line runs (launchers, benchmarks, scripts,
     examples, tfscale.run) is one its help lists, an enum's value one of its choices."""
-    definitions = flag_definitions(documented_programs())
+    definitions = flag_definitions.read(documented_programs())
     problems = set()
     for program, options in program_commands(path.read_text(encoding="utf-8")):
         for concrete in concrete_programs(program):
             if not options:
                 continue
             if program_exists(concrete):
-                problems.update(option_problems(concrete, options, definitions[concrete]))
+                problems.update(flag_definitions.option_problems(concrete, options, definitions[concrete]))
             else:
                 problems.add(f"{concrete}: no such program")
     problems = sorted(problems)

@@ -11,7 +11,7 @@ import re
 import pytest
 
 from launch.user_errors import ARGUMENT_FLAGS, in_flag_terms
-from tests.test_docs import PLACEHOLDER, documented_programs, flag_definitions, option_problems
+from tests.flag_definitions import PLACEHOLDER, option_problems, read
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LAUNCHERS = ("launch.train", "launch.predict", "launch.export", "launch.build_vocab")
@@ -48,7 +48,7 @@ def program_of(path):
 
 @pytest.fixture(scope="module")
 def definitions():
-    found = flag_definitions(documented_programs())
+    found = read(LAUNCHERS + ("tfscale.run",))
     launchers = {"flags": {}, "booleans": []}
     for launcher in LAUNCHERS:
         launchers["flags"].update(found[launcher]["flags"])
