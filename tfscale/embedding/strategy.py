@@ -4,10 +4,10 @@ variable) and, where its tables need one, the layer's row index (state shared by
 the id map of dynamic tables), builds them, and looks a step's rows up in all of a layer's tables
 at once (they share their rows). It also answers every other question that depends on how
 tables are held (the class attributes below): training, exchanges, optimizers, checkpoints,
-evaluation and the launcher ask the strategy of a table (Table.strategy, found by
-`table_of(variable)`), never its name. Strategies are named in the registry,
-tfscale.embedding.strategies: a new one is a module with a TableStrategy subclass plus one line
-there (or an entry point, for a strategy in another package). A strategy object holds settings
+evaluation and the launcher ask the strategy of a table (Table.strategy; the Table of a
+variable is tfscale.embedding.strategies.table_of's), never its name. Strategies are named in
+the registry, tfscale.embedding.strategies: a new one is a module with a TableStrategy subclass
+plus one line there (or an entry point, for a strategy in another package). A strategy object holds settings
 only (one may serve several layers).
 
 A TableCheckpoint (the `checkpoint_format` of a strategy: tfscale.embedding.by_row_checkpoint's

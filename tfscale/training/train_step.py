@@ -14,8 +14,9 @@ Why override Keras's step:
   CowClip, which also needs per-id counts: tfscale.embedding.dedup records de-duplicated lookups'
   counts).
 
-The step works with the model's Tables (tfscale.embedding.table): it tells each how its
-optimizer updates it, which decides how its lookups read it, and collects their lookups."""
+The step works with the model's Tables (tfscale.embedding.table, found by
+tfscale.embedding.strategies.table_of): it tells each how its optimizer updates it, which decides
+how its lookups read it, and collects their lookups."""
 
 import inspect
 import warnings
