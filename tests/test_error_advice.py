@@ -19,7 +19,7 @@ OPTION = re.compile(r"(?<![\w-])--([A-Za-z][\w-]*)(?:=([\w.+-]*))?")
 # Another program's option that a message names, and a word the message must hold with it that
 # tells whose it is.
 OTHER_PROGRAMS = {"logdir": "tensorboard", "cap-add": "container"}
-ARGUMENT = re.compile(r"`(\w+)=([^`{]*)`")
+ARGUMENT = re.compile(r"`(\w+)=([^`]*)`")
 
 
 def strings(path):
@@ -89,10 +89,14 @@ def test_library_advice_in_flag_terms_is_valid(definitions):
                 if argument not in ARGUMENT_FLAGS or PLACEHOLDER.match(value.strip("'\"")):
                     continue
                 told += 1
-                options = suggested_options(in_flag_terms(f"`{argument}={value}`"))
-                problems += [f"{path.relative_to(ROOT)}:{line}: `{argument}={value}`: {problem}"
-                             for problem in option_problems("launch.train", options,
-                                                            definitions["launch.train"])]
+                where = f"{path.relative_to(ROOT)}:{line}: `{argument}={value}`"
+                try:
+                    options = suggested_options(in_flag_terms(f"`{argument}={value}`"))
+                except (ValueError, SyntaxError) as error:  # a dict value that is no literal
+                    problems.append(f"{where}: not told as a flag ({error})")
+                    continue
+                problems += [f"{where}: {problem}" for problem in option_problems(
+                    "launch.train", options, definitions["launch.train"])]
     assert told, "no library message suggests an argument's value: the scan finds nothing"
     assert not problems, "library advice that the launchers tell as invalid flags:\n" + "\n".join(
         problems)
@@ -105,3 +109,6 @@ def test_the_scan_catches_a_wrong_flag_and_value(definitions):
     problems = option_problems("launchers", options, definitions["launchers"])
     assert [problem.split(":")[1].strip() for problem in problems] == [
         "--embedding_sharding=rows", "--no_such_flag is not defined"]
+    told = suggested_options(in_flag_terms('use `embedding_exchange="allgathered"`'))
+    assert told == [("embedding_comm", "allgathered")]
+    assert option_problems("launch.train", told, definitions["launch.train"])

@@ -43,7 +43,7 @@ def python_blocks(text):
 def run_page(path, blocks):
     """Runs `blocks` (python_blocks of page `path`) in one namespace in the current directory.
     Returns None, or (first line of the failing block, its traceback)."""
-    namespace = {"__name__": "__main__", "__file__": os.path.abspath(path)}
+    namespace = {"__name__": "__main__"}
     for line, code, fragment in blocks:
         try:
             # Blank lines before the code: tracebacks give the page's own line numbers.
