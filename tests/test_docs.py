@@ -21,6 +21,7 @@ import sys
 import pytest
 
 from tests import flag_definitions
+from tests.flag_definitions import PLACEHOLDER, option_problems
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -141,7 +142,7 @@ def launcher_commands(text):
 def concrete_programs(program):
     """The programs `program` stands for: every script of its directory for a placeholder
     (`examples/X.py`), else itself."""
-    if program.endswith(".py") and flag_definitions.PLACEHOLDER.match(pathlib.Path(program).stem):
+    if program.endswith(".py") and PLACEHOLDER.match(pathlib.Path(program).stem):
         return [str(p.relative_to(ROOT)) for p in sorted((ROOT / program).parent.glob("*.py"))]
     return [program]
 
@@ -170,7 +171,7 @@ def test_the_flag_check_catches_an_unknown_flag():
         ("train", ["in_inline_code"])]
     definitions = flag_definitions.read(documented_programs())["launch.train"]
     options = [(name, None) for name in launcher_commands(text)[0][1]] + [("data", "tsv")]
-    assert flag_definitions.option_problems("launch.train", options, definitions) == [
+    assert option_problems("launch.train", options, definitions) == [
         "launch.train: --no_such_flag is not defined", "launch.train: --nobatch_size is not "
         "defined", f"launch.train: --data=tsv: 'tsv' is not one of {definitions['flags']['data']}"]
 
@@ -187,7 +188,7 @@ def test_commands_are_split_by_program():
         ("benchmarks.table_scaling", [("ids", "4")])]
     definitions = {"flags": {"data": ["criteo", "avazu"], "seed": None, "dedup_ids": None},
                    "booleans": ["dedup_ids"]}
-    assert flag_definitions.option_problems("launch.train", [("data", "avazu"), ("data", "KIND"),
+    assert option_problems("launch.train", [("data", "avazu"), ("data", "KIND"),
                                             ("nodedup_ids", None), ("data", "tsv"),
                                             ("nodata", None), ("size", "1")], definitions) == [
         "launch.train: --data=tsv: 'tsv' is not one of ['criteo', 'avazu']",
@@ -201,11 +202,9 @@ def test_command_lines_use_only_defined_flags(path):
     definitions = flag_definitions.read(documented_programs())
     problems = set()
     for program, options in program_commands(path.read_text(encoding="utf-8")):
-        for concrete in concrete_programs(program):
-            if not options:
-                continue
+        for concrete in concrete_programs(program) if options else []:
             if program_exists(concrete):
-                problems.update(flag_definitions.option_problems(concrete, options, definitions[concrete]))
+                problems.update(option_problems(concrete, options, definitions[concrete]))
             else:
                 problems.add(f"{concrete}: no such program")
     problems = sorted(problems)
