@@ -8,19 +8,25 @@ The public surface:
   exchanges gradients between the ranks (`compile(embedding_exchange=...,
   embedding_staleness=...)`);
 - `tfscale.FieldEmbedding`: one concatenated embedding table per kind for many categorical
-  fields, in host memory, with de-duplicated lookups, replicated or row-sharded over the ranks
-  (`sharding="row"`; `tfscale.initializers.RowSeededNormal` starts both alike);
+  fields, in host memory, with de-duplicated lookups; `tfscale.embedding`: how its tables are
+  held over the ranks (`Replicated`, `RowSharded`, `DynamicTables`; `sharding=`), and
+  `tfscale.initializers.RowSeededNormal`, which starts every kind alike;
 - `tfscale.exchanges`: the gradient exchanges and their registry;
 - `tfscale.callbacks`: Keras callbacks, among them `CatchUpRows` (RowSparseAdam's rows brought
-  up to date at each epoch's end);
+  up to date at each epoch's end) and `ProfileSteps` (TensorFlow's profile of a few steps);
 - `tfscale.distributed`: the engine seam: start-up (`init`: Horovod or TensorFlow's collective
-  runtime) and collectives; `python -m tfscale.run`: the one-host launcher for TensorFlow's engine; `tfscale.data`: CTR data
-  sources and `rank_batches` (each rank its part of the data); `tfscale.serving.export_model`:
-  a model as one SavedModel from a multi-rank run's checkpoint (docs/own_model.md);
-  `tfscale.training.train`: epochs with evaluation, TensorBoard scalars and atomic checkpoints.
+  runtime) and collectives; `python -m tfscale.run`: the one-host launcher for TensorFlow's
+  engine;
+- `tfscale.data`: CTR data sources (the Criteo and Avazu readers, the built-in `SyntheticCTR`,
+  the `CTRSource` interface and `TextFormat` for a format of your own) and `rank_batches` (each
+  rank its part of the data);
+- `tfscale.training.train`: epochs with evaluation, TensorBoard scalars and atomic checkpoints;
+  `tfscale.serving.export_model`: a model as one SavedModel from a multi-rank run's checkpoint
+  (docs/own_model.md).
 The packages: `embedding` (tables, their strategies, lookups, initializers), `optimizers`,
-`exchanges`, `distributed`, `data`, `training` (the train step, the run, callbacks,
-checkpoints, evaluation), `serving` (prediction, export); docs/architecture.md.
+`exchanges`, `distributed`, `data`, `checkpoints` (a model's and its optimizer's on disk),
+`training` (the train step, the run, callbacks, evaluation), `serving` (prediction, export);
+docs/architecture.md.
 The reference models (`models/`) and the launcher (`launch/`) live in the repository, not in the
 installed package."""
 

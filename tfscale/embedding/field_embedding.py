@@ -53,7 +53,7 @@ class FieldEmbedding(keras.layers.Layer):
             zeros, constants; no regularizers) or "dynamic" (rows given to ids as they arrive
             in training, for ids that are any ints in [0, 2**56) per field; as "row" in what it
             takes; `vocabulary_sizes` sums to the rows in use at most, or give
-            `tfscale.embedding.dynamic.DynamicTables(capacity=..., min_count=...)`), or a
+            `tfscale.embedding.DynamicTables(capacity=..., min_count=...)`), or a
             TableStrategy.
         table_dtype: what the tables store their rows in: "float32", or "bfloat16" / "float16"
             (half the bytes a row; read as float32, updated in float32 by a tfscale row-sparse
