@@ -19,8 +19,7 @@ import os
 import keras
 
 import tfscale
-from tfscale.data import rank_batches
-from tfscale.data.synthetic import SyntheticCTR
+from tfscale.data import SyntheticCTR, rank_batches
 from tfscale.optimizers import RowSparseAdam
 
 # First: starts the launcher's engine (Horovod under horovodrun, TensorFlow's under
