@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from tfscale.data import CriteoParquet, CriteoTSV
 from tfscale.data.criteo import CATEGORICAL_NAMES, DENSE_NAMES
+from tfscale.data.parquet_columns import Dictionaries
 from tfscale.data.preprocessing import Preprocessing
 from tfscale.data.vocabulary import Vocabulary
 
@@ -132,3 +133,24 @@ def test_the_parquet_vocabulary_pass_counts_every_value(tmp_path):
     encoder = Preprocessing(CriteoParquet.FORMAT, vocabulary=counted)
     assert encoder.schema.vocabulary_sizes[:26] == tuple(
         2 + len(want.categorical[name]) for name in CATEGORICAL_NAMES)
+
+
+def test_columns_of_several_chunks_and_dictionaries_keep_every_row():
+    chunked = pa.chunked_array([pa.array(["a", None, "b"]), pa.array([], pa.string()),
+                                pa.array(["b", "c", ""])])
+    dictionaries = pa.chunked_array([
+        pa.DictionaryArray.from_arrays(pa.array([1, None, 1], pa.int8()),
+                                       pa.array(["x", "y", "unused"])),
+        pa.DictionaryArray.from_arrays(pa.array([1, 2, 3], pa.int8()),
+                                       pa.array(["y", None, "z", "y"]))])
+    integers = pa.chunked_array([pa.array([7, None]), pa.array([-7, 7, 0, None])])
+    block = Dictionaries.of([chunked, dictionaries, integers], 6)
+    want = [[b"a", b"y", b"7"], [b"", b"", b""], [b"b", b"y", b"-7"], [b"b", b"", b"7"],
+            [b"c", b"z", b"0"], [b"", b"y", b""]]
+    assert block.strings().tolist() == want
+    data, offsets, fields, indices = block.flat()
+    distinct = [data[offsets[v]:offsets[v + 1]] for v in range(len(fields))]
+    assert [[distinct[v] for v in row] for row in indices] == want
+    for k in range(3):  # each column's values once
+        values = [value for value, field in zip(distinct[1:], fields[1:]) if field == k]
+        assert len(values) == len(set(values))

@@ -249,15 +249,26 @@ def _one_array(column):
 def _dictionary(column):
     """A categorical column as a DictionaryArray of distinct binary values (none null) and
     int32 indices, its dictionary holding only the values its rows use."""
-    column = _one_array(column)
-    if pa.types.is_dictionary(column.type):  # its used values, each once (nulls: null rows)
-        used = pc.dictionary_encode(pc.cast(column.indices, pa.int32()))
-        distinct = pc.dictionary_encode(_binary(column.dictionary.take(used.dictionary)))
-        return pa.DictionaryArray.from_arrays(distinct.indices.take(used.indices),
-                                              distinct.dictionary, safe=False)
+    if pa.types.is_dictionary(column.type):  # the values used, each once (a null: null rows)
+        chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+        values, indices, base = [pa.array([], pa.binary())], [pa.array([], pa.int32())], 0
+        for chunk in chunks:  # each chunk's dictionary of its own
+            used = pc.dictionary_encode(pc.cast(chunk.indices, pa.int32()))
+            values.append(_binary(chunk.dictionary.take(used.dictionary)))
+            indices.append(pc.add(used.indices, np.int32(base)))
+            base += len(used.dictionary)
+        distinct = pc.dictionary_encode(pa.concat_arrays(values))
+        return pa.DictionaryArray.from_arrays(
+            distinct.indices.take(pa.concat_arrays(indices)), distinct.dictionary, safe=False)
     encoded = pc.dictionary_encode(column)  # its indices are within its dictionary
-    return pa.DictionaryArray.from_arrays(encoded.indices, _binary(encoded.dictionary),
-                                          safe=False)
+    if isinstance(encoded, pa.ChunkedArray):  # one dictionary for every chunk, not copied
+        chunks = encoded.chunks
+        indices = (pa.concat_arrays([chunk.indices for chunk in chunks]) if chunks
+                   else pa.array([], pa.int32()))
+        dictionary = chunks[-1].dictionary if chunks else pa.array([], pa.binary())
+    else:
+        indices, dictionary = encoded.indices, encoded.dictionary
+    return pa.DictionaryArray.from_arrays(indices, _binary(dictionary), safe=False)
 
 
 def strings_tensor(data, offsets, rows, columns):
