@@ -1,11 +1,11 @@
-"""CTR data sources behind one interface (`source.CTRSource`): the built-in synthetic Criteo-like
-stream (`synthetic.SyntheticCTR`) and the file formats, listed once in `FILE_FORMATS` (the
-launcher's `--data` and `launch.build_vocab --format` read it), and their rows in Parquet files,
-in `PARQUET_FORMATS`. A new format is a `delimited_text.DelimitedTextSource` subclass with its
-`TextFormat`, plus one line here (and a `parquet.ParquetSource` subclass of the same FORMAT for
-its Parquet files).
-`rank_batches` gives each rank its part of arrays, a tf.data.Dataset or a source. `CTRSource` is
-the interface a source of another kind implements, its batches described by a `FeatureSchema`."""
+"""CTR data sources behind one interface (`CTRSource`, its batches described by a
+`FeatureSchema`): the built-in synthetic Criteo-like stream (`SyntheticCTR`) and the file
+formats, listed once in `FILE_FORMATS` (the launcher's `--data` and `launch.build_vocab
+--format` read it), and their rows in Parquet files, in `PARQUET_FORMATS`. A new format is a
+`DelimitedTextSource` subclass with its `TextFormat` (which tells each file's `LineLayout`),
+plus one line here (and a `ParquetSource` subclass of the same FORMAT for its Parquet files); a
+source of another kind implements `CTRSource`.
+`rank_batches` gives each rank its part of arrays, a tf.data.Dataset or a source."""
 
 from tfscale.data.avazu import AvazuCSV, AvazuParquet
 from tfscale.data.criteo import CriteoParquet, CriteoTSV
