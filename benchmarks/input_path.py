@@ -55,6 +55,7 @@ flags.DEFINE_string("old_tree", None,
                     "of an earlier commit), each tree in a process of its own, alternating.")
 flags.DEFINE_string("tree", "after", "The label of the tree measured (set with --old_tree).")
 flags.DEFINE_bool("report", False, "Only print the tables of --results.")
+flags.DEFINE_string("report_note", "", "--report: only the lines whose note holds this text.")
 
 TEXT, PARQUET, VOCABULARY = "criteo.txt", "criteo.parquet", "criteo.vocab"
 TEST_TEXT, TEST_PARQUET = "criteo_test.txt", "criteo_test.parquet"  # the first 20,000 rows
@@ -387,7 +388,8 @@ def _rounds(lines):
 def report(path):
     """Markdown tables of the results file `path` (every date in it)."""
     lines = [json.loads(line) for line in open(path)]
-    lines = [line for line in lines if not line["note"].startswith("discarded")]
+    lines = [line for line in lines if not line["note"].startswith("discarded")
+             and FLAGS.report_note in line["note"]]
     by = {}
     for line in lines:
         by.setdefault((line["part"], line["tree"], line["case"]), []).append(line)
