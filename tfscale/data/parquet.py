@@ -240,10 +240,11 @@ class RowReader:
         return row_range, block.rows(~bad), derived[~bad], int(bad.sum())
 
     def raw_blocks(self, side, ranges):
-        """The raw columns text_lines.LineParser gives for lines (labels, dense, dense_present,
-        categorical, derived, bad_lines), one element per block of rows, as a tf.data.Dataset
-        (tfscale.data.handover): blocks checked ahead in threads, their categorical strings cut
-        out of each block's bytes in a parallel map."""
+        """The raw columns of the blocks of rows (tfscale.data.handover.raw_columns: labels,
+        dense, dense_present, derived, bad_lines, and the categorical values as each block's
+        distinct values with the rows' indices), one element per block, as a tf.data.Dataset:
+        blocks checked ahead in threads, their distinct values cut out of each block's bytes in
+        a parallel map."""
 
         def elements():
             for _, block, derived, bad_rows in self.checked_blocks(side, ranges):

@@ -90,8 +90,8 @@ def count_files(text_format, paths, *, min_count=1, on_bad_line="error", on_shor
 def count_chunks(text_format, chunks, *, min_count=1, memory_mb=DEFAULT_MEMORY_MB,
                  progress=None, progress_every_seconds=5.0):
     """The Vocabulary of rows a reader has parsed and checked: `chunks` is this rank's share as
-    a tf.data.Dataset of the raw columns a text_lines.LineParser gives (ParquetSource gives its
-    rank's row ranges so), counted within `memory_mb` and added up over the ranks as count_files
+    a tf.data.Dataset of raw columns (a text_lines.LineParser's, or data.handover's, as
+    ParquetSource gives its rank's row ranges), counted within `memory_mb` and added up over the ranks as count_files
     does; under horovodrun every rank must call it and all get the same Vocabulary."""
     local, width = _rank_counts(text_format, min_count, memory_mb)
     summaries = without_autotuning(chunks.map(
