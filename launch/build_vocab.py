@@ -25,8 +25,9 @@ FLAGS = flags.FLAGS
 
 flags.DEFINE_enum("format", None, list(FILE_FORMATS), "Input format: Criteo TSV or Avazu CSV.")
 flags.DEFINE_list("input", None, "Input files or globs, comma-separated (.gz read as gzip).")
-flags.DEFINE_integer("min_count", 1, "Keep values seen at least this many times; rarer ones are "
-                     "looked up as the out-of-vocabulary row.", lower_bound=1)
+flags.DEFINE_integer("min_count", 10, "Keep values seen at least this many times; rarer ones are "
+                     "looked up as the out-of-vocabulary row (launch.train's "
+                     "--vocabulary_min_count has the same default).", lower_bound=1)
 flags.DEFINE_string("output", None, "Where to write the vocabulary (a Parquet file).")
 flags.DEFINE_integer("memory_mb", DEFAULT_MEMORY_MB,
                      "Memory for the counts, per rank: values are counted exactly while they "

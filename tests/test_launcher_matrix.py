@@ -185,7 +185,7 @@ def data(tmp_path_factory):
         (directory / name).write_text("".join(lines))
     built = subprocess.run(
         [sys.executable, "-m", "launch.build_vocab", "--format=criteo",
-         f"--input={directory}/criteo.txt", f"--output={directory}/vocab.json"],
+         f"--input={directory}/criteo.txt", "--min_count=1", f"--output={directory}/vocab.json"],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr
     return str(directory)
