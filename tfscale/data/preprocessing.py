@@ -54,15 +54,19 @@ class HashingEncoder:
 
     def encode(self, strings):
         """int64 ids [n, F] of strings [n, F], column f of field f."""
-        hashed = tf.strings.to_hash_bucket_fast(strings, (1 << 63) - 1)
-        return tf.where(is_present(strings), hashed % self._buckets + 1,
-                        tf.constant(MISSING_ID, tf.int64))
+        return self._ids_of(strings, self._buckets)
 
     def encode_values(self, values, fields):
         """int64 ids [V] of values [V] of the fields `fields` (int32 [V]): the ids `encode`
         gives them in their fields' columns."""
-        hashed = tf.strings.to_hash_bucket_fast(values, (1 << 63) - 1)
-        return tf.where(is_present(values), hashed % tf.gather(self._buckets, fields) + 1,
+        return self._ids_of(values, tf.gather(self._buckets, fields))
+
+    @staticmethod
+    def _ids_of(strings, buckets):
+        """The ids of `strings` hashed into `buckets` (broadcast against them) after the
+        missing id."""
+        hashed = tf.strings.to_hash_bucket_fast(strings, (1 << 63) - 1)
+        return tf.where(is_present(strings), hashed % buckets + 1,
                         tf.constant(MISSING_ID, tf.int64))
 
     def describe(self):

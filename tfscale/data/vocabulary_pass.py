@@ -91,8 +91,9 @@ def count_chunks(text_format, chunks, *, min_count=1, memory_mb=DEFAULT_MEMORY_M
                  progress=None, progress_every_seconds=5.0):
     """The Vocabulary of rows a reader has parsed and checked: `chunks` is this rank's share as
     a tf.data.Dataset of raw columns (a text_lines.LineParser's, or data.handover's, as
-    ParquetSource gives its rank's row ranges), counted within `memory_mb` and added up over the ranks as count_files
-    does; under horovodrun every rank must call it and all get the same Vocabulary."""
+    ParquetSource gives its rank's row ranges), counted within `memory_mb` and added up over the
+    ranks as count_files does; under horovodrun every rank must call it and all get the same
+    Vocabulary."""
     local, width = _rank_counts(text_format, min_count, memory_mb)
     summaries = without_autotuning(chunks.map(
         vocabulary_lib.summarise_chunk, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True

@@ -7,8 +7,8 @@ tables are held (the class attributes below): training, exchanges, optimizers, c
 evaluation and the launcher ask the strategy of a table (Table.strategy; the Table of a
 variable is tfscale.embedding.strategies.table_of's), never its name. Strategies are named in
 the registry, tfscale.embedding.strategies: a new one is a module with a TableStrategy subclass
-plus one line there (or an entry point, for a strategy in another package). A strategy object holds settings
-only (one may serve several layers).
+plus one line there (or an entry point, for a strategy in another package). A strategy object
+holds settings only (one may serve several layers).
 
 A TableCheckpoint (the `checkpoint_format` of a strategy: tfscale.embedding.by_row_checkpoint's
 BY_ROW, tfscale.embedding.by_id_checkpoint's BY_ID) writes and reads its tables and their
