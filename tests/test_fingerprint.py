@@ -1,0 +1,56 @@
+"""tfscale.data.fingerprint hashes as TensorFlow's string hashing does (FarmHash's
+Fingerprint64, read through `to_hash_bucket_fast` with 2**63 - 1 buckets), bit for bit: every
+length from 0 to 300 bytes (each of FarmHash's branches and the loop's chunk counts), values at
+every alignment in their buffer, sliced arrays, nulls, string, large and chunk-sized arrays."""
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import tensorflow as tf
+
+from tfscale.data.fingerprint import fingerprints
+
+BUCKETS = (1 << 63) - 1
+
+
+def tensorflow_hashes(values):
+    """uint64 [n]: TensorFlow's Fingerprint64 of `values` (bytes), modulo 2**63 - 1."""
+    strings = tf.constant(np.array(values, object), tf.string)
+    return tf.strings.to_hash_bucket_fast(strings, BUCKETS).numpy().astype(np.uint64)
+
+
+def ours(array):
+    return fingerprints(array) % np.uint64(BUCKETS)
+
+
+def random_values(rng, lengths):
+    return [bytes(rng.integers(0, 256, n, dtype=np.uint8)) for n in lengths]
+
+
+def test_every_length_and_alignment_matches_tensorflow():
+    rng = np.random.default_rng(0)
+    values = random_values(rng, [n for n in range(301) for _ in range(7)])
+    rng.shuffle(values)  # values of every length start at every offset modulo 8
+    np.testing.assert_array_equal(ours(pa.array(values, pa.binary())), tensorflow_hashes(values))
+
+
+def test_text_values_slices_nulls_and_large_arrays():
+    rng = np.random.default_rng(1)
+    values = [b"%08x" % v for v in rng.integers(0, 1 << 32, 5000)] + [
+        "ünïcödé".encode(), b"", b"a", b"ab", b"abc"] + random_values(rng, range(60, 200, 7))
+    expected = tensorflow_hashes(values)
+    binary = pa.array(values, pa.binary())
+    np.testing.assert_array_equal(ours(binary), expected)
+    np.testing.assert_array_equal(ours(binary.slice(1234, 2000)), expected[1234:3234])
+    np.testing.assert_array_equal(ours(pa.array(values, pa.large_binary())), expected)
+    texts = [value.decode("utf-8", "replace") for value in values[:5005]]
+    np.testing.assert_array_equal(ours(pa.array(texts, pa.string())),
+                                  tensorflow_hashes([t.encode() for t in texts]))
+    with_nulls = pa.array([None, b"x" * 70, None, b"abc"], pa.binary())
+    np.testing.assert_array_equal(ours(with_nulls), tensorflow_hashes([b"", b"x" * 70, b"",
+                                                                       b"abc"]))
+
+
+def test_refuses_other_types():
+    with pytest.raises(TypeError, match="binary or string"):
+        fingerprints(pa.array([1, 2]))
