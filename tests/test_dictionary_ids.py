@@ -1,9 +1,9 @@
-"""The readers hand each block's categorical values to TensorFlow as distinct values and indices
-(tfscale.data.handover): the ids they give are the ids of encoding every value on its own (what
-a served model computes from its lines), bit for bit, with hashing and with a vocabulary, on
-Parquet files of repeated values, nulls, empty values, odd bytes, integer and dictionary columns
-over several blocks and row groups, and on text files; the vocabulary pass counts the same
-values."""
+"""The readers encode each block's categorical values where Arrow holds them
+(parquet_columns.Categorical, tfscale.data.fingerprint): the ids they give are the ids
+TensorFlow's encoders give the values as strings (what a served model computes from its lines),
+bit for bit, with hashing and with a vocabulary, on Parquet files of repeated values, nulls,
+empty values, odd bytes, integer and dictionary columns over several blocks and row groups, and
+on text files; the vocabulary pass counts the same values."""
 
 import collections
 
@@ -15,8 +15,8 @@ import tensorflow as tf
 
 from tfscale.data import CriteoParquet, CriteoTSV
 from tfscale.data.criteo import CATEGORICAL_NAMES, DENSE_NAMES
-from tfscale.data.parquet_columns import Dictionaries
-from tfscale.data.preprocessing import Preprocessing
+from tfscale.data.parquet_columns import Categorical
+from tfscale.data.preprocessing import HashingEncoder, Preprocessing
 from tfscale.data.vocabulary import Vocabulary
 
 ROWS = 1000
@@ -144,13 +144,16 @@ def test_columns_of_several_chunks_and_dictionaries_keep_every_row():
         pa.DictionaryArray.from_arrays(pa.array([1, 2, 3], pa.int8()),
                                        pa.array(["y", None, "z", "y"]))])
     integers = pa.chunked_array([pa.array([7, None]), pa.array([-7, 7, 0, None])])
-    block = Dictionaries.of([chunked, dictionaries, integers], 6)
+    block = Categorical.of([chunked, dictionaries, integers], 6)
     want = [[b"a", b"y", b"7"], [b"", b"", b""], [b"b", b"y", b"-7"], [b"b", b"", b"7"],
             [b"c", b"z", b"0"], [b"", b"y", b""]]
     assert block.strings().tolist() == want
-    data, offsets, fields, indices = block.flat()
-    distinct = [data[offsets[v]:offsets[v + 1]] for v in range(len(fields))]
-    assert [[distinct[v] for v in row] for row in indices] == want
-    for k in range(3):  # each column's values once
-        values = [value for value, field in zip(distinct[1:], fields[1:]) if field == k]
-        assert len(values) == len(set(values))
+    encoder = HashingEncoder([1000, 1001, 1002])
+    np.testing.assert_array_equal(block.ids(encoder),
+                                  encoder.encode(tf.constant(want, tf.string)).numpy())
+    kept = np.array([True, False, True, True, False, True])
+    np.testing.assert_array_equal(block.take(kept).ids(encoder), block.ids(encoder)[kept])
+    fields, values, counts = block.value_counts()
+    counted = collections.Counter((int(k), row[k]) for row in want for k in range(3) if row[k])
+    assert dict(zip(zip(fields.tolist(), values.to_pylist()), counts.tolist())) == counted
+    assert len(fields) == len(counted)  # each column's values once

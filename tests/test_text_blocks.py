@@ -9,11 +9,13 @@ import tensorflow as tf
 
 from tfscale.data import handover
 from tfscale.data.criteo import CriteoTSV
+from tfscale.data.preprocessing import HashingEncoder
 from tfscale.data.text_blocks import TextBlocks
 from tfscale.data.text_lines import FileSet, LineParser, LineSelection, parsed_chunks
 from tfscale.errors import user_error_from_tf
 
 FORMAT = CriteoTSV.FORMAT
+ENCODER = HashingEncoder([1 << 40] * len(FORMAT.categorical_names))  # ids as good as values
 EDGES = ["+5", "007", "-0", "", "9223372036854775807", "-9223372036854775808", "-3"]
 
 
@@ -35,13 +37,13 @@ def write(path, text_lines):
 
 
 def rows(dataset):
-    """(labels, dense, present, categorical strings, derived, bad lines) of raw columns (the
-    strings of the dictionary form gathered by the rows' indices)."""
+    """(labels, dense, present, categorical ids, derived, bad lines) of raw columns (the
+    LineParser's categorical strings encoded by ENCODER, as the blocks' were)."""
     raws = list(dataset.as_numpy_iterator())
     for raw in raws:
-        if "categorical_indices" in raw:
-            raw["categorical"] = raw["categorical_values"][raw["categorical_indices"]]
-    keys = ("labels", "dense", "dense_present", "categorical", "derived")
+        if "categorical_ids" not in raw:
+            raw["categorical_ids"] = ENCODER.encode(raw["categorical"]).numpy()
+    keys = ("labels", "dense", "dense_present", "categorical_ids", "derived")
     return [np.concatenate([raw[key] for raw in raws]) for key in keys] + [
         sum(int(raw["bad_lines"]) for raw in raws)]
 
@@ -53,12 +55,13 @@ def by_blocks(path, selection=LineSelection(), skip=False, block_bytes=2048, par
     if parsed is not None:
         through_the_parser = blocks._through_the_parser
 
-        def recorded(file_index, block, numbers, keep):
+        def recorded(file_index, block, numbers, keep, encoder):
             parsed.append(int(numbers[0]))
-            return through_the_parser(file_index, block, numbers, keep)
+            return through_the_parser(file_index, block, numbers, keep, encoder)
 
         blocks._through_the_parser = recorded
-    return rows(handover.raw_columns(lambda: blocks.elements(selection, np.arange(1)), FORMAT))
+    return rows(handover.raw_columns(lambda: blocks.elements(selection, np.arange(1), ENCODER),
+                                     FORMAT))
 
 
 def by_the_parser(path, selection=LineSelection(), skip=False):

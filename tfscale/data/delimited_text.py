@@ -217,7 +217,8 @@ class DelimitedTextSource(CTRSource):
         if self._skip_bad_lines or self.on_short_line == "missing":
             self._line_counts.setdefault((files, selection), None)
         reader = TextBlocks(self.FORMAT, files, self._skip_bad_lines, self.on_short_line)
-        raw = handover.raw_columns(lambda: reader.elements(selection, order), self.FORMAT)
+        raw = handover.raw_columns(
+            lambda: reader.elements(selection, order, self.preprocessing.encoder), self.FORMAT)
         return raw.map(self._features, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
     def _features(self, raw):

@@ -12,6 +12,8 @@ from 0 to 300 bytes against TensorFlow's op, bit for bit.
 import numpy as np
 import pyarrow as pa
 
+HASH_RANGE = (1 << 63) - 1  # `to_hash_bucket_fast`'s buckets that keep a fingerprint whole
+
 _K0 = np.uint64(0xC3A5C85C97CB3127)
 _K1 = np.uint64(0xB492B66FBE98F273)
 _K2 = np.uint64(0x9AE16A3B2F90404F)

@@ -66,11 +66,11 @@ class ParquetFiles:
     """One set of Parquet files (the train or the test files) read as `column_map` says.
 
     A categorical column is read as a dictionary array (its values and each row's index, no
-    value repeated) when its dictionary pages hold all its values: when every row group's
-    dictionary page is under SMALL_DICTIONARY_PAGE bytes (writers give up dictionary pages for
-    plain ones at about 1 MB). Other columns are read as plain values, which Arrow's hash kernel
-    then encodes block by block (parquet_columns.Dictionaries): pyarrow would otherwise build
-    one dictionary of the whole row group's values, at several times the cost."""
+    value repeated: each value is hashed once) when its dictionary pages hold all its values:
+    when every row group's dictionary page is under SMALL_DICTIONARY_PAGE bytes (writers give up
+    dictionary pages for plain ones at about 1 MB). Other columns are read as plain values, each
+    hashed where it lies (parquet_columns.Categorical): pyarrow would otherwise build one
+    dictionary of the whole row group's values, at several times the cost."""
 
     def __init__(self, paths, column_map):
         self.paths = resolve_paths(paths)
@@ -187,22 +187,27 @@ class RowReader:
         """(CheckedRows of the good rows, their derived ids int64 [n, E], bad rows skipped) of
         `row_range` on `side`, block by block. A bad row raises the data error naming it unless
         bad rows are skipped."""
-        for _, block, derived, bad_rows in self.checked_blocks(side, [row_range]):
+        for _, (block, derived), bad_rows in self.checked_blocks(side, [row_range]):
             yield block, derived, bad_rows
 
-    def checked_blocks(self, side, ranges):
-        """(RowRange, CheckedRows of the good rows, derived ids, bad rows skipped) of each block
-        of `ranges` on `side`, in order; blocks are checked ahead in threads
-        (read_ahead.ordered_ahead) while the caller uses the ones before."""
+    def checked_blocks(self, side, ranges, finish=lambda block, derived: (block, derived)):
+        """(RowRange, finish(CheckedRows of the good rows, their derived ids), bad rows skipped)
+        of each block of `ranges` on `side`, in order; blocks are checked and finished ahead in
+        threads (read_ahead.ordered_ahead) while the caller uses the ones before."""
+
+        def work(piece):
+            row_range, block, derived, bad_rows = self._checked(piece)
+            return row_range, finish(block, derived), bad_rows
+
         skipped = collections.Counter()
         last = None
-        for row_range, block, derived, bad_rows in read_ahead.ordered_ahead(
-                self._checked, self._pieces(side, ranges)):
+        for row_range, result, bad_rows in read_ahead.ordered_ahead(
+                work, self._pieces(side, ranges)):
             if self._skip_bad and last is not None and row_range != last:
                 self.bad_rows[side, last] = skipped[last]
             last = row_range
             skipped[row_range] += bad_rows
-            yield row_range, block, derived, bad_rows
+            yield row_range, result, bad_rows
         if self._skip_bad and last is not None:
             self.bad_rows[side, last] = skipped[last]
 
@@ -234,22 +239,28 @@ class RowReader:
         if not self._skip_bad:
             row, problem = block.first_problem()
             raise UserError(
-                f"{DATA_ERROR_MARKER}{files.paths[row_range.file_index]} row {numbers[row]} "
+                f"{files.paths[row_range.file_index]} row {numbers[row]} "
                 f"(row group {row_range.group}): {problem}; fix the file, or skip such rows "
                 "with `on_bad_line='skip'`")
         return row_range, block.rows(~bad), derived[~bad], int(bad.sum())
 
-    def raw_blocks(self, side, ranges):
+    def raw_blocks(self, side, ranges, encoder):
         """The raw columns of the blocks of rows (tfscale.data.handover.raw_columns: labels,
-        dense, dense_present, derived, bad_lines, and the categorical values as each block's
-        distinct values with the rows' indices), one element per block, as a tf.data.Dataset:
-        blocks checked ahead in threads, their distinct values cut out of each block's bytes in
-        a parallel map."""
+        dense, dense_present, derived, bad_lines, and the categorical columns' ids by `encoder`,
+        a preprocessing.HashingEncoder or a vocabulary.VocabularyEncoder), one element per
+        block, as a tf.data.Dataset: blocks checked and encoded ahead in threads."""
+
+        def encoded(block, derived):
+            return block, derived, block.categorical.ids(encoder)
 
         def elements():
-            for _, block, derived, bad_rows in self.checked_blocks(side, ranges):
-                yield handover.element(block.labels, block.integers, block.present,
-                                       block.categorical, derived, bad_rows)
+            try:
+                for _, (block, derived, ids), bad_rows in self.checked_blocks(side, ranges,
+                                                                              encoded):
+                    yield handover.element(block.labels, block.integers, block.present, ids,
+                                           derived, bad_rows)
+            except UserError as error:  # marked to be known again on its way through tf.data
+                raise UserError(f"{DATA_ERROR_MARKER}{error}") from None
 
         return handover.raw_columns(elements, self._format)
 
@@ -439,7 +450,7 @@ class ParquetSource(CTRSource):
         def finish(raw):
             return preprocessing.features(raw), tf.expand_dims(raw["labels"], 1)
 
-        return reader.raw_blocks(side, ranges).map(
+        return reader.raw_blocks(side, ranges, preprocessing.encoder).map(
             finish, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
     # -- vocabulary
@@ -460,10 +471,11 @@ class ParquetSource(CTRSource):
         fmt = cls.FORMAT
         files = ParquetFiles(paths, ColumnMap(fmt, cls.COLUMNS if columns is None else columns))
         reader = RowReader(files, fmt, on_bad_line == "skip", int(chunk_rows))
-        chunks = reader.raw_blocks(Side(test_fraction),
-                                   files.ranges(distributed.rank(), distributed.size()))
-        return vocabulary_pass.count_chunks(
-            fmt, chunks, min_count=min_count, progress=progress,
+        blocks = reader.checked_blocks(Side(test_fraction),
+                                       files.ranges(distributed.rank(), distributed.size()))
+        return vocabulary_pass.count_blocks(
+            fmt, ((block, bad_rows) for _, (block, _), bad_rows in blocks),
+            min_count=min_count, progress=progress,
             memory_mb=memory_mb or vocabulary_pass.DEFAULT_MEMORY_MB)
 
     @classmethod

@@ -2,11 +2,10 @@
 
 Owns: the column mapping (a field's name -> the file's column), which Arrow types each kind of
 field takes, the checks of a block of rows with their messages, and turning checked rows into
-plain arrays (labels, integers with their presence), categorical columns as each column's
-distinct values and every row's index into them (Dictionaries: only the distinct values of a
-block reach TensorFlow), and other text columns handed to TensorFlow as one buffer of bytes with
-offsets (Texts). The text readers' blocks, parsed by pyarrow, are checked
-here too (tfscale.data.text_blocks). A null is a missing value, as an empty
+plain arrays (labels, integers with their presence), categorical columns encoded into ids where
+Arrow holds them (Categorical), and other text columns handed to TensorFlow as one buffer of
+bytes with offsets (Texts). The text readers' blocks, parsed by pyarrow, are checked here too
+(tfscale.data.text_blocks). A null is a missing value, as an empty
 field is in a line; so are an empty text and, in a floating point column of integers, NaN (what
 pandas writes for the gaps of an integer column). A bad value (a label other than 0 or 1, an
 integer feature that is not an integer of int64's range) makes its row a bad row.
@@ -20,6 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import tensorflow as tf
 
+from tfscale.data.fingerprint import fingerprints
+from tfscale.data.schema import MISSING_ID
 from tfscale.data.text_lines import INT64_PATTERN, INT64_RANGE, Fields, LineLayout
 from tfscale.errors import UserError
 
@@ -173,70 +174,87 @@ class Texts:
 
 
 @dataclasses.dataclass
-class Dictionaries:
-    """Categorical columns of a block of rows, each as an Arrow DictionaryArray: the column's
-    distinct values (binary) and each row's int32 index into them (a null: the missing value,
-    read as b""). Made by Arrow's hash kernel (`dictionary_encode`) from a text, bytes or
-    integer column, or, for a dictionary column (what Parquet's dictionary pages and pandas'
-    categoricals give), its dictionary cut down to the values the block's rows use.
+class Categorical:
+    """Categorical columns of a block of rows, each a list of Arrow arrays (a column's chunks):
+    text, bytes or integers (read as their decimal text), or a dictionary of them as Parquet's
+    dictionary pages and pandas' categoricals give. A null or an empty value is the missing
+    value.
 
-    Handed to TensorFlow (`flat`) as the distinct values of every column one after another,
-    after a first empty value that every missing value points to, with each value's column and
-    each row's index into them: TensorFlow encodes each distinct value once and gathers a row's
-    ids by index, and no value becomes a Python object."""
+    Encoded where Arrow holds them (`ids`): each value's fingerprint computed from Arrow's
+    buffers (tfscale.data.fingerprint), a dictionary's values hashed once, and turned into ids
+    by the encoder's numpy twin of its TensorFlow encoding: no value becomes a string tensor."""
 
     columns: list
     rows: int
 
     @classmethod
     def of(cls, columns, rows):
-        """The Dictionaries of Arrow arrays or chunked arrays `columns` (text, bytes, integers
-        as their decimal text, or a dictionary of them), each of `rows` rows."""
-        return cls([_dictionary(column) for column in columns], rows)
+        """The Categorical of Arrow arrays or chunked arrays `columns`, each of `rows` rows."""
+        return cls([_chunks(column) for column in columns], rows)
+
+    def ids(self, encoder):
+        """int64 [n, C]: the ids `encoder` (a preprocessing.HashingEncoder or a
+        vocabulary.VocabularyEncoder) gives the values of column k as field k."""
+        ids = np.empty([self.rows, len(self.columns)], np.int64)
+        for k, chunks in enumerate(self.columns):
+            ids[:, k] = np.concatenate([_chunk_ids(chunk, encoder, k) for chunk in chunks]
+                                       or [np.zeros(0, np.int64)])
+        return ids
+
+    def value_counts(self):
+        """(fields int16 [V], values Arrow binary [V], counts int64 [V]): each column's distinct
+        non-empty values with the rows holding them, column k as field k."""
+        fields, values, counts = [], [], []
+        for k, chunks in enumerate(self.columns):
+            found = pc.value_counts(pa.chunked_array([_binary(chunk) for chunk in chunks],
+                                                     pa.binary()))
+            present = pc.greater(pc.binary_length(found.field("values")), 0)
+            values.append(found.field("values").filter(present))
+            counts.append(_numpy(found.field("counts").filter(present)))
+            fields.append(np.full(len(counts[-1]), k, np.int16))
+        return (np.concatenate(fields or [np.zeros(0, np.int16)]),
+                pa.concat_arrays(values or [pa.array([], pa.binary())]),
+                np.concatenate(counts or [np.zeros(0, np.int64)]))
 
     def strings(self):
         """object [n, C] of bytes (a null: b"")."""
         texts = np.empty([self.rows, len(self.columns)], object)
-        for k, column in enumerate(self.columns):
-            texts[:, k] = _numpy(pc.fill_null(column.dictionary_decode(), b""))
+        for k, chunks in enumerate(self.columns):
+            texts[:, k] = _numpy(pc.fill_null(_binary(pa.chunked_array(chunks)), b""))
         return texts
 
     def take(self, keep):
         """The rows where `keep` (bool [n]) holds."""
         mask = pa.array(keep)
-        return Dictionaries([column.filter(mask) for column in self.columns],
-                            int(np.sum(keep)))
-
-    def flat(self):
-        """(bytes, offsets, fields, indices): V distinct values, value v being
-        bytes[offsets[v]:offsets[v + 1]] of column fields[v] (offsets int32 [V + 1], fields
-        int32 [V]; value 0 is b"", the missing value), and indices int32 [n, C], row r's value
-        of column k being value indices[r, k]."""
-        values = [pa.array([b""], pa.binary())] + [column.dictionary for column in self.columns]
-        fields = np.repeat(np.arange(-1, len(self.columns), dtype=np.int32),
-                           [len(value) for value in values])
-        fields[0] = 0
-        indices = np.zeros([self.rows, len(self.columns)], np.int32)
-        base = 1
-        for k, column in enumerate(self.columns):
-            indices[:, k] = _shifted(column.indices, base)
-            base += len(column.dictionary)
-        joined = pa.concat_arrays(values)
-        offsets = np.frombuffer(joined.buffers()[1], np.int32)[
-            joined.offset:joined.offset + len(joined) + 1]
-        data = joined.buffers()[2]
-        return (b"" if data is None else data.to_pybytes()), offsets, fields, indices
+        return Categorical([_chunks(pa.chunked_array(chunks).filter(mask))
+                            for chunks in self.columns], int(np.sum(keep)))
 
 
-def _shifted(indices, base):
-    """int32 [n]: Arrow int32 `indices` plus `base`, 0 where null (read from Arrow's buffers)."""
-    values = np.frombuffer(indices.buffers()[1], np.int32)[
-        indices.offset:indices.offset + len(indices)] + np.int32(base)
+def _chunks(column):
+    """The chunks of an Arrow array or chunked array (one empty chunk when it has none)."""
+    if not isinstance(column, pa.ChunkedArray):
+        return [column]
+    return column.chunks or [pa.array([], column.type)]
+
+
+def _chunk_ids(chunk, encoder, field):
+    """int64 ids [n] of one chunk of a categorical column: a dictionary's values encoded once
+    and taken by each row's index."""
+    if pa.types.is_dictionary(chunk.type):
+        return _taken(_chunk_ids(chunk.dictionary, encoder, field), chunk.indices)
+    values = _binary(chunk)
+    ids = encoder.encode_fingerprints(fingerprints(values), field)
+    ids[_numpy(pc.fill_null(pc.binary_length(values), 0)) == 0] = MISSING_ID
+    return ids
+
+
+def _taken(values, indices):
+    """values[indices] of an Arrow integer array `indices`, MISSING_ID where it is null."""
+    taken = values[_numpy(pc.fill_null(indices, 0))] if len(values) else np.zeros(
+        len(indices), np.int64)
     if indices.null_count:
-        valid = np.unpackbits(np.frombuffer(indices.buffers()[0], np.uint8), count=(
-            indices.offset + len(indices)), bitorder="little")[indices.offset:].view(bool)
-        values[~valid] = 0
-    return values
+        taken[_numpy(indices.is_null())] = MISSING_ID
+    return taken
 
 
 def _one_array(column):
@@ -244,31 +262,6 @@ def _one_array(column):
     if not isinstance(column, pa.ChunkedArray):
         return column
     return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
-
-
-def _dictionary(column):
-    """A categorical column as a DictionaryArray of distinct binary values (none null) and
-    int32 indices, its dictionary holding only the values its rows use."""
-    if pa.types.is_dictionary(column.type):  # the values used, each once (a null: null rows)
-        chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
-        values, indices, base = [pa.array([], pa.binary())], [pa.array([], pa.int32())], 0
-        for chunk in chunks:  # each chunk's dictionary of its own
-            used = pc.dictionary_encode(pc.cast(chunk.indices, pa.int32()))
-            values.append(_binary(chunk.dictionary.take(used.dictionary)))
-            indices.append(pc.add(used.indices, np.int32(base)))
-            base += len(used.dictionary)
-        distinct = pc.dictionary_encode(pa.concat_arrays(values))
-        return pa.DictionaryArray.from_arrays(
-            distinct.indices.take(pa.concat_arrays(indices)), distinct.dictionary, safe=False)
-    encoded = pc.dictionary_encode(column)  # its indices are within its dictionary
-    if isinstance(encoded, pa.ChunkedArray):  # one dictionary for every chunk, not copied
-        chunks = encoded.chunks
-        indices = (pa.concat_arrays([chunk.indices for chunk in chunks]) if chunks
-                   else pa.array([], pa.int32()))
-        dictionary = chunks[-1].dictionary if chunks else pa.array([], pa.binary())
-    else:
-        indices, dictionary = encoded.indices, encoded.dictionary
-    return pa.DictionaryArray.from_arrays(indices, _binary(dictionary), safe=False)
 
 
 def strings_tensor(data, offsets, rows, columns):
@@ -284,14 +277,14 @@ class CheckedRows:
     """A block of rows as arrays (bad rows still in), and the problems found in them.
 
     labels float32 [n] (0 for a file without labels), integers int64 [n, D] (0 where missing or
-    bad), present bool [n, D], derived_from: Texts of K columns, categorical: Dictionaries of C
+    bad), present bool [n, D], derived_from: Texts of K columns, categorical: Categorical of C
     columns."""
 
     labels: np.ndarray
     integers: np.ndarray
     present: np.ndarray
     derived_from: Texts
-    categorical: Dictionaries
+    categorical: Categorical
     problems: list
 
     def bad(self):
@@ -336,7 +329,7 @@ def check_rows(table, column_map, has_labels):
         integers=_stacked(integers, rows, np.int64),
         present=_stacked(present, rows, bool),
         derived_from=_texts(table, column_map, derived_from),
-        categorical=Dictionaries.of(
+        categorical=Categorical.of(
             [table.column(column_map.column[name]) for name in categorical], rows),
         problems=problems,
     )

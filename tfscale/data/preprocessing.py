@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfscale.data import vocabulary as vocabulary_lib
+from tfscale.data.fingerprint import HASH_RANGE
 from tfscale.data.schema import MISSING_ID, FeatureSchema
 from tfscale.errors import UserError
 
@@ -54,20 +55,15 @@ class HashingEncoder:
 
     def encode(self, strings):
         """int64 ids [n, F] of strings [n, F], column f of field f."""
-        return self._ids_of(strings, self._buckets)
-
-    def encode_values(self, values, fields):
-        """int64 ids [V] of values [V] of the fields `fields` (int32 [V]): the ids `encode`
-        gives them in their fields' columns."""
-        return self._ids_of(values, tf.gather(self._buckets, fields))
-
-    @staticmethod
-    def _ids_of(strings, buckets):
-        """The ids of `strings` hashed into `buckets` (broadcast against them) after the
-        missing id."""
-        hashed = tf.strings.to_hash_bucket_fast(strings, (1 << 63) - 1)
-        return tf.where(is_present(strings), hashed % buckets + 1,
+        hashed = tf.strings.to_hash_bucket_fast(strings, HASH_RANGE)
+        return tf.where(is_present(strings), hashed % self._buckets + 1,
                         tf.constant(MISSING_ID, tf.int64))
+
+    def encode_fingerprints(self, hashes, field):
+        """int64 ids [n] (numpy) of non-empty values of field number `field` from their
+        fingerprints (uint64 [n], tfscale.data.fingerprint): the ids `encode` gives them."""
+        hashed = hashes % np.uint64(HASH_RANGE)
+        return (hashed % np.uint64(self.buckets[field])).astype(np.int64) + 1
 
     def describe(self):
         sizes = sorted(set(self.buckets))
@@ -140,12 +136,10 @@ class Preprocessing:
 
     def features(self, raw):
         """{"dense": float32 [n, D], "categorical": int64 [n, F]} of raw columns: categorical
-        strings [n, C] (text_lines.LineParser), or their dictionary form (data.handover: each
-        distinct value encoded once, rows' ids gathered by index; the same ids)."""
-        if "categorical_indices" in raw:
-            ids = tf.gather(self.encoder.encode_values(raw["categorical_values"],
-                                                       raw["categorical_fields"]),
-                            raw["categorical_indices"])
+        strings [n, C] (text_lines.LineParser), or the ids the readers encoded from Arrow's
+        columns (data.handover: `categorical_ids`, the same ids)."""
+        if "categorical_ids" in raw:
+            ids = raw["categorical_ids"]
         else:
             ids = self.encoder.encode(raw["categorical"])
         categorical = tf.concat([ids, raw["derived"]], axis=1)

@@ -20,7 +20,7 @@ import pyarrow.csv as pacsv
 import tensorflow as tf
 
 from tfscale.data import handover, read_ahead
-from tfscale.data.parquet_columns import ColumnMap, Dictionaries, check_rows, derived_ids
+from tfscale.data.parquet_columns import ColumnMap, check_rows, derived_ids
 from tfscale.data.text_lines import LineParser
 from tfscale.data.vocabulary_pass import Piece, blocks
 from tfscale.errors import DATA_ERROR_MARKER, UserError, user_error_from_tf
@@ -70,17 +70,19 @@ class TextBlocks:
             include_columns=wanted, strings_can_be_null=False, quoted_strings_can_be_null=False,
             null_values=[] if as_text else [""]) for as_text in (False, True)}
 
-    def elements(self, selection, order):
+    def elements(self, selection, order, encoder):
         """The handover elements of the lines `selection` keeps, of the files in `order`, block
-        by block in order, blocks parsed and checked ahead in threads."""
+        by block in order, blocks parsed, checked and encoded by `encoder` (a
+        preprocessing.HashingEncoder or a vocabulary.VocabularyEncoder) ahead in threads."""
         header = self._files.header_lines
         items = ((int(file_index), lines_before, block) for file_index in order
                  for lines_before, block in blocks(
                      Piece(int(file_index), self._files.paths[file_index], 0, None), header,
                      self._block_bytes))
-        yield from read_ahead.ordered_ahead(lambda item: self._element(selection, *item), items)
+        yield from read_ahead.ordered_ahead(
+            lambda item: self._element(selection, encoder, *item), items)
 
-    def _element(self, selection, file_index, lines_before, block):
+    def _element(self, selection, encoder, file_index, lines_before, block):
         count = block.count(b"\n") + (0 if block.endswith(b"\n") else 1)
         numbers = lines_before + 1 + np.arange(count, dtype=np.int64)
         keep = selection(tf.constant(file_index, tf.int64), tf.constant(numbers)).numpy()
@@ -88,10 +90,10 @@ class TextBlocks:
         if table is not None:
             if not keep.all():
                 table = table.filter(pa.array(keep))
-            element = self._checked(table)
+            element = self._checked(table, encoder)
             if element is not None:
                 return element
-        return self._through_the_parser(file_index, block, numbers, keep)
+        return self._through_the_parser(file_index, block, numbers, keep, encoder)
 
     def _parsed(self, block):
         """pyarrow's table of `block`, None when a line does not have the layout's fields or a
@@ -113,7 +115,7 @@ class TextBlocks:
             return None
         return None if invalid else table
 
-    def _checked(self, table):
+    def _checked(self, table, encoder):
         """The element of a parsed block's rows, None when a row has a problem."""
         label = self._format.label_name
         if self._files.has_labels and not pc.all(
@@ -124,9 +126,9 @@ class TextBlocks:
         if block.bad().any():
             return None
         return handover.element(block.labels, block.integers, block.present,
-                                block.categorical, derived, 0)
+                                block.categorical.ids(encoder), derived, 0)
 
-    def _through_the_parser(self, file_index, block, numbers, keep):
+    def _through_the_parser(self, file_index, block, numbers, keep, encoder):
         """The element of a block parsed by the reader's LineParser; its data error, naming
         file and line, raised as the Parquet reader raises its own (a UserError carrying
         DATA_ERROR_MARKER, which tf.data passes on as an InvalidArgumentError)."""
@@ -139,8 +141,6 @@ class TextBlocks:
             if user_error is None:
                 raise
             raise UserError(f"{DATA_ERROR_MARKER}{user_error}") from None
-        strings = raw["categorical"].numpy()
-        categorical = Dictionaries.of([pa.array(strings[:, k], pa.binary())
-                                       for k in range(strings.shape[1])], len(strings))
-        return handover.element(raw["labels"], raw["dense"], raw["dense_present"], categorical,
-                                raw["derived"], int(raw["bad_lines"]))
+        return handover.element(raw["labels"], raw["dense"], raw["dense_present"],
+                                encoder.encode(raw["categorical"]), raw["derived"],
+                                int(raw["bad_lines"]))

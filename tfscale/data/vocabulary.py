@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 import tensorflow as tf
 
 from tfscale.data import vocabulary_file
+from tfscale.data.fingerprint import HASH_RANGE, fingerprints
 from tfscale.data.pipeline import without_autotuning
 from tfscale.data.schema import MISSING_ID
 from tfscale.data.value_counts import ValueCounts
@@ -110,31 +111,32 @@ class VocabularyEncoder:
 
     Looked up without a tf.lookup table (its ops are stateful, which makes tf.data pipelines
     serial under op determinism): each (field, value) becomes a 64-bit key, its value's
-    fingerprint XOR a per-field salt, found by binary search (tf.searchsorted) in the sorted keys
-    of the vocabulary. Two keys would have to collide in 64 bits to mix up values; if two kept
-    values of a field ever did, the more frequent one's id wins.
+    fingerprint XOR a per-field salt, found by binary search (tf.searchsorted, or numpy's for
+    fingerprints the readers computed: `encode_fingerprints`) in the sorted keys of the
+    vocabulary. Two keys would have to collide in 64 bits to mix up values; if two kept values
+    of a field ever did, the more frequent one's id wins.
     """
 
     def __init__(self, vocabulary, names):
         self.sizes = tuple(vocabulary.size(name) for name in names)
-        self._salts = tf.constant(
-            np.random.default_rng(0).integers(0, 1 << 62, size=len(names)), tf.int64)
+        self._salt_values = np.random.default_rng(0).integers(0, 1 << 62, size=len(names))
         keys, ids = [np.array([np.iinfo(np.int64).max])], [np.array([OOV_ID])]  # a sentinel
         for column, name in enumerate(names):
             values = [value for value, _ in vocabulary.categorical[name]]
             if values:
-                salt = self._salts[column]
-                keys.append(self._keys(tf.constant(values, tf.string), salt).numpy())
+                keys.append(_numpy_keys(fingerprints(pa.array(values, pa.binary())),
+                                        self._salt_values[column]))
                 ids.append(np.arange(FIRST_VALUE_ID, FIRST_VALUE_ID + len(values)))
         keys, ids = np.concatenate(keys), np.concatenate(ids)
         order = np.argsort(keys, kind="stable")  # equal keys: the first kept wins the search
-        self._sorted_keys = tf.constant(keys[order], tf.int64)
-        self._ids = tf.constant(ids[order], tf.int64)
+        self._sorted_key_values, self._id_values = keys[order], ids[order].astype(np.int64)
+        self._salts = tf.constant(self._salt_values, tf.int64)
+        self._sorted_keys = tf.constant(self._sorted_key_values, tf.int64)
+        self._ids = tf.constant(self._id_values, tf.int64)
 
     @staticmethod
     def _keys(strings, salts):
-        return tf.bitwise.bitwise_xor(tf.strings.to_hash_bucket_fast(strings, (1 << 63) - 1),
-                                      salts)
+        return tf.bitwise.bitwise_xor(tf.strings.to_hash_bucket_fast(strings, HASH_RANGE), salts)
 
     def encode(self, strings):
         """int64 ids [n, F] of strings [n, F], column f of field f."""
@@ -142,11 +144,14 @@ class VocabularyEncoder:
         return tf.where(tf.strings.length(strings) > 0, tf.reshape(ids, tf.shape(strings)),
                         tf.constant(MISSING_ID, tf.int64))
 
-    def encode_values(self, values, fields):
-        """int64 ids [V] of values [V] of the fields `fields` (int32 [V]): the ids `encode`
-        gives them in their fields' columns."""
-        ids = self._ids_of(self._keys(values, tf.gather(self._salts, fields)))
-        return tf.where(tf.strings.length(values) > 0, ids, tf.constant(MISSING_ID, tf.int64))
+    def encode_fingerprints(self, hashes, field):
+        """int64 ids [n] (numpy) of non-empty values of field number `field` from their
+        fingerprints (uint64 [n], tfscale.data.fingerprint): the ids `encode` gives them."""
+        keys = _numpy_keys(hashes, self._salt_values[field])
+        position = np.minimum(np.searchsorted(self._sorted_key_values, keys),
+                              len(self._sorted_key_values) - 1)
+        return np.where(self._sorted_key_values[position] == keys, self._id_values[position],
+                        np.int64(OOV_ID))
 
     def _ids_of(self, keys):
         position = tf.minimum(tf.searchsorted(self._sorted_keys, keys, out_type=tf.int64),
@@ -155,27 +160,21 @@ class VocabularyEncoder:
         return tf.where(found, tf.gather(self._ids, position), tf.constant(OOV_ID, tf.int64))
 
 
+def _numpy_keys(hashes, salt):
+    """int64 keys of fingerprints `hashes` (uint64) with `salt`: VocabularyEncoder._keys's."""
+    return (hashes % np.uint64(HASH_RANGE)).astype(np.int64) ^ np.int64(salt)
+
+
 # ----------------------------------------------------------------------------- counting
 
 def summarise_chunk(raw):
     """Per-chunk distinct values with counts per categorical field, integer min/max, row count
-    and malformed lines, of the raw columns of a LineParser or of data.handover (whose values
-    are distinct per field already: counted from the rows' indices)."""
+    and malformed lines, of the raw columns of a LineParser."""
     values, counts = [], []
-    if "categorical_indices" in raw:
-        distinct = raw["categorical_values"]
-        occurrences = tf.math.bincount(tf.reshape(raw["categorical_indices"], [-1]),
-                                       minlength=tf.size(distinct), dtype=tf.int64)
-        used = (occurrences > 0) & (tf.strings.length(distinct) > 0)
-        for field in range(raw["categorical_indices"].shape[1]):
-            kept = used & tf.equal(raw["categorical_fields"], field)
-            values.append(tf.boolean_mask(distinct, kept))
-            counts.append(tf.cast(tf.boolean_mask(occurrences, kept), tf.int32))
-    else:
-        for column in tf.unstack(raw["categorical"], axis=1):
-            unique = tf.unique_with_counts(tf.boolean_mask(column, tf.strings.length(column) > 0))
-            values.append(unique.y)
-            counts.append(unique.count)
+    for column in tf.unstack(raw["categorical"], axis=1):
+        unique = tf.unique_with_counts(tf.boolean_mask(column, tf.strings.length(column) > 0))
+        values.append(unique.y)
+        counts.append(unique.count)
     present, dense = raw["dense_present"], raw["dense"]
     return {
         "values": tuple(values),

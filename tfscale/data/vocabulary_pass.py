@@ -40,7 +40,6 @@ import tensorflow as tf
 from tfscale import distributed
 from tfscale.data import vocabulary as vocabulary_lib
 from tfscale.data import vocabulary_ranks
-from tfscale.data.pipeline import without_autotuning
 from tfscale.data.text_lines import (BAD_LINE_POLICIES, FileSet, LineParser, LineSelection,
                                      TextFormat, check_short_line_policy, compression_of,
                                      in_test_split)
@@ -87,44 +86,32 @@ def count_files(text_format, paths, *, min_count=1, on_bad_line="error", on_shor
     return _vocabulary(text_format, local, min_count, memory_mb, width)
 
 
-def count_chunks(text_format, chunks, *, min_count=1, memory_mb=DEFAULT_MEMORY_MB,
+def count_blocks(text_format, blocks, *, min_count=1, memory_mb=DEFAULT_MEMORY_MB,
                  progress=None, progress_every_seconds=5.0):
-    """The Vocabulary of rows a reader has parsed and checked: `chunks` is this rank's share as
-    a tf.data.Dataset of raw columns (a text_lines.LineParser's, or data.handover's, as
-    ParquetSource gives its rank's row ranges), counted within `memory_mb` and added up over the
+    """The Vocabulary of rows a reader has checked: `blocks` yields this rank's share as
+    (parquet_columns.CheckedRows of the good rows, bad rows skipped), as ParquetSource reads its
+    rank's row ranges, counted with Arrow's hash kernels within `memory_mb` and added up over the
     ranks as count_files does; under horovodrun every rank must call it and all get the same
     Vocabulary."""
     local, width = _rank_counts(text_format, min_count, memory_mb)
-    summaries = without_autotuning(chunks.map(
-        vocabulary_lib.summarise_chunk, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
-    ).prefetch(tf.data.AUTOTUNE)).as_numpy_iterator()
     last_report = time.monotonic()
     try:
-        for summary in _user_errors(summaries):
-            vocabulary_lib.add_summary(local.counts, summary)
-            local.add_ranges(summary["lows"], summary["highs"])
-            local.rows += int(summary["rows"])
-            local.bad_lines += int(summary["bad_lines"])
+        for block, bad_rows in blocks:
+            fields, values, counts = block.categorical.value_counts()
+            if len(counts):
+                local.counts.add(fields, values, counts)
+            integers = block.integers.astype(np.float32)  # as the reader hands them over
+            local.add_ranges(np.where(block.present, integers, np.inf).min(axis=0, initial=np.inf),
+                             np.where(block.present, integers, -np.inf).max(axis=0,
+                                                                            initial=-np.inf))
+            local.rows += len(block.labels)
+            local.bad_lines += bad_rows
             if progress and time.monotonic() - last_report >= progress_every_seconds:
                 progress(local.rows)
                 last_report = time.monotonic()
     except UserError as error:
         local.error = error
     return _vocabulary(text_format, local, min_count, memory_mb, width)
-
-
-def _user_errors(iterator):
-    """The elements of a tf.data `iterator`, a data error raised in it as its UserError."""
-    while True:
-        try:
-            yield next(iterator)
-        except StopIteration:
-            return
-        except tf.errors.OpError as error:
-            user_error = user_error_from_tf(error)
-            if user_error is None:
-                raise
-            raise user_error from None
 
 
 def _rank_counts(text_format, min_count, memory_mb):
