@@ -19,8 +19,9 @@ date, command, load average and the other processes' CPU seconds of every run, -
            row checked; `pyarrow.parquet.read_table` and `pyarrow.csv.read_csv` (every column,
            pyarrow's threads: one per core) of the same file. Rows/s and CPU seconds.
   stages   where the time goes: passes over the file that stop after each stage (decode,
-           checks, conversion, hand-over to TF, cut into strings, encoding, batching), for
-           Parquet and text, hashing; each stage's cost is the difference to the pass before.
+           checks, conversion, hand-over to TF (with the ids, where the readers encode in
+           their threads), encoding, batching), for Parquet and text, hashing; each stage's
+           cost is the difference to the pass before.
   train    `launch.train` (DeepFM, batch 8,192, one epoch) on the TSV file, on the Parquet
            file and on `--data=synthetic` with as many rows, alternating, in processes of their
            own; the epoch line's examples/s.
@@ -206,7 +207,8 @@ def stage_cases():
         return rows
 
     def parquet_3_raw_columns():
-        return count(reader.raw_blocks(side, ranges))
+        return count(reader.raw_blocks(side, ranges, *_encoder_if_taken(reader.raw_blocks,
+                                                                         parquet)))
 
     def parquet_4_encoded():
         return count(parquet._rows(reader, side, ranges))
@@ -259,12 +261,22 @@ def stage_cases():
             text_blocks._parsed(block), text_blocks._column_map, True).labels))
 
     def blocks_3_raw_columns():
+        encoder = _encoder_if_taken(text_blocks.elements, text)
         return count(handover.raw_columns(
-            lambda: text_blocks.elements(LineSelection(), np.arange(1)), text.FORMAT))
+            lambda: text_blocks.elements(LineSelection(), np.arange(1), *encoder), text.FORMAT))
 
     cases.update(blocks_1_decode=blocks_1_decode, blocks_2_checks=blocks_2_checks,
                  blocks_3_raw_columns=blocks_3_raw_columns)
     return cases
+
+
+def _encoder_if_taken(method, source):
+    """(source's encoder,) when the readers' `method` takes one (they encode in their threads),
+    else () (a tree whose readers hand strings to TensorFlow)."""
+    import inspect
+
+    return ((source.preprocessing.encoder,)
+            if "encoder" in inspect.signature(method).parameters else ())
 
 
 # ----------------------------------------------------------------------------- training

@@ -20,7 +20,10 @@ def tensorflow_hashes(values):
 
 
 def ours(array):
-    return fingerprints(array) % np.uint64(BUCKETS)
+    hashes, lengths = fingerprints(array)
+    np.testing.assert_array_equal(lengths, [len(value.encode() if isinstance(value, str) else
+                                                value or b"") for value in array.to_pylist()])
+    return hashes % np.uint64(BUCKETS)
 
 
 def random_values(rng, lengths):
@@ -32,6 +35,14 @@ def test_every_length_and_alignment_matches_tensorflow():
     values = random_values(rng, [n for n in range(301) for _ in range(7)])
     rng.shuffle(values)  # values of every length start at every offset modulo 8
     np.testing.assert_array_equal(ours(pa.array(values, pa.binary())), tensorflow_hashes(values))
+
+
+def test_values_all_of_one_length_match_tensorflow():
+    rng = np.random.default_rng(2)
+    for length in range(131):
+        values = random_values(rng, [length] * 9)
+        np.testing.assert_array_equal(ours(pa.array(values, pa.binary())),
+                                      tensorflow_hashes(values), err_msg=f"length {length}")
 
 
 def test_text_values_slices_nulls_and_large_arrays():

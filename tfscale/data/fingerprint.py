@@ -19,12 +19,12 @@ _K1 = np.uint64(0xB492B66FBE98F273)
 _K2 = np.uint64(0x9AE16A3B2F90404F)
 _SEED = np.uint64(81)
 _SEED_Y = np.uint64((81 * 0xB492B66FBE98F273 + 113) % (1 << 64))  # seed * k1 + 113, wrapped
-_SLICE = 16384  # values hashed at a time: the temporaries stay in the CPU's cache
+_SLICE = 32768  # values hashed at a time: the temporaries stay in the CPU's cache
 
 
 def fingerprints(values):
-    """uint64 [n]: the Fingerprint64 of each value of `values`, an Arrow binary or string array
-    (large or not; a null hashes as b"")."""
+    """(uint64 [n] fingerprints, int64 [n] lengths) of the values of `values`, an Arrow binary or
+    string array (large or not); a null is b"" (length 0)."""
     if values.type not in (pa.binary(), pa.string(), pa.large_binary(), pa.large_string()):
         raise TypeError(f"fingerprints takes binary or string values, not {values.type}")
     offset_type = np.int64 if values.type in (pa.large_binary(), pa.large_string()) else np.int32
@@ -33,52 +33,76 @@ def fingerprints(values):
     starts = offsets[:-1].astype(np.int64)
     lengths = (offsets[1:] - offsets[:-1]).astype(np.int64)
     if values.null_count:
-        lengths = np.where(np.asarray(values.is_valid()), lengths, 0)
-    data = np.zeros(0, np.uint8) if buffers[2] is None else np.frombuffer(buffers[2], np.uint8)
-    words = _Bytes(data)
+        lengths[np.asarray(values.is_null())] = 0
+    words = _Bytes(buffers[2])
     hashes = np.empty(len(values), np.uint64)
     for start in range(0, len(values), _SLICE):
         end = start + _SLICE
         hashes[start:end] = words.fingerprints(starts[start:end], lengths[start:end])
-    return hashes
+    return hashes, lengths
+
+
+_BRANCH_OF_LENGTH = np.searchsorted([1, 4, 8, 17, 33, 65], np.arange(66), side="right")
 
 
 class _Bytes:
-    """The bytes the values lie in, read as little-endian words at any byte offset."""
+    """The bytes the values lie in (an Arrow buffer), read as little-endian words at any byte
+    offset; FarmHash reads only within a value, so the buffer is used as it is."""
 
-    def __init__(self, data):
-        self._padded = np.concatenate([data, np.zeros(8, np.uint8)])
-        size = len(data) + 1
-        self._words64 = np.ndarray((size,), "<u8", self._padded, strides=(1,))
-        self._words32 = np.ndarray((size,), "<u4", self._padded, strides=(1,))
+    def __init__(self, buffer):
+        data = np.zeros(0, np.uint8) if buffer is None else np.frombuffer(buffer, np.uint8)
+        if len(data) < 8:
+            data = np.concatenate([data, np.zeros(8 - len(data), np.uint8)])
+        self._bytes = data
+        self._words64 = np.ndarray((len(data) - 7,), "<u8", data, strides=(1,))
+        self._words32 = np.ndarray((len(data) - 3,), "<u4", data, strides=(1,))
 
     def fetch64(self, at):
+        """The uint64 words at byte offsets `at` (int64 [n], or a _Run: a view, not a copy)."""
+        if isinstance(at, _Run):
+            return np.ndarray((at.count,), "<u8", self._bytes, at.first, (at.step,))
         return self._words64[at]
 
     def fetch32(self, at):
+        if isinstance(at, _Run):
+            return np.ndarray((at.count,), "<u4", self._bytes, at.first,
+                              (at.step,)).astype(np.uint64)
         return self._words32[at].astype(np.uint64)
 
     def byte(self, at):
-        return self._padded[at].astype(np.uint64)
+        return self._bytes[at].astype(np.uint64)
 
     def fingerprints(self, starts, lengths):
         """uint64 [n] of the values at `starts` of `lengths` bytes (int64 [n] each)."""
+        hashers = (None, self._len1to3, self._len4to7, self._len8to16, self._len17to32,
+                   self._len33to64, self._long)
+        if not len(starts):
+            return np.zeros(0, np.uint64)
+        first, last = (_BRANCH_OF_LENGTH[min(int(length), 65)]
+                       for length in (lengths.min(), lengths.max()))
+        if first == last:  # one branch for every value
+            return self._hashed(hashers[first], starts, lengths)
+        branches = _BRANCH_OF_LENGTH[np.minimum(lengths, 65)]
         hashes = np.empty(len(starts), np.uint64)
-        groups = ((lengths == 0, None), ((lengths > 0) & (lengths < 4), self._len1to3),
-                  ((lengths >= 4) & (lengths < 8), self._len4to7),
-                  ((lengths >= 8) & (lengths <= 16), self._len8to16),
-                  ((lengths > 16) & (lengths <= 32), self._len17to32),
-                  ((lengths > 32) & (lengths <= 64), self._len33to64), (lengths > 64, self._long))
-        for members, hash_group in groups:
-            if members.all():
-                index = slice(None)
-            elif members.any():
-                index = np.flatnonzero(members)
-            else:
-                continue
-            hashes[index] = _K2 if hash_group is None else hash_group(
-                starts[index], lengths[index].astype(np.uint64))
+        for branch in range(first, last + 1):
+            index = np.flatnonzero(branches == branch)
+            if len(index):
+                hashes[index] = self._hashed(hashers[branch], starts[index], lengths[index])
         return hashes
+
+    @staticmethod
+    def _hashed(hasher, starts, lengths):
+        """`hasher`'s fingerprints of values of one branch; values of one length (the usual
+        case) have it as a scalar, which saves a pass over their lengths in every step."""
+        if hasher is None:  # the empty value
+            return np.full(len(starts), _K2)
+        shortest = lengths.min()
+        if shortest != lengths.max():
+            return hasher(starts, lengths.astype(np.uint64))
+        if shortest >= 4 and shortest <= 64 and starts[-1] - starts[0] == shortest * (
+                len(starts) - 1):  # one after another: read in place
+            starts = _Run(int(starts[0]), int(shortest), len(starts))
+        return hasher(starts, np.uint64(shortest))
 
     def _len1to3(self, s, n):
         a = self.byte(s)
@@ -176,6 +200,20 @@ class _Bytes:
         x, z = z, x
         return _hash_len16(_hash_len16(v0, w0, mul) + _shift_mix(y) * _K0 + z,
                            _hash_len16(v1, w1, mul) + x, mul)
+
+
+class _Run:
+    """The byte offsets first, first + step, ... (count of them): values of one length lying one
+    after another, whose words fetch64 and fetch32 read as strided views."""
+
+    def __init__(self, first, step, count):
+        self.first, self.step, self.count = first, step, count
+
+    def __add__(self, shift):
+        return _Run(self.first + int(shift), self.step, self.count)
+
+    def __sub__(self, shift):
+        return _Run(self.first - int(shift), self.step, self.count)
 
 
 def _rotate(value, shift):

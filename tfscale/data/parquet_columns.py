@@ -195,11 +195,9 @@ class Categorical:
     def ids(self, encoder):
         """int64 [n, C]: the ids `encoder` (a preprocessing.HashingEncoder or a
         vocabulary.VocabularyEncoder) gives the values of column k as field k."""
-        ids = np.empty([self.rows, len(self.columns)], np.int64)
-        for k, chunks in enumerate(self.columns):
-            ids[:, k] = np.concatenate([_chunk_ids(chunk, encoder, k) for chunk in chunks]
-                                       or [np.zeros(0, np.int64)])
-        return ids
+        columns = [np.concatenate([_chunk_ids(chunk, encoder, k) for chunk in chunks])
+                   for k, chunks in enumerate(self.columns)]
+        return np.stack(columns, axis=1) if columns else np.zeros([self.rows, 0], np.int64)
 
     def value_counts(self):
         """(fields int16 [V], values Arrow binary [V], counts int64 [V]): each column's distinct
@@ -231,10 +229,13 @@ class Categorical:
 
 
 def _chunks(column):
-    """The chunks of an Arrow array or chunked array (one empty chunk when it has none)."""
+    """The chunks of an Arrow array or chunked array: one, unless they are dictionaries (each
+    of its own)."""
     if not isinstance(column, pa.ChunkedArray):
         return [column]
-    return column.chunks or [pa.array([], column.type)]
+    if pa.types.is_dictionary(column.type) and column.num_chunks > 1:
+        return column.chunks
+    return [column.combine_chunks()]
 
 
 def _chunk_ids(chunk, encoder, field):
@@ -242,16 +243,20 @@ def _chunk_ids(chunk, encoder, field):
     and taken by each row's index."""
     if pa.types.is_dictionary(chunk.type):
         return _taken(_chunk_ids(chunk.dictionary, encoder, field), chunk.indices)
-    values = _binary(chunk)
-    ids = encoder.encode_fingerprints(fingerprints(values), field)
-    ids[_numpy(pc.fill_null(pc.binary_length(values), 0)) == 0] = MISSING_ID
+    hashes, lengths = fingerprints(_binary(chunk))
+    ids = encoder.encode_fingerprints(hashes, field)
+    ids[lengths == 0] = MISSING_ID
     return ids
 
 
 def _taken(values, indices):
-    """values[indices] of an Arrow integer array `indices`, MISSING_ID where it is null."""
-    taken = values[_numpy(pc.fill_null(indices, 0))] if len(values) else np.zeros(
-        len(indices), np.int64)
+    """values[indices] of an Arrow integer array `indices` (read from its buffer), MISSING_ID
+    where it is null."""
+    at = np.frombuffer(indices.buffers()[1], indices.type.to_pandas_dtype())[
+        indices.offset:indices.offset + len(indices)]
+    if not len(values):  # every row null
+        return np.full(len(at), MISSING_ID, np.int64)
+    taken = values[np.minimum(at, len(values) - 1)] if indices.null_count else values[at]
     if indices.null_count:
         taken[_numpy(indices.is_null())] = MISSING_ID
     return taken

@@ -62,8 +62,11 @@ class HashingEncoder:
     def encode_fingerprints(self, hashes, field):
         """int64 ids [n] (numpy) of non-empty values of field number `field` from their
         fingerprints (uint64 [n], tfscale.data.fingerprint): the ids `encode` gives them."""
-        hashed = hashes % np.uint64(HASH_RANGE)
-        return (hashed % np.uint64(self.buckets[field])).astype(np.int64) + 1
+        ids = hashes % np.uint64(HASH_RANGE)
+        ids %= np.uint64(self.buckets[field])
+        ids = ids.view(np.int64)  # under 2**63: the same numbers
+        ids += 1
+        return ids
 
     def describe(self):
         sizes = sorted(set(self.buckets))

@@ -60,8 +60,9 @@ class TextBlocks:
                 return pa.string() if as_text else pa.int64()
             return pa.binary()
 
-        self._read_options = pacsv.ReadOptions(column_names=list(layout.column_names),
-                                               use_threads=False)
+        self._read_options = pacsv.ReadOptions(  # one chunk per column: one pass per column
+            column_names=list(layout.column_names), use_threads=False,
+            block_size=self._block_bytes + (1 << 20))
         self._parse_options = dict(
             delimiter=text_format.delimiter, quote_char=False, double_quote=False,
             escape_char=False, newlines_in_values=False, ignore_empty_lines=False)
