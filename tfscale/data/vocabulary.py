@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from tfscale.data import vocabulary_file
 from tfscale.data.fingerprint import HASH_RANGE, fingerprints
+from tfscale.data.key_table import KeyTable
 from tfscale.data.pipeline import without_autotuning
 from tfscale.data.schema import MISSING_ID
 from tfscale.data.value_counts import ValueCounts
@@ -111,10 +112,11 @@ class VocabularyEncoder:
 
     Looked up without a tf.lookup table (its ops are stateful, which makes tf.data pipelines
     serial under op determinism): each (field, value) becomes a 64-bit key, its value's
-    fingerprint XOR a per-field salt, found by binary search (tf.searchsorted, or numpy's for
-    fingerprints the readers computed: `encode_fingerprints`) in the sorted keys of the
-    vocabulary. Two keys would have to collide in 64 bits to mix up values; if two kept values
-    of a field ever did, the more frequent one's id wins.
+    fingerprint XOR a per-field salt, found by binary search (tf.searchsorted) in the sorted keys
+    of the vocabulary, or, for fingerprints the readers computed (`encode_fingerprints`), in a
+    numpy hash table of the same keys (key_table.KeyTable). Two keys would have to collide in 64
+    bits to mix up values; if two kept values of a field ever did, the more frequent one's id
+    wins, in both.
     """
 
     def __init__(self, vocabulary, names):
@@ -124,15 +126,15 @@ class VocabularyEncoder:
         for column, name in enumerate(names):
             values = [value for value, _ in vocabulary.categorical[name]]
             if values:
-                keys.append(_numpy_keys(fingerprints(pa.array(values, pa.binary())),
+                keys.append(_numpy_keys(fingerprints(pa.array(values, pa.binary()))[0],
                                         self._salt_values[column]))
                 ids.append(np.arange(FIRST_VALUE_ID, FIRST_VALUE_ID + len(values)))
         keys, ids = np.concatenate(keys), np.concatenate(ids)
+        self._table = KeyTable(keys, ids)  # equal keys: the first kept wins, as in the search
         order = np.argsort(keys, kind="stable")  # equal keys: the first kept wins the search
-        self._sorted_key_values, self._id_values = keys[order], ids[order].astype(np.int64)
         self._salts = tf.constant(self._salt_values, tf.int64)
-        self._sorted_keys = tf.constant(self._sorted_key_values, tf.int64)
-        self._ids = tf.constant(self._id_values, tf.int64)
+        self._sorted_keys = tf.constant(keys[order], tf.int64)
+        self._ids = tf.constant(ids[order], tf.int64)
 
     @staticmethod
     def _keys(strings, salts):
@@ -147,11 +149,7 @@ class VocabularyEncoder:
     def encode_fingerprints(self, hashes, field):
         """int64 ids [n] (numpy) of non-empty values of field number `field` from their
         fingerprints (uint64 [n], tfscale.data.fingerprint): the ids `encode` gives them."""
-        keys = _numpy_keys(hashes, self._salt_values[field])
-        position = np.minimum(np.searchsorted(self._sorted_key_values, keys),
-                              len(self._sorted_key_values) - 1)
-        return np.where(self._sorted_key_values[position] == keys, self._id_values[position],
-                        np.int64(OOV_ID))
+        return self._table.lookup(_numpy_keys(hashes, self._salt_values[field]), OOV_ID)
 
     def _ids_of(self, keys):
         position = tf.minimum(tf.searchsorted(self._sorted_keys, keys, out_type=tf.int64),
