@@ -25,9 +25,9 @@ _SLICE = 32768  # values hashed at a time: the temporaries stay in the CPU's cac
 def fingerprints(values):
     """(uint64 [n] fingerprints, int64 [n] lengths) of the values of `values`, an Arrow binary or
     string array (large or not); a null is b"" (length 0)."""
-    if values.type not in (pa.binary(), pa.string(), pa.large_binary(), pa.large_string()):
+    if values.type not in _OFFSET_TYPES:
         raise TypeError(f"fingerprints takes binary or string values, not {values.type}")
-    offset_type = np.int64 if values.type in (pa.large_binary(), pa.large_string()) else np.int32
+    offset_type = _OFFSET_TYPES[values.type]
     buffers = values.buffers()
     offsets = np.frombuffer(buffers[1], offset_type)[values.offset:values.offset + len(values) + 1]
     starts = offsets[:-1].astype(np.int64)
@@ -42,6 +42,8 @@ def fingerprints(values):
     return hashes, lengths
 
 
+_OFFSET_TYPES = {pa.binary(): np.int32, pa.string(): np.int32, pa.large_binary(): np.int64,
+                 pa.large_string(): np.int64}
 _BRANCH_OF_LENGTH = np.searchsorted([1, 4, 8, 17, 33, 65], np.arange(66), side="right")
 
 

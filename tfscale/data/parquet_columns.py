@@ -233,7 +233,7 @@ def _chunks(column):
     of its own)."""
     if not isinstance(column, pa.ChunkedArray):
         return [column]
-    if pa.types.is_dictionary(column.type) and column.num_chunks > 1:
+    if column.num_chunks == 1 or (pa.types.is_dictionary(column.type) and column.num_chunks):
         return column.chunks
     return [column.combine_chunks()]
 
