@@ -8,6 +8,7 @@ import collections
 import json
 import os
 import shutil
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -16,7 +17,7 @@ import pytest
 from benchmarks.vocab_pass import make_file
 from tests import grouped_launches
 from tests.test_criteo import criteo_line, write
-from tfscale.data import vocabulary_pass
+from tfscale.data import value_counts, vocabulary_pass
 from tfscale.data.criteo import CATEGORICAL_NAMES, DENSE_NAMES, CriteoTSV
 from tfscale.data.text_lines import FileSet, LineParser, LineSelection, parsed_chunks
 from tfscale.data.value_counts import ValueCounts
@@ -107,6 +108,85 @@ def test_a_narrow_sketch_lets_rare_values_in_but_never_leaves_one_out(criteo_fil
             assert count <= counted[value] <= count + 3
         kept += len(counted) - len(exact[name])
     assert kept > 0  # the price: rare values let in
+
+
+def test_the_counting_threads_add_the_blocks_in_file_order(criteo_file, monkeypatch):
+    """With a narrow sketch the counts depend on the order blocks are added in: blocks counted
+    in threads, some slower than the next, count as one block after the other does."""
+    monkeypatch.setattr(vocabulary_pass, "counting_limits", lambda memory_mb, gate: (1000, 1024))
+    monkeypatch.setattr(vocabulary_pass, "BLOCK_BYTES", 64 << 10)
+    monkeypatch.setattr(vocabulary_pass, "COUNTING_THREADS", 1)
+    monkeypatch.setattr(vocabulary_pass, "BLOCKS_AHEAD", 0)
+    one_by_one = CriteoTSV.build_vocabulary(criteo_file, min_count=3)
+    monkeypatch.setattr(vocabulary_pass, "COUNTING_THREADS", 3)
+    monkeypatch.setattr(vocabulary_pass, "BLOCKS_AHEAD", 4)
+    block_counts, delays = vocabulary_pass._FileCounter._block_counts, iter(
+        np.random.default_rng(5).choice([0, 0.05], 1000))
+
+    def slower(self, *args):
+        time.sleep(next(delays))
+        return block_counts(self, *args)
+
+    monkeypatch.setattr(vocabulary_pass._FileCounter, "_block_counts", slower)
+    threaded = CriteoTSV.build_vocabulary(criteo_file, min_count=3)
+    assert not threaded.counting["exact"]
+    assert threaded.categorical == one_by_one.categorical
+    assert threaded.distinct == one_by_one.distinct
+    assert threaded.counting == one_by_one.counting and threaded.rows == LINES
+
+
+def test_value_counts_fingerprints_fold_in_every_word_of_a_value():
+    """The fingerprints as documented, one value at a time, for values of 0 to 40 bytes, in a
+    sliced array."""
+    mask = (1 << 64) - 1
+
+    def mix(x):
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+        return x ^ (x >> 31)
+
+    def fingerprint(field, value):
+        hashed = mix((field + 0x9E3779B97F4A7C15) & mask) ^ (
+            (len(value) * 0x9E3779B97F4A7C15) & mask)
+        for start in range(0, len(value), 8):
+            word = int.from_bytes(value[start:start + 8], "little")
+            hashed = (mix(hashed ^ word) * 0x100000001B3) & mask
+        return mix(hashed)
+
+    rng = np.random.default_rng(2)
+    values = [rng.integers(0, 256, length, dtype=np.uint8).tobytes() for length in range(41)]
+    values = values + values[::-1]
+    fields = rng.integers(0, 26, len(values))
+    array = pa.array([b"x"] + values + [b"y"], pa.binary()).slice(1, len(values))
+    assert value_counts.fingerprints(fields, array).tolist() == [
+        fingerprint(int(f), v) for f, v in zip(fields, values)]
+
+
+def test_value_counts_counters_cut_to_the_gate_now_and_then_count_as_cut_every_batch():
+    """The sketch's counters are cut down to the gate every so many batches, and read as cut in
+    between: the same counts, estimates and distinct values as cut after every batch."""
+    def counted(cut_every):
+        counts = ValueCounts(3, gate=4, max_values=8, sketch_width=64)
+        rng = np.random.default_rng(9)
+        for batch in range(60):
+            fields = np.sort(rng.integers(0, 3, 40))
+            values = pa.array([b"v%d" % v for v in rng.integers(0, 300, 40)], pa.binary())
+            table = pa.table({"field": fields, "value": values}).group_by(
+                ["field", "value"], use_threads=False).aggregate([([], "count_all")]).sort_by(
+                "field")
+            counts.add(table["field"].to_numpy(), table["value"].combine_chunks(),
+                       table["count_all"].to_numpy())
+            if counts.spilled and counts._batches_unsaturated != cut_every:
+                assert counts._batches_unsaturated >= 1000  # 16-bit counters, gate 4
+                counts._batches_unsaturated = cut_every
+        table = counts.table().sort_by([("field", "ascending"), ("value", "ascending")])
+        probe = np.repeat(np.arange(3), 300)
+        return (table.to_pydict(), counts.distinct().tolist(), counts.estimates(
+            probe, pa.array([b"v%d" % v for v in range(300)] * 3, pa.binary())).tolist())
+
+    every_batch = counted(1)
+    assert counted(7) == every_batch and counted(1000) == every_batch
+    assert max(every_batch[2]) == 4 and len(every_batch[0]["value"]) > 50
 
 
 def test_value_counts_spill_keeps_counts_of_values_past_the_gate():

@@ -42,7 +42,7 @@ SCHEMA = pa.schema([("field", pa.int16()), ("value", pa.binary()), ("count", pa.
 _MULTIPLIER = np.uint64(0x100000001B3)  # FNV-1a's 64-bit prime, an odd multiplier
 _LENGTH_MIX = np.uint64(0x9E3779B97F4A7C15)
 _ALL_ONES = np.iinfo(np.uint64).max
-_HASH_SLICE = 1 << 18  # values hashed at a time
+_HASH_SLICE = 1 << 14  # values hashed at a time
 
 
 def mix64(x):
@@ -61,30 +61,38 @@ def fingerprints(fields, values):
     splitmix64's finaliser, one vectorised step per word, then the field and the length."""
     values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
     fields = np.asarray(fields, np.uint64)
-    hashes = np.empty(len(values), np.uint64)
-    for start in range(0, len(values), _HASH_SLICE):  # bounds the (n, 8) byte gathers
-        piece = values[start:start + _HASH_SLICE]
-        hashes[start:start + len(piece)] = _hashed(piece, fields[start:start + len(piece)])
-    return hashes
-
-
-def _hashed(values, fields):
     count = len(values)
     offsets = np.frombuffer(values.buffers()[1], np.int32)[values.offset:values.offset + count + 1]
     data = values.buffers()[2]
-    data = np.frombuffer(data, np.uint8) if data is not None else np.zeros(1, np.uint8)
+    data = (np.frombuffer(data, np.uint8)[offsets[0]:offsets[-1]] if data is not None and count
+            else np.zeros(0, np.uint8))
+    # the words at any byte offset: 8 zero bytes after the data, read as little-endian uint64
+    padded = np.concatenate([data, np.zeros(8, np.uint8)])
+    words = np.ndarray((len(data) + 1,), "<u8", padded, strides=(1,))
+    starts = (offsets[:-1] - offsets[0]).astype(np.int64)
     lengths = np.diff(offsets).astype(np.int64)
-    starts = offsets[:-1].astype(np.int64)
-    last = max(len(data) - 1, 0)
-    byte = np.arange(8)
+    hashes = np.empty(count, np.uint64)
+    for start in range(0, count, _HASH_SLICE):  # the temporaries stay in the CPU's cache
+        end = min(start + _HASH_SLICE, count)
+        hashes[start:end] = _hashed(words, starts[start:end], lengths[start:end],
+                                    fields[start:end])
+    return hashes
+
+
+_WORD_MASKS = np.array([(1 << (8 * n)) - 1 for n in range(8)] + [(1 << 64) - 1], np.uint64)
+
+
+def _hashed(words, starts, lengths, fields):
     with np.errstate(over="ignore"):
         hashes = mix64(fields + _LENGTH_MIX) ^ (lengths.astype(np.uint64) * _LENGTH_MIX)
         for word in range(int((lengths.max(initial=0) + 7) // 8)):
-            rows = np.flatnonzero(lengths > 8 * word)
-            index = starts[rows, None] + 8 * word + byte
-            chunk = data[np.minimum(index, last)]
-            chunk[byte >= (lengths[rows, None] - 8 * word)] = 0  # bytes past the value
-            hashes[rows] = mix64(hashes[rows] ^ chunk.view(np.uint64).ravel()) * _MULTIPLIER
+            if word == 0 and lengths.min(initial=1) > 0:
+                rows, at, left = slice(None), starts, lengths
+            else:
+                rows = np.flatnonzero(lengths > 8 * word)
+                at, left = starts[rows] + 8 * word, lengths[rows] - 8 * word
+            chunk = words[at] & _WORD_MASKS[np.minimum(left, 8)]  # no byte past the value
+            hashes[rows] = mix64(hashes[rows] ^ chunk) * _MULTIPLIER
     return mix64(hashes)
 
 
@@ -119,11 +127,13 @@ class ValueCounts:
         """Whether the sketch is in use (counts may then be estimates)."""
         return self._sketch is not None
 
-    def add(self, fields, values, counts):
+    def add(self, fields, values, counts, hashed=None):
         """Counts `counts` more occurrences of each (field, value): distinct pairs, sorted by
-        field, none of them an empty string (missing values are not counted)."""
+        field, none of them an empty string (missing values are not counted). `hashed`, when
+        given, is `self.hashed(fields, values)` (worked out ahead, e.g. in another thread)."""
         if self.spilled:
-            self._add_after_spill(np.asarray(fields), values, np.asarray(counts, np.int64))
+            self._add_after_spill(np.asarray(fields), values, np.asarray(counts, np.int64),
+                                  hashed)
             return
         block = pa.table([pa.array(fields, pa.int16()), values, pa.array(counts, pa.int64())],
                          schema=SCHEMA)
@@ -131,6 +141,12 @@ class ValueCounts:
         self._pending_rows += block.num_rows
         if self._pending_rows >= max(min(MIN_MERGE_ROWS, self.max_values), self._table.num_rows):
             self._merge()
+
+    def hashed(self, fields, values):
+        """(fingerprints, sketch counters) of (field, value) pairs, for `add`: what counting
+        them after a spill hashes, worked out of them alone (any thread may call it)."""
+        hashes = fingerprints(fields, values)
+        return hashes, self._slots(hashes)
 
     def table(self):
         """(field, value, count) of every value counted exactly or let in by the sketch."""
@@ -164,7 +180,7 @@ class ValueCounts:
         """The sketch's count of each (field, value) (zeros before a spill)."""
         if not self.spilled:
             return np.zeros(len(values), np.int64)
-        return self._estimate(fingerprints(fields, values))
+        return self._estimate(self._slots(fingerprints(fields, values)))
 
     # -- before the spill: blocks merged into the table by Arrow's group_by
 
@@ -187,7 +203,10 @@ class ValueCounts:
         counts = table["count"].to_numpy()
         under = counts < self.gate
         self._sketch = np.zeros((SKETCH_DEPTH, self.sketch_width), sketch_dtype(self.gate))
-        self._sketch_add(hashes[under], counts[under])
+        self._unsaturated = 0  # batches added since the counters were last cut to the gate
+        self._batches_unsaturated = max(1, int(
+            (np.iinfo(self._sketch.dtype).max - self.gate) // (15 * self.gate)))
+        self._sketch_add(self._slots(hashes[under]), counts[under])
         kept = table.filter(pa.array(~under))
         bounds = np.searchsorted(kept["field"].to_numpy(), np.arange(self.num_fields + 1))
         values, counts = kept["value"].combine_chunks(), kept["count"].to_numpy()
@@ -197,54 +216,75 @@ class ValueCounts:
 
     # -- after the spill: each block looked up in the (small) table, the rest sketched
 
-    def _add_after_spill(self, fields, values, counts):
+    def _add_after_spill(self, fields, values, counts, hashed):
         bounds = np.searchsorted(fields, np.arange(self.num_fields + 1))
-        new_fields, new_values, new_counts = [], [], []
+        unknown = np.ones(len(fields), bool)
         for field in range(self.num_fields):
-            if bounds[field] == bounds[field + 1]:
-                continue
-            block = values[bounds[field]:bounds[field + 1]]
-            block_counts = counts[bounds[field]:bounds[field + 1]]
+            start, end = bounds[field], bounds[field + 1]
             known, known_counts = self._fields[field]
-            rows = pc.index_in(block, value_set=known).to_numpy(zero_copy_only=False)
+            if start == end or not len(known):
+                continue
+            rows = pc.index_in(values[start:end], value_set=known).to_numpy(zero_copy_only=False)
             found = ~np.isnan(rows) if rows.dtype.kind == "f" else rows >= 0
-            known_counts[rows[found].astype(np.int64)] += block_counts[found]
-            new_values.append(block.filter(pa.array(~found)))
-            new_counts.append(block_counts[~found])
-            new_fields.append(np.full(len(new_counts[-1]), field, np.int16))
-        if not new_values:
+            known_counts[rows[found].astype(np.int64)] += counts[start:end][found]
+            unknown[start:end] = ~found
+        new = np.flatnonzero(unknown)
+        if not len(new):
             return
-        fields, counts = np.concatenate(new_fields), np.concatenate(new_counts)
-        values = pa.concat_arrays(new_values)
-        hashes = fingerprints(fields, values)
-        before = self._estimate(hashes)
-        self._sketch_add(hashes, counts)
+        if len(new) < len(fields):
+            fields, counts, values = fields[new], counts[new], values.take(pa.array(new))
+            if hashed is not None:
+                hashed = hashed[0][new], np.take(hashed[1], new, axis=1)
+        hashes, slots = self.hashed(fields, values) if hashed is None else hashed
+        before = self._estimate(slots)
+        self._sketch_add(slots, counts)
         self._minima = kept_minima(self._minima, fields, hashes)
         estimate = before + counts  # what entering values start with: the sketch's + this block's
-        for field in np.unique(fields[estimate >= self.gate]):
-            entering = (fields == field) & (estimate >= self.gate)
+        entering = np.flatnonzero(estimate >= self.gate)
+        if not len(entering):
+            return
+        fields, values, estimate = fields[entering], values.take(pa.array(entering)), estimate[entering]
+        bounds = np.searchsorted(fields, np.arange(self.num_fields + 1))
+        for field in np.flatnonzero(np.diff(bounds)):
+            start, end = bounds[field], bounds[field + 1]
             known, known_counts = self._fields[field]
-            self._fields[field] = [pa.concat_arrays([known, values.filter(pa.array(entering))]),
-                                   np.concatenate([known_counts, estimate[entering]])]
+            self._fields[field] = [pa.concat_arrays([known, values[start:end]]),
+                                   np.concatenate([known_counts, estimate[start:end]])]
 
     def _slots(self, hashes):
+        """The sketch's counter of each value in each row (int64 [SKETCH_DEPTH, n])."""
         mask = np.uint64(self.sketch_width - 1)
-        return [(mix64(hashes + np.uint64(row + 1)) & mask).astype(np.int64)
-                for row in range(SKETCH_DEPTH)]
+        slots = np.empty((SKETCH_DEPTH, len(hashes)), np.intp)
+        for start in range(0, len(hashes), _HASH_SLICE):
+            piece = hashes[start:start + _HASH_SLICE]
+            for row in range(SKETCH_DEPTH):
+                slots[row, start:start + len(piece)] = mix64(piece + np.uint64(row + 1)) & mask
+        return slots
 
-    def _sketch_add(self, hashes, counts):
-        """Adds `counts` (clipped to the gate) to the values' counters, which then saturate at
-        the gate: a count-min sketch needs to tell no more than whether a value reached it."""
+    def _sketch_add(self, slots, counts):
+        """Adds `counts` (clipped to the gate) to the values' counters, which saturate at the
+        gate: a count-min sketch needs to tell no more than whether a value reached it.
+
+        The counters are cut down to the gate only every `_batches_unsaturated` batches (a pass
+        over the whole sketch), and read through min(counter, gate) in between: the same
+        estimates, since min(min(c, gate) + a, gate) = min(c + a, gate) for a >= 0. A batch
+        adds at most 15 times the gate to a counter (no 16 of its values share one, as
+        sketch_dtype assumes), so they cannot overflow before."""
         counts = np.asarray(counts, np.int64)
         self.sketched += int(counts.sum())
         clipped = np.minimum(counts, self.gate).astype(self._sketch.dtype)
-        for row, slots in enumerate(self._slots(hashes)):
-            np.add.at(self._sketch[row], slots, clipped)
-            self._sketch[row][slots] = np.minimum(self._sketch[row][slots], self.gate)
+        if self._unsaturated >= self._batches_unsaturated:
+            np.minimum(self._sketch, self._sketch.dtype.type(self.gate), out=self._sketch)
+            self._unsaturated = 0
+        for row in range(SKETCH_DEPTH):
+            np.add.at(self._sketch[row], slots[row], clipped)
+        self._unsaturated += 1
 
-    def _estimate(self, hashes):
-        rows = [self._sketch[row][slots] for row, slots in enumerate(self._slots(hashes))]
-        return np.minimum.reduce(rows).astype(np.int64)
+    def _estimate(self, slots):
+        estimate = np.take(self._sketch[0], slots[0])
+        for row in range(1, SKETCH_DEPTH):
+            np.minimum(estimate, np.take(self._sketch[row], slots[row]), out=estimate)
+        return np.minimum(estimate, self.gate).astype(np.int64)
 
 
 def sketch_dtype(gate):
@@ -265,7 +305,7 @@ def kept_minima(minima, fields, hashes):
     added: each field's KMV_SIZE smallest distinct fingerprints."""
     fields = np.asarray(fields)
     limits = np.array([m[-1] if len(m) >= KMV_SIZE else _ALL_ONES for m in minima], np.uint64)
-    candidates = hashes <= limits[fields] if len(fields) else np.zeros(0, bool)
+    candidates = np.flatnonzero(hashes <= limits[fields]) if len(fields) else np.zeros(0, int)
     fields, hashes = fields[candidates], hashes[candidates]
     order = np.argsort(fields, kind="stable")
     fields, hashes = fields[order], hashes[order]
@@ -275,7 +315,11 @@ def kept_minima(minima, fields, hashes):
         mine = hashes[bounds[field]:bounds[field + 1]]
         if len(mine) > KMV_SIZE:  # the smallest KMV_SIZE of one block are distinct values
             mine = np.partition(mine, KMV_SIZE - 1)[:KMV_SIZE]
-        merged[field] = np.unique(np.concatenate([minima[field], mine]))[:KMV_SIZE]
+        # two sorted runs: a stable sort merges them
+        both = np.sort(np.concatenate([minima[field], np.sort(mine)]), kind="stable")
+        if len(both) > 1:
+            both = both[np.concatenate([[True], both[1:] != both[:-1]])]
+        merged[field] = both[:KMV_SIZE]
     return merged
 
 

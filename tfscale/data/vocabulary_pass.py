@@ -24,11 +24,13 @@ skips or stops at it exactly as reading does (`on_bad_line`, `on_short_line`; er
 and line). As the reader, every "\\r" is dropped.
 """
 
+import collections
 import concurrent.futures
 import dataclasses
 import gzip
 import math
 import os
+import sys
 import time
 
 import numpy as np
@@ -49,6 +51,9 @@ from tfscale.errors import UserError, user_error_from_tf
 BLOCK_BYTES = 8 << 20  # whole lines read, parsed and counted together
 PARSE_BLOCK_BYTES = 1 << 20  # pyarrow parses a block in pieces of this size, in parallel
 DEFAULT_MEMORY_MB = 64  # the counts' memory: half for the sketch, half for exact values
+COUNTING_THREADS = 2  # blocks parsed and counted at once (pyarrow and numpy let go of the GIL)
+BLOCKS_AHEAD = 2  # blocks in the counting threads while the one before is added to the counts
+SWITCH_INTERVAL = 2e-4  # seconds: how long a thread that wants the GIL waits while counting
 BYTES_PER_EXACT_VALUE = 256  # an exact (field, value, count) row with its share of a merge
 _SIGNED_INTEGER = r"^[+-]?[0-9]+$"
 
@@ -217,9 +222,15 @@ def blocks(piece, header_lines, block_bytes=None):
             chunk = stream.read(wanted) if wanted else b""
             if remaining is not None:
                 remaining -= len(chunk)
-            data = carry + chunk
-            cut = len(data) if not chunk else data.rfind(b"\n") + 1
-            block, carry = data[:cut], data[cut:]
+            cut = chunk.rfind(b"\n") + 1
+            if not chunk:
+                block, carry = carry, b""
+            elif not cut:
+                block, carry = b"", carry + chunk
+            else:  # one copy at most: a line carried over joined to the chunk's whole lines
+                block = (b"".join((carry, memoryview(chunk)[:cut]))
+                         if carry or cut < len(chunk) else chunk)
+                carry = chunk[cut:]
             while skip and block:
                 newline = block.find(b"\n")
                 block = b"" if newline < 0 else block[newline + 1:]
@@ -228,9 +239,14 @@ def blocks(piece, header_lines, block_bytes=None):
                 block = block.replace(b"\r", b"")
             if block:
                 yield lines_before, block
-                lines_before += block.count(b"\n")
+                lines_before += _newlines(block)
             if not chunk:
                 return
+
+
+def _newlines(block):
+    """The "\\n" in `block` (numpy's count, without Python's lock held)."""
+    return int(np.count_nonzero(np.frombuffer(block, np.uint8) == ord("\n")))
 
 
 # ----------------------------------------------------------------------------- counting a share
@@ -265,34 +281,54 @@ class _FileCounter:
             include_columns=list(dict.fromkeys(wanted)), strings_can_be_null=False,
             quoted_strings_can_be_null=False, null_values=nulls)
             for typed, nulls in ((pa.int64(), [""]), (pa.string(), [])))
-        self._columns = concurrent.futures.ThreadPoolExecutor(2)  # value_counts of 2 columns
 
     def count(self, pieces):
+        """Counts the blocks of `pieces`: each parsed, checked and counted by itself in one of
+        COUNTING_THREADS threads, up to BLOCKS_AHEAD blocks ahead, and added to the counts in
+        file order (the reader's parser sees a block pyarrow cannot vouch for then, in its
+        place)."""
         last_report = time.monotonic()
-        with self._columns:
-            self._count_pieces(pieces, last_report)
+        pending = collections.deque()
+        switch_interval = sys.getswitchinterval()
+        with concurrent.futures.ThreadPoolExecutor(COUNTING_THREADS) as threads:
+            try:
+                sys.setswitchinterval(min(switch_interval, SWITCH_INTERVAL))
+                for piece in pieces:
+                    for lines_before, block in blocks(piece, self._files.header_lines):
+                        first_line = (None if self._test_fraction is None
+                                      else self._first_line(piece, lines_before))
+                        pending.append((piece, lines_before, block, threads.submit(
+                            self._block_counts, block, piece.file_index, first_line,
+                            self._local.counts.spilled)))
+                        while len(pending) > BLOCKS_AHEAD:
+                            self._add(*pending.popleft())
+                            last_report = self._report(last_report)
+                while pending:
+                    self._add(*pending.popleft())
+                    last_report = self._report(last_report)
+            except BaseException:
+                for *_, future in pending:
+                    future.cancel()
+                raise
+            finally:
+                sys.setswitchinterval(switch_interval)
 
-    def _count_pieces(self, pieces, last_report):
-        for piece in pieces:
-            for lines_before, block, table in self._parsed_blocks(piece):
-                if table is None or not self._count_table(piece, lines_before, table):
-                    self._count_with_the_reader(piece, lines_before, block)
-                if self._progress and time.monotonic() - last_report >= self._every:
-                    self._progress(self._local.rows)
-                    last_report = time.monotonic()
+    def _report(self, last_report):
+        if self._progress and time.monotonic() - last_report >= self._every:
+            self._progress(self._local.rows)
+            return time.monotonic()
+        return last_report
 
-    def _parsed_blocks(self, piece):
-        """The blocks of `piece`, each with its pyarrow table (None when pyarrow found a line
-        with another number of fields), parsed one block ahead of the counting, in a thread."""
-        with concurrent.futures.ThreadPoolExecutor(1) as ahead:
-            pending = None
-            for lines_before, block in blocks(piece, self._files.header_lines):
-                future = ahead.submit(self._parse, block)
-                if pending is not None:
-                    yield pending[0], pending[1], pending[2].result()
-                pending = (lines_before, block, future)
-            if pending is not None:
-                yield pending[0], pending[1], pending[2].result()
+    def _add(self, piece, lines_before, block, future):
+        """Adds a block's counts (a future of _block_counts), or counts it with the reader."""
+        counted = future.result()
+        if counted is None:
+            self._count_with_the_reader(piece, lines_before, block)
+            return
+        self._local.counts.add(counted.fields, counted.values, counted.counts,
+                               hashed=counted.hashed)
+        self._local.add_ranges(counted.lows, counted.highs)
+        self._local.rows += counted.rows
 
     def _parse(self, block):
         """The pyarrow table of `block`, None when a line has another number of fields. Integer
@@ -312,36 +348,40 @@ class _FileCounter:
             return None
         return None if invalid else table
 
-    def _count_table(self, piece, lines_before, table):
-        """Counts a block pyarrow parsed; False (nothing counted) when a line in it is one the
-        reader's parser must see."""
+    def _block_counts(self, block, file_index, first_line, hashed):
+        """The _BlockCounts of a block of file `file_index` parsed by pyarrow (its first line's
+        number `first_line`; its values' fingerprints when `hashed`), None when a line in it is
+        one the reader's parser must see. Runs in a counting thread: changes nothing shared."""
+        table = self._parse(block)
+        if table is None:
+            return None
         fmt = self._format
         if self._label and not pc.all(pc.is_in(table[self._label], value_set=pa.array(
                 ["0", "1"]))).as_py():
-            return False
+            return None
         if self._extra_checks and self._extra_check_fails(table):
-            return False
+            return None
         if self._test_fraction is not None:
-            numbers = self._first_line(piece, lines_before) + np.arange(table.num_rows)
-            in_test = in_test_split(tf.constant(piece.file_index, tf.int64),
+            numbers = first_line + np.arange(table.num_rows)
+            in_test = in_test_split(tf.constant(file_index, tf.int64),
                                     tf.constant(numbers, tf.int64), self._test_fraction)
             table = table.filter(pa.array(np.logical_not(in_test.numpy())))
         ranges = [_integer_range(table[name]) for name in fmt.dense_names]
         if any(r is False for r in ranges):
-            return False
+            return None
         fields, values, counts = [], [], []
-        for index, found in enumerate(self._columns.map(
-                pc.value_counts, [table[name] for name in fmt.categorical_names])):
+        for index, name in enumerate(fmt.categorical_names):
+            found = pc.value_counts(table[name])
             present = pc.greater(pc.binary_length(found.field("values")), 0)
             values.append(found.field("values").filter(present))
             counts.append(found.field("counts").filter(present))
             fields.append(np.full(len(values[-1]), index, np.int16))
-        self._local.counts.add(np.concatenate(fields), pa.concat_arrays(values),
-                               pa.concat_arrays(counts).to_numpy())
-        self._local.add_ranges([np.inf if r is None else r[0] for r in ranges],
-                               [-np.inf if r is None else r[1] for r in ranges])
-        self._local.rows += table.num_rows
-        return True
+        fields, values = np.concatenate(fields), pa.concat_arrays(values)
+        return _BlockCounts(
+            fields, values, pa.concat_arrays(counts).to_numpy(),
+            self._local.counts.hashed(fields, values) if hashed else None,
+            [np.inf if r is None else r[0] for r in ranges],
+            [-np.inf if r is None else r[1] for r in ranges], table.num_rows)
 
     def _extra_check_fails(self, table):
         fields = _ArrowFields(table)
@@ -377,6 +417,21 @@ class _FileCounter:
         if piece not in self._piece_lines:
             self._piece_lines[piece] = _lines_before(piece.path, piece.start)
         return self._piece_lines[piece] + lines_before + 1
+
+
+@dataclasses.dataclass
+class _BlockCounts:
+    """A block's counts: its distinct (field, value) with their counts (sorted by field, no
+    empty value), what ValueCounts.add hashes of them (None: not worked out), the integer
+    fields' lows and highs (inf and -inf where all are empty) and its rows."""
+
+    fields: np.ndarray
+    values: pa.Array
+    counts: np.ndarray
+    hashed: tuple
+    lows: list
+    highs: list
+    rows: int
 
 
 def _integer_range(column):
