@@ -8,7 +8,8 @@ How the memory stays bounded: every (field, value) is counted exactly in an Arro
 merged into it by Arrow's hash aggregation, `group_by`, in C++) until the table holds more than
 `max_values` rows. Then it spills once: the values seen fewer than `gate` times go into a
 count-min sketch (Cormode and Muthukrishnan, 2005: SKETCH_DEPTH rows of `sketch_width` counters,
-saturating at the gate) and leave the table, which is kept per field from then on. Each later
+saturating at the gate; cut to it every so many blocks, read through min(counter, gate) in
+between) and leave the table, which is kept per field from then on. Each later
 block is looked up in its field's table (Arrow's `index_in`): values found are counted exactly,
 the others in the sketch, and a value whose sketch count reaches `gate` enters the table with
 that count (its count in the sketch before this block, plus this block's). Memory is then the

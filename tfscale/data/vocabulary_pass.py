@@ -7,14 +7,18 @@ Owns: each rank's share of the files (a byte range of every plain file, aligned 
 pyarrow's CSV reader and checking it, counting it into a ValueCounts (tfscale.data.value_counts),
 and handing the counts to tfscale.data.vocabulary_ranks to be added up over the ranks.
 
-The engine: pyarrow's C++ CSV parser (multi-threaded) and Arrow's hash kernels (`value_counts`
-per column per block, `group_by` to merge blocks), chosen over the reader's own tf.data parser by
+The engine: pyarrow's C++ CSV parser and Arrow's hash kernels (`value_counts` per column per
+block, `group_by` to merge blocks), chosen over the reader's own tf.data parser by
 measuring both on the same file (benchmarks/vocab_pass.py, docs/results/vocab_pass.md): on a
 2-vCPU AMD EPYC, a 2M-line Criteo-format file with 7.4M distinct values counted at min count 10
 ran at 0.90-1.07x the reader's rows/s this way, and at 0.40-0.49x with tf.data chunks
 (LineParser, tf.unique_with_counts) counted into the same ValueCounts: tf.data parses every field
 through string ops as the reader does, so the reader's rate is its ceiling, while pyarrow parses
-at 4-10x the reader.
+at 4-10x the reader. Blocks are parsed, checked and counted COUNTING_THREADS at a time (pyarrow
+and numpy let go of the GIL, whose switch interval is cut to SWITCH_INTERVAL meanwhile: each
+thread takes it back hundreds of times a block), and added to the ValueCounts one after another
+in file order, so that the counts, which after a spill depend on the order blocks come in, are
+those of one block after the other.
 
 The checks stay the reader's: a block is counted by pyarrow only when every line is one the
 reader takes as it is (the field count; the label "0" or "1"; integers matching
@@ -52,7 +56,7 @@ BLOCK_BYTES = 8 << 20  # whole lines read, parsed and counted together
 PARSE_BLOCK_BYTES = 1 << 20  # pyarrow parses a block in pieces of this size, in parallel
 DEFAULT_MEMORY_MB = 64  # the counts' memory: half for the sketch, half for exact values
 COUNTING_THREADS = 2  # blocks parsed and counted at once (pyarrow and numpy let go of the GIL)
-BLOCKS_AHEAD = 2  # blocks in the counting threads while the one before is added to the counts
+BLOCKS_AHEAD = 1  # blocks in the counting threads while the one before is added to the counts
 SWITCH_INTERVAL = 2e-4  # seconds: how long a thread that wants the GIL waits while counting
 BYTES_PER_EXACT_VALUE = 256  # an exact (field, value, count) row with its share of a merge
 _SIGNED_INTEGER = r"^[+-]?[0-9]+$"
