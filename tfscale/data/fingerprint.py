@@ -19,7 +19,7 @@ _K1 = np.uint64(0xB492B66FBE98F273)
 _K2 = np.uint64(0x9AE16A3B2F90404F)
 _SEED = np.uint64(81)
 _SEED_Y = np.uint64((81 * 0xB492B66FBE98F273 + 113) % (1 << 64))  # seed * k1 + 113, wrapped
-_SLICE = 32768  # values hashed at a time: the temporaries stay in the CPU's cache
+_SLICE = 16384  # values hashed at a time: the temporaries stay small (parquet_columns.ENCODED_ROWS)
 
 
 def fingerprints(values):

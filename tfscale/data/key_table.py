@@ -48,9 +48,11 @@ class KeyTable:
 
     def lookup(self, keys, missing):
         """int64 ids [n] of int64 `keys` [n] (>= 0); `missing` for a key not in the table."""
-        found = np.full(len(keys), np.int64(missing))
-        pending = np.arange(len(keys))
         slots = keys & self._mask
+        held = self._keys[slots]
+        found = np.where(held == keys, self._ids[slots], np.int64(missing))  # most keys end here
+        pending = np.flatnonzero((held != keys) & (held != _EMPTY))
+        slots = (slots[pending] + 1) & self._mask
         while len(pending):
             held = self._keys[slots]
             hit = held == keys[pending]

@@ -27,6 +27,10 @@ from tfscale.errors import UserError
 LABEL, INTEGER, TEXT = "label", "integer", "text"  # the kinds of field
 _SHOWN_VALUE_CHARS = 40  # a bad text value is quoted in an error message up to this length
 _SYNTAX = "[+-]?[0-9]+"  # an integer's digits, in range or not
+# Rows of a column encoded at a time: numpy's temporaries (128 KiB) stay in the cache and are
+# reused by the allocator; arrays of whole blocks cost a page fault per 4 KiB on every call in
+# the reader's threads, which measured slower than the hashing itself.
+ENCODED_ROWS = 16384
 
 _TAKES = {
     LABEL: "a label column holds 0 and 1 as integers, booleans or floating point numbers",
@@ -195,9 +199,13 @@ class Categorical:
     def ids(self, encoder):
         """int64 [n, C]: the ids `encoder` (a preprocessing.HashingEncoder or a
         vocabulary.VocabularyEncoder) gives the values of column k as field k."""
-        columns = [np.concatenate([_chunk_ids(chunk, encoder, k) for chunk in chunks])
-                   for k, chunks in enumerate(self.columns)]
-        return np.stack(columns, axis=1) if columns else np.zeros([self.rows, 0], np.int64)
+        ids = np.empty([self.rows, len(self.columns)], np.int64)
+        for k, chunks in enumerate(self.columns):
+            row = 0
+            for chunk in chunks:
+                _encode_chunk(chunk, encoder, k, ids[row:row + len(chunk), k])
+                row += len(chunk)
+        return ids
 
     def value_counts(self):
         """(fields int16 [V], values Arrow binary [V], counts int64 [V]): each column's distinct
@@ -238,15 +246,22 @@ def _chunks(column):
     return [column.combine_chunks()]
 
 
-def _chunk_ids(chunk, encoder, field):
-    """int64 ids [n] of one chunk of a categorical column: a dictionary's values encoded once
-    and taken by each row's index."""
+def _encode_chunk(chunk, encoder, field, out):
+    """Writes the int64 ids of one chunk of a categorical column into `out` [n], ENCODED_ROWS
+    at a time (a dictionary's values encoded once, then taken by each row's index)."""
     if pa.types.is_dictionary(chunk.type):
-        return _taken(_chunk_ids(chunk.dictionary, encoder, field), chunk.indices)
-    hashes, lengths = fingerprints(_binary(chunk))
-    ids = encoder.encode_fingerprints(hashes, field)
-    ids[lengths == 0] = MISSING_ID
-    return ids
+        values = np.empty(len(chunk.dictionary), np.int64)
+        _encode_chunk(chunk.dictionary, encoder, field, values)
+        for start in range(0, len(chunk), ENCODED_ROWS):
+            out[start:start + ENCODED_ROWS] = _taken(values,
+                                                     chunk.indices.slice(start, ENCODED_ROWS))
+        return
+    values = _binary(chunk)
+    for start in range(0, len(values), ENCODED_ROWS):
+        hashes, lengths = fingerprints(values.slice(start, ENCODED_ROWS))
+        ids = encoder.encode_fingerprints(hashes, field)
+        ids[lengths == 0] = MISSING_ID
+        out[start:start + ENCODED_ROWS] = ids
 
 
 def _taken(values, indices):
