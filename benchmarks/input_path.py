@@ -137,13 +137,21 @@ def reader_cases():
 
 
 def timed(function):
-    """(rows, wall seconds, this process's CPU seconds, other processes' CPU seconds)."""
+    """(rows, wall seconds, this process's CPU seconds, other processes' CPU seconds, this
+    process's {system CPU seconds, minor page faults})."""
+    import resource
+
     from benchmarks.timing import OtherProcessesCPU
 
     others = OtherProcessesCPU()
+    before = resource.getrusage(resource.RUSAGE_SELF)
     cpu, begun = time.process_time(), time.perf_counter()
     rows = function()
-    return rows, time.perf_counter() - begun, time.process_time() - cpu, others.seconds()
+    wall, cpu = time.perf_counter() - begun, time.process_time() - cpu
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    kernel = {"system_cpu_seconds": after.ru_stime - before.ru_stime,
+              "minor_page_faults": after.ru_minflt - before.ru_minflt}
+    return rows, wall, cpu, others.seconds(), kernel
 
 
 def run_alternating(cases, rounds, part):
@@ -158,11 +166,11 @@ def run_alternating(cases, rounds, part):
     for round_index in range(rounds):
         for name in names if round_index % 2 == 0 else names[::-1]:
             load = os.getloadavg()[0]
-            rows, wall, cpu, others = timed(cases[name])
+            rows, wall, cpu, others, kernel = timed(cases[name])
             record({"part": part, "case": name, "round": round_index, "rows": rows,
                     "seconds": wall, "rows_per_second": rows / wall, "cpu_seconds": cpu,
                     "other_processes_cpu_seconds": others, "load_average_1min_before": load,
-                    "load_average_1min_after": os.getloadavg()[0]})
+                    "load_average_1min_after": os.getloadavg()[0], **kernel})
 
 
 # ----------------------------------------------------------------------------- stages
