@@ -66,7 +66,7 @@ class ParquetFiles:
     """One set of Parquet files (the train or the test files) read as `column_map` says.
 
     A categorical column is read as a dictionary array (its values and each row's index, no
-    value repeated: each value is hashed once) when its dictionary pages hold all its values:
+    value repeated: each value hashed once a block) when its dictionary pages hold all its values:
     when every row group's dictionary page is under SMALL_DICTIONARY_PAGE bytes (writers give up
     dictionary pages for plain ones at about 1 MB). Other columns are read as plain values, each
     hashed where it lies (parquet_columns.Categorical): pyarrow would otherwise build one

@@ -271,9 +271,10 @@ def _taken(values, indices):
         indices.offset:indices.offset + len(indices)]
     if not len(values):  # every row null
         return np.full(len(at), MISSING_ID, np.int64)
-    taken = values[np.minimum(at, len(values) - 1)] if indices.null_count else values[at]
-    if indices.null_count:
-        taken[_numpy(indices.is_null())] = MISSING_ID
+    if not indices.null_count:
+        return values[at]
+    taken = values[np.clip(at, 0, len(values) - 1)]  # any index under a null: Arrow's is unset
+    taken[_numpy(indices.is_null())] = MISSING_ID
     return taken
 
 
