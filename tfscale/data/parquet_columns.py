@@ -22,6 +22,7 @@ import tensorflow as tf
 from tfscale.data.fingerprint import fingerprints
 from tfscale.data.schema import MISSING_ID
 from tfscale.data.text_lines import INT64_PATTERN, INT64_RANGE, Fields, LineLayout
+from tfscale.data.value_counts import distinct_counts
 from tfscale.errors import UserError
 
 LABEL, INTEGER, TEXT = "label", "integer", "text"  # the kinds of field
@@ -210,17 +211,8 @@ class Categorical:
     def value_counts(self):
         """(fields int16 [V], values Arrow binary [V], counts int64 [V]): each column's distinct
         non-empty values with the rows holding them, column k as field k."""
-        fields, values, counts = [], [], []
-        for k, chunks in enumerate(self.columns):
-            found = pc.value_counts(pa.chunked_array([_binary(chunk) for chunk in chunks],
-                                                     pa.binary()))
-            present = pc.greater(pc.binary_length(found.field("values")), 0)
-            values.append(found.field("values").filter(present))
-            counts.append(_numpy(found.field("counts").filter(present)))
-            fields.append(np.full(len(counts[-1]), k, np.int16))
-        return (np.concatenate(fields or [np.zeros(0, np.int16)]),
-                pa.concat_arrays(values or [pa.array([], pa.binary())]),
-                np.concatenate(counts or [np.zeros(0, np.int64)]))
+        return distinct_counts([pa.chunked_array([_binary(chunk) for chunk in chunks],
+                                                 pa.binary()) for chunks in self.columns])
 
     def strings(self):
         """object [n, C] of bytes (a null: b"")."""
@@ -239,11 +231,10 @@ class Categorical:
 def _chunks(column):
     """The chunks of an Arrow array or chunked array: one, unless they are dictionaries (each
     of its own)."""
-    if not isinstance(column, pa.ChunkedArray):
-        return [column]
-    if column.num_chunks == 1 or (pa.types.is_dictionary(column.type) and column.num_chunks):
+    if (isinstance(column, pa.ChunkedArray) and pa.types.is_dictionary(column.type)
+            and column.num_chunks):
         return column.chunks
-    return [column.combine_chunks()]
+    return [_one_array(column)]
 
 
 def _encode_chunk(chunk, encoder, field, out):

@@ -46,6 +46,21 @@ _ALL_ONES = np.iinfo(np.uint64).max
 _HASH_SLICE = 1 << 14  # values hashed at a time
 
 
+def distinct_counts(columns):
+    """(fields int16 [V], values binary [V], counts int64 [V]): each of the binary `columns`'
+    (Arrow arrays or chunked arrays) distinct non-empty values with the rows holding them, column
+    k as field k, by Arrow's `value_counts`; sorted by field, as ValueCounts.add takes them."""
+    fields, values, counts = [np.zeros(0, np.int16)], [pa.array([], pa.binary())], []
+    for field, column in enumerate(columns):
+        found = pc.value_counts(column)
+        present = pc.greater(pc.binary_length(found.field("values")), 0)
+        values.append(found.field("values").filter(present))
+        counts.append(found.field("counts").filter(present))
+        fields.append(np.full(len(values[-1]), field, np.int16))
+    counts = pa.concat_arrays(counts).to_numpy() if counts else np.zeros(0, np.int64)
+    return np.concatenate(fields), pa.concat_arrays(values), counts
+
+
 def mix64(x):
     """splitmix64's finaliser of uint64 values (a bijection that spreads every input bit)."""
     with np.errstate(over="ignore"):
@@ -244,7 +259,8 @@ class ValueCounts:
         entering = np.flatnonzero(estimate >= self.gate)
         if not len(entering):
             return
-        fields, values, estimate = fields[entering], values.take(pa.array(entering)), estimate[entering]
+        fields, estimate = fields[entering], estimate[entering]
+        values = values.take(pa.array(entering))
         bounds = np.searchsorted(fields, np.arange(self.num_fields + 1))
         for field in np.flatnonzero(np.diff(bounds)):
             start, end = bounds[field], bounds[field + 1]

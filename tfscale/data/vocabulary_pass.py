@@ -49,7 +49,7 @@ from tfscale.data import vocabulary_ranks
 from tfscale.data.text_lines import (BAD_LINE_POLICIES, FileSet, LineParser, LineSelection,
                                      TextFormat, check_short_line_policy, compression_of,
                                      in_test_split)
-from tfscale.data.value_counts import SKETCH_DEPTH, ValueCounts, sketch_dtype
+from tfscale.data.value_counts import SKETCH_DEPTH, ValueCounts, distinct_counts, sketch_dtype
 from tfscale.errors import UserError, user_error_from_tf
 
 BLOCK_BYTES = 8 << 20  # whole lines read, parsed and counted together
@@ -373,16 +373,9 @@ class _FileCounter:
         ranges = [_integer_range(table[name]) for name in fmt.dense_names]
         if any(r is False for r in ranges):
             return None
-        fields, values, counts = [], [], []
-        for index, name in enumerate(fmt.categorical_names):
-            found = pc.value_counts(table[name])
-            present = pc.greater(pc.binary_length(found.field("values")), 0)
-            values.append(found.field("values").filter(present))
-            counts.append(found.field("counts").filter(present))
-            fields.append(np.full(len(values[-1]), index, np.int16))
-        fields, values = np.concatenate(fields), pa.concat_arrays(values)
+        fields, values, counts = distinct_counts([table[name] for name in fmt.categorical_names])
         return _BlockCounts(
-            fields, values, pa.concat_arrays(counts).to_numpy(),
+            fields, values, counts,
             self._local.counts.hashed(fields, values) if hashed else None,
             [np.inf if r is None else r[0] for r in ranges],
             [-np.inf if r is None else r[1] for r in ranges], table.num_rows)
