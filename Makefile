@@ -3,12 +3,12 @@
 # tensorflow[and-cuda] and Horovod built with NCCL (docs/gpu.md).
 ifeq ($(GPU),1)
 VENV := .venv-gpu
-SETUP_FILES := setup.py scripts/setup_gpu.sh scripts/install_horovod_gpu.sh \
+SETUP_FILES := setup.py tfscale/data/_kernels.c scripts/setup_gpu.sh scripts/install_horovod_gpu.sh \
 	scripts/horovod_gpu_source.sh scripts/gpu-constraints.txt
 SETUP_SCRIPT := scripts/setup_gpu.sh
 else
 VENV := .venv
-SETUP_FILES := setup.py scripts/setup.sh scripts/install_horovod.sh
+SETUP_FILES := setup.py tfscale/data/_kernels.c scripts/setup.sh scripts/install_horovod.sh
 SETUP_SCRIPT := scripts/setup.sh
 endif
 PY := $(VENV)/bin/python

@@ -2,7 +2,7 @@
 (`models/`) and the entry points (`launch/`) are found from the repository root, so a generic
 top-level `models` package never lands in site-packages (see docs/architecture.md)."""
 
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
 
 setup(
     name="tfscale",
@@ -10,6 +10,11 @@ setup(
     description="Fast large-batch and multi-worker training for CTR and large-embedding Keras models",
     python_requires=">=3.10,<3.13",
     packages=find_packages(include=["tfscale", "tfscale.*"]),
+    # The readers' C kernels (FarmHash fingerprints, the vocabulary's key table), which run
+    # without the GIL in the reader threads: plain C against Python's API only, so any C compiler
+    # builds them and they do not depend on TensorFlow's version (docs/architecture.md).
+    ext_modules=[Extension("tfscale.data._kernels", ["tfscale/data/_kernels.c"],
+                           extra_compile_args=["-O3", "-std=c99"])],
     # `tfscale-run -np N train.py`: `python -m tfscale.run`, the one-host launcher.
     entry_points={"console_scripts": ["tfscale-run=tfscale.run:main"]},
     install_requires=[

@@ -15,7 +15,6 @@ import tensorflow as tf
 
 from tfscale.data import CriteoParquet, CriteoTSV
 from tfscale.data.criteo import CATEGORICAL_NAMES, DENSE_NAMES
-from tfscale.data import parquet_columns
 from tfscale.data.parquet_columns import Categorical
 from tfscale.data.preprocessing import HashingEncoder, Preprocessing
 from tfscale.data.vocabulary import Vocabulary
@@ -136,9 +135,7 @@ def test_the_parquet_vocabulary_pass_counts_every_value(tmp_path):
         2 + len(want.categorical[name]) for name in CATEGORICAL_NAMES)
 
 
-@pytest.mark.parametrize("encoded_rows", [16384, 2])
-def test_columns_of_several_chunks_and_dictionaries_keep_every_row(monkeypatch, encoded_rows):
-    monkeypatch.setattr(parquet_columns, "ENCODED_ROWS", encoded_rows)
+def test_columns_of_several_chunks_and_dictionaries_keep_every_row():
     chunked = pa.chunked_array([pa.array(["a", None, "b"]), pa.array([], pa.string()),
                                 pa.array(["b", "c", ""])])
     dictionaries = pa.chunked_array([

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import tensorflow as tf
 
-from tfscale.data.fingerprint import fingerprints
+from tfscale.data import _kernels
 from tfscale.data.schema import MISSING_ID
 from tfscale.data.text_lines import INT64_PATTERN, INT64_RANGE, Fields, LineLayout
 from tfscale.data.value_counts import distinct_counts
@@ -28,11 +28,6 @@ from tfscale.errors import UserError
 LABEL, INTEGER, TEXT = "label", "integer", "text"  # the kinds of field
 _SHOWN_VALUE_CHARS = 40  # a bad text value is quoted in an error message up to this length
 _SYNTAX = "[+-]?[0-9]+"  # an integer's digits, in range or not
-# Rows of a column encoded at a time: numpy's temporaries (128 KiB) stay in the cache and are
-# reused by the allocator; arrays of whole blocks cost a page fault per 4 KiB on every call in
-# the reader's threads, which measured slower than the hashing itself.
-ENCODED_ROWS = 16384
-
 _TAKES = {
     LABEL: "a label column holds 0 and 1 as integers, booleans or floating point numbers",
     INTEGER: "an integer feature's column holds integers, floating point numbers that are "
@@ -186,8 +181,9 @@ class Categorical:
     value.
 
     Encoded where Arrow holds them (`ids`): each value's fingerprint computed from Arrow's
-    buffers (tfscale.data.fingerprint), a dictionary's values hashed once, and turned into ids
-    by the encoder's numpy twin of its TensorFlow encoding: no value becomes a string tensor."""
+    buffers and turned into its id by the encoder's twin of its TensorFlow encoding, in one pass
+    of a C kernel without the GIL (tfscale.data.fingerprint), a dictionary's values once: no
+    value becomes a string tensor."""
 
     columns: list
     rows: int
@@ -238,35 +234,19 @@ def _chunks(column):
 
 
 def _encode_chunk(chunk, encoder, field, out):
-    """Writes the int64 ids of one chunk of a categorical column into `out` [n], ENCODED_ROWS
-    at a time (a dictionary's values encoded once, then taken by each row's index)."""
-    if pa.types.is_dictionary(chunk.type):
-        values = np.empty(len(chunk.dictionary), np.int64)
-        _encode_chunk(chunk.dictionary, encoder, field, values)
-        for start in range(0, len(chunk), ENCODED_ROWS):
-            out[start:start + ENCODED_ROWS] = _taken(values,
-                                                     chunk.indices.slice(start, ENCODED_ROWS))
+    """Writes the int64 ids of one chunk of a categorical column into `out` [n] (a column of the
+    block's ids), a dictionary's values encoded once, then taken by each row's index."""
+    if not pa.types.is_dictionary(chunk.type):
+        encoder.encode_arrow(_binary(chunk), field, out)
         return
-    values = _binary(chunk)
-    for start in range(0, len(values), ENCODED_ROWS):
-        hashes, lengths = fingerprints(values.slice(start, ENCODED_ROWS))
-        ids = encoder.encode_fingerprints(hashes, field)
-        ids[lengths == 0] = MISSING_ID
-        out[start:start + ENCODED_ROWS] = ids
-
-
-def _taken(values, indices):
-    """values[indices] of an Arrow integer array `indices` (read from its buffer), MISSING_ID
-    where it is null."""
-    at = np.frombuffer(indices.buffers()[1], indices.type.to_pandas_dtype())[
+    values = np.empty(len(chunk.dictionary), np.int64)
+    encoder.encode_arrow(_binary(chunk.dictionary), field, values)
+    indices = chunk.indices
+    validity, at = indices.buffers()
+    at = np.frombuffer(at, indices.type.to_pandas_dtype())[
         indices.offset:indices.offset + len(indices)]
-    if not len(values):  # every row null
-        return np.full(len(at), MISSING_ID, np.int64)
-    if not indices.null_count:
-        return values[at]
-    taken = values[np.clip(at, 0, len(values) - 1)]  # any index under a null: Arrow's is unset
-    taken[_numpy(indices.is_null())] = MISSING_ID
-    return taken
+    _kernels.take(values, at, validity if indices.null_count else None, indices.offset,
+                  MISSING_ID, out)
 
 
 def _one_array(column):

@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfscale.data import vocabulary as vocabulary_lib
-from tfscale.data.fingerprint import HASH_RANGE
+from tfscale.data.fingerprint import HASH_RANGE, bucket_ids
 from tfscale.data.schema import MISSING_ID, FeatureSchema
 from tfscale.errors import UserError
 
@@ -59,14 +59,10 @@ class HashingEncoder:
         return tf.where(is_present(strings), hashed % self._buckets + 1,
                         tf.constant(MISSING_ID, tf.int64))
 
-    def encode_fingerprints(self, hashes, field):
-        """int64 ids [n] (numpy) of non-empty values of field number `field` from their
-        fingerprints (uint64 [n], tfscale.data.fingerprint): the ids `encode` gives them."""
-        ids = hashes % np.uint64(HASH_RANGE)
-        ids %= np.uint64(self.buckets[field])
-        ids = ids.view(np.int64)  # under 2**63: the same numbers
-        ids += 1
-        return ids
+    def encode_arrow(self, values, field, out):
+        """Writes into `out` (int64 [n], numpy) the ids `encode` gives the values of Arrow binary
+        or string array `values` as field number `field` (tfscale.data.fingerprint's kernel)."""
+        bucket_ids(values, self.buckets[field], 1, MISSING_ID, out)
 
     def describe(self):
         sizes = sorted(set(self.buckets))

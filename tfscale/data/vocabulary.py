@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import tensorflow as tf
 
 from tfscale.data import vocabulary_file
-from tfscale.data.fingerprint import HASH_RANGE, fingerprints
+from tfscale.data.fingerprint import HASH_RANGE, fingerprints, table_ids
 from tfscale.data.key_table import KeyTable
 from tfscale.data.pipeline import without_autotuning
 from tfscale.data.schema import MISSING_ID
@@ -113,8 +113,8 @@ class VocabularyEncoder:
     Looked up without a tf.lookup table (its ops are stateful, which makes tf.data pipelines
     serial under op determinism): each (field, value) becomes a 64-bit key, its value's
     fingerprint XOR a per-field salt, found by binary search (tf.searchsorted) in the sorted keys
-    of the vocabulary, or, for fingerprints the readers computed (`encode_fingerprints`), in a
-    numpy hash table of the same keys (key_table.KeyTable). Two keys would have to collide in 64
+    of the vocabulary, or, for the readers' Arrow arrays (`encode_arrow`), in a hash table of the
+    same keys (key_table.KeyTable). Two keys would have to collide in 64
     bits to mix up values; if two kept values of a field ever did, the more frequent one's id
     wins, in both.
     """
@@ -146,10 +146,10 @@ class VocabularyEncoder:
         return tf.where(tf.strings.length(strings) > 0, tf.reshape(ids, tf.shape(strings)),
                         tf.constant(MISSING_ID, tf.int64))
 
-    def encode_fingerprints(self, hashes, field):
-        """int64 ids [n] (numpy) of non-empty values of field number `field` from their
-        fingerprints (uint64 [n], tfscale.data.fingerprint): the ids `encode` gives them."""
-        return self._table.lookup(_numpy_keys(hashes, self._salt_values[field]), OOV_ID)
+    def encode_arrow(self, values, field, out):
+        """Writes into `out` (int64 [n], numpy) the ids `encode` gives the values of Arrow binary
+        or string array `values` as field number `field` (tfscale.data.fingerprint's kernel)."""
+        table_ids(values, self._salt_values[field], self._table, OOV_ID, MISSING_ID, out)
 
     def _ids_of(self, keys):
         position = tf.minimum(tf.searchsorted(self._sorted_keys, keys, out_type=tf.int64),

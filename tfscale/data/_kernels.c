@@ -1,0 +1,618 @@
+/* The readers' C kernels, run without holding Python's GIL so that the reader threads encode
+ * blocks side by side: FarmHash's Fingerprint64 of binary values lying in Arrow's buffers, a
+ * dictionary's ids taken by its indices, and the insert and probe of the vocabulary's key table.
+ * Python owns every array; these functions only read and write the buffers they are given
+ * (tfscale/data/fingerprint.py, tfscale/data/parquet_columns.py, tfscale/data/key_table.py).
+ *
+ * Ours because TensorFlow hashes only tf.string tensors, whose making costs more than the
+ * hashing, and numpy has no hash table (docs/results/input_path.md). Fingerprint64 is
+ * farmhashna::Hash64 (TensorFlow's `Fingerprint64`, `to_hash_bucket_fast`'s hash);
+ * tests/test_fingerprint.py checks it against TensorFlow's op bit for bit.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "FarmHash reads little-endian words; this kernel is written for little-endian machines"
+#endif
+
+static const uint64_t K0 = 0xc3a5c85c97cb3127ULL;
+static const uint64_t K1 = 0xb492b66fbe98f273ULL;
+static const uint64_t K2 = 0x9ae16a3b2f90404fULL;
+
+static inline uint64_t fetch64(const uint8_t *p) {
+  uint64_t word;
+  memcpy(&word, p, sizeof word);
+  return word;
+}
+
+static inline uint64_t fetch32(const uint8_t *p) {
+  uint32_t word;
+  memcpy(&word, p, sizeof word);
+  return word;
+}
+
+static inline uint64_t rotate(uint64_t value, int shift) {
+  return (value >> shift) | (value << (64 - shift));
+}
+
+static inline uint64_t shift_mix(uint64_t value) { return value ^ (value >> 47); }
+
+static inline uint64_t hash_len16(uint64_t u, uint64_t v, uint64_t mul) {
+  uint64_t a = (u ^ v) * mul;
+  a ^= a >> 47;
+  uint64_t b = (v ^ a) * mul;
+  b ^= b >> 47;
+  return b * mul;
+}
+
+static uint64_t hash_len0to16(const uint8_t *s, uint64_t len) {
+  if (len >= 8) {
+    uint64_t mul = K2 + len * 2;
+    uint64_t a = fetch64(s) + K2;
+    uint64_t b = fetch64(s + len - 8);
+    uint64_t c = rotate(b, 37) * mul + a;
+    uint64_t d = (rotate(a, 25) + b) * mul;
+    return hash_len16(c, d, mul);
+  }
+  if (len >= 4) {
+    uint64_t mul = K2 + len * 2;
+    uint64_t a = fetch32(s);
+    return hash_len16(len + (a << 3), fetch32(s + len - 4), mul);
+  }
+  if (len > 0) {
+    uint32_t y = (uint32_t)s[0] + ((uint32_t)s[len >> 1] << 8);
+    uint32_t z = (uint32_t)len + ((uint32_t)s[len - 1] << 2);
+    return shift_mix(y * K2 ^ z * K0) * K2;
+  }
+  return K2;
+}
+
+static uint64_t hash_len17to32(const uint8_t *s, uint64_t len) {
+  uint64_t mul = K2 + len * 2;
+  uint64_t a = fetch64(s) * K1;
+  uint64_t b = fetch64(s + 8);
+  uint64_t c = fetch64(s + len - 8) * mul;
+  uint64_t d = fetch64(s + len - 16) * K2;
+  return hash_len16(rotate(a + b, 43) + rotate(c, 30) + d, a + rotate(b + K2, 18) + c, mul);
+}
+
+static uint64_t hash_len33to64(const uint8_t *s, uint64_t len) {
+  uint64_t mul = K2 + len * 2;
+  uint64_t a = fetch64(s) * K2;
+  uint64_t b = fetch64(s + 8);
+  uint64_t c = fetch64(s + len - 8) * mul;
+  uint64_t d = fetch64(s + len - 16) * K2;
+  uint64_t y = rotate(a + b, 43) + rotate(c, 30) + d;
+  uint64_t z = hash_len16(y, a + rotate(b + K2, 18) + c, mul);
+  uint64_t e = fetch64(s + 16) * mul;
+  uint64_t f = fetch64(s + 24);
+  uint64_t g = (y + fetch64(s + len - 32)) * mul;
+  uint64_t h = (z + fetch64(s + len - 24)) * mul;
+  return hash_len16(rotate(e + f, 43) + rotate(g, 30) + h, e + rotate(f + a, 18) + g, mul);
+}
+
+/* WeakHashLen32WithSeeds of the 32 bytes at s, seeds a and b, into (*first, *second). */
+static inline void weak_hash_len32(const uint8_t *s, uint64_t a, uint64_t b, uint64_t *first,
+                                   uint64_t *second) {
+  uint64_t w = fetch64(s), x = fetch64(s + 8), y = fetch64(s + 16), z = fetch64(s + 24);
+  a += w;
+  b = rotate(b + a + z, 21);
+  uint64_t c = a;
+  a += x;
+  a += y;
+  b += rotate(a, 44);
+  *first = a + z;
+  *second = b + c;
+}
+
+static uint64_t hash_long(const uint8_t *s, uint64_t len) {
+  const uint64_t seed = 81;
+  uint64_t x = seed, y = seed * K1 + 113, z = shift_mix(y * K2 + 113) * K2;
+  uint64_t v0 = 0, v1 = 0, w0 = 0, w1 = 0, swap;
+  x = x * K2 + fetch64(s);
+  const uint8_t *end = s + ((len - 1) / 64) * 64;
+  const uint8_t *last64 = end + ((len - 1) & 63) - 63;
+  do {
+    x = rotate(x + y + v0 + fetch64(s + 8), 37) * K1;
+    y = rotate(y + v1 + fetch64(s + 48), 42) * K1;
+    x ^= w1;
+    y += v0 + fetch64(s + 40);
+    z = rotate(z + w0, 33) * K1;
+    weak_hash_len32(s, v1 * K1, x + w0, &v0, &v1);
+    weak_hash_len32(s + 32, z + w1, y + fetch64(s + 16), &w0, &w1);
+    swap = z, z = x, x = swap;
+    s += 64;
+  } while (s != end);
+  uint64_t mul = K1 + ((z & 0xff) << 1);
+  s = last64;
+  w0 += (len - 1) & 63;
+  v0 += w0;
+  w0 += v0;
+  x = rotate(x + y + v0 + fetch64(s + 8), 37) * mul;
+  y = rotate(y + v1 + fetch64(s + 48), 42) * mul;
+  x ^= w1 * 9;
+  y += v0 * 9 + fetch64(s + 40);
+  z = rotate(z + w0, 33) * mul;
+  weak_hash_len32(s, v1 * mul, x + w0, &v0, &v1);
+  weak_hash_len32(s + 32, z + w1, y + fetch64(s + 16), &w0, &w1);
+  swap = z, z = x, x = swap;
+  return hash_len16(hash_len16(v0, w0, mul) + shift_mix(y) * K0 + z,
+                    hash_len16(v1, w1, mul) + x, mul);
+}
+
+static inline uint64_t fingerprint64(const uint8_t *s, uint64_t len) {
+  if (len <= 16) return hash_len0to16(s, len);
+  if (len <= 32) return hash_len17to32(s, len);
+  if (len <= 64) return hash_len33to64(s, len);
+  return hash_long(s, len);
+}
+
+/* ------------------------------------------------------------------------------- buffers */
+
+/* A buffer of the Python object `object`, C-contiguous, of `itemsize` bytes an item (0: any),
+ * writable when asked; an error naming `what` otherwise. */
+static int get_buffer(PyObject *object, Py_buffer *view, Py_ssize_t itemsize, int writable,
+                      const char *what) {
+  int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+  if (PyObject_GetBuffer(object, view, flags) < 0) return -1;
+  if (itemsize && view->itemsize != itemsize) {
+    PyErr_Format(PyExc_TypeError, "%s must hold %zd-byte items, not %zd-byte ones", what,
+                 itemsize, view->itemsize);
+    PyBuffer_Release(view);
+    return -1;
+  }
+  return 0;
+}
+
+/* A writable one-dimensional int64 output, strided (a column of a C-ordered [n, C] array). */
+typedef struct {
+  Py_buffer view;
+  char *at;
+  Py_ssize_t count, stride;
+} Output;
+
+static int get_output(PyObject *object, Output *out) {
+  if (PyObject_GetBuffer(object, &out->view, PyBUF_STRIDES | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
+    return -1;
+  if (out->view.ndim != 1 || out->view.itemsize != 8) {
+    PyErr_SetString(PyExc_TypeError, "out must be one-dimensional, of 8-byte items");
+    PyBuffer_Release(&out->view);
+    return -1;
+  }
+  out->at = out->view.buf;
+  out->count = out->view.shape[0];
+  out->stride = out->view.strides[0];
+  return 0;
+}
+
+static inline void put(Output *out, Py_ssize_t i, int64_t value) {
+  *(int64_t *)(out->at + i * out->stride) = value;
+}
+
+/* Whether bit `bit` of Arrow validity bitmap `bits` is set (NULL: every value is valid). */
+static inline int is_valid(const uint8_t *bits, int64_t bit) {
+  return !bits || (bits[bit >> 3] >> (bit & 7)) & 1;
+}
+
+/* The validity bitmap `object` (None: no nulls) as a buffer holding bits [first, first + count),
+ * or -1 with a Python error. */
+static int get_validity(PyObject *object, Py_buffer *view, int64_t first, Py_ssize_t count,
+                        const uint8_t **bits) {
+  *bits = NULL;
+  if (object == Py_None) return 0;
+  if (get_buffer(object, view, 0, 0, "validity") < 0) return -1;
+  if (first < 0 || view->len * 8 < first + count) {
+    PyErr_SetString(PyExc_ValueError, "validity holds fewer bits than the values");
+    PyBuffer_Release(view);
+    return -1;
+  }
+  *bits = view->buf;
+  return 0;
+}
+
+/* The values of an Arrow binary array as its buffers: the bytes, the offsets (int32 or int64:
+ * binary or large binary, count + 1 of them, from the array's own offset on) and the validity
+ * bitmap (None: no nulls) whose bit `first` is the first value's. */
+typedef struct {
+  Py_buffer data, offsets, validity;
+  const uint8_t *bits;
+  int64_t first;
+  Py_ssize_t count;
+} Values;
+
+static int get_values(PyObject *data, PyObject *offsets, PyObject *validity, long long first,
+                      Values *values) {
+  if (get_buffer(data, &values->data, 0, 0, "data") < 0) return -1;
+  if (get_buffer(offsets, &values->offsets, 0, 0, "offsets") < 0) goto no_offsets;
+  Py_ssize_t size = values->offsets.itemsize;
+  if ((size != 4 && size != 8) || values->offsets.len < size) {
+    PyErr_SetString(PyExc_TypeError, "offsets must be int32 or int64, at least one of them");
+    goto bad_offsets;
+  }
+  values->count = values->offsets.len / size - 1;
+  values->first = first;
+  if (get_validity(validity, &values->validity, first, values->count, &values->bits) < 0)
+    goto bad_offsets;
+  return 0;
+bad_offsets:
+  PyBuffer_Release(&values->offsets);
+no_offsets:
+  PyBuffer_Release(&values->data);
+  return -1;
+}
+
+static void release_values(Values *values) {
+  if (values->bits) PyBuffer_Release(&values->validity);
+  PyBuffer_Release(&values->offsets);
+  PyBuffer_Release(&values->data);
+}
+
+/* Fingerprint64 of value i into *hash: 1 when it is present, 0 when null or empty, -1 when its
+ * offsets lie outside the bytes. */
+static inline int fingerprint_of(const Values *values, Py_ssize_t i, uint64_t *hash) {
+  int64_t start, stop;
+  if (values->offsets.itemsize == 8) {
+    start = ((const int64_t *)values->offsets.buf)[i];
+    stop = ((const int64_t *)values->offsets.buf)[i + 1];
+  } else {
+    start = ((const int32_t *)values->offsets.buf)[i];
+    stop = ((const int32_t *)values->offsets.buf)[i + 1];
+  }
+  if (!is_valid(values->bits, values->first + i) || stop == start) return 0;
+  if (start < 0 || stop < start || stop > values->data.len) return -1;
+  *hash = fingerprint64((const uint8_t *)values->data.buf + start, (uint64_t)(stop - start));
+  return 1;
+}
+
+static const char OUTSIDE_DATA[] = "an offset lies outside data";
+
+/* A fingerprint modulo 2**63 - 1, as `to_hash_bucket_fast(2**63 - 1)` gives it: 2**63 is 1. */
+static inline uint64_t within_hash_range(uint64_t hash) {
+  const uint64_t range = 0x7fffffffffffffffULL;
+  uint64_t folded = (hash & range) + (hash >> 63);
+  return folded >= range ? folded - range : folded;
+}
+
+/* ------------------------------------------------------------------------------ key table */
+
+static const int64_t EMPTY = -1; /* an empty slot's key: keys are never negative */
+
+/* The int64 slots of a key table: keys and ids of one power-of-two size. */
+typedef struct {
+  Py_buffer keys, ids;
+  int64_t mask;
+} Table;
+
+static int get_table(PyObject *keys, PyObject *ids, Table *table, int writable) {
+  if (get_buffer(keys, &table->keys, 8, writable, "slot keys") < 0) return -1;
+  if (get_buffer(ids, &table->ids, 8, writable, "slot ids") < 0) {
+    PyBuffer_Release(&table->keys);
+    return -1;
+  }
+  Py_ssize_t size = table->keys.len / 8;
+  if (size == 0 || (size & (size - 1)) || table->ids.len != table->keys.len) {
+    PyErr_SetString(PyExc_ValueError, "slot keys and ids must be of one power-of-two size");
+    PyBuffer_Release(&table->keys);
+    PyBuffer_Release(&table->ids);
+    return -1;
+  }
+  table->mask = size - 1;
+  return 0;
+}
+
+static void release_table(Table *table) {
+  PyBuffer_Release(&table->keys);
+  PyBuffer_Release(&table->ids);
+}
+
+/* The slot holding `key`, or the empty slot ending its probe. */
+static inline int64_t slot_of(const Table *table, int64_t key) {
+  const int64_t *keys = table->keys.buf;
+  int64_t slot = key & table->mask;
+  while (keys[slot] != EMPTY && keys[slot] != key) slot = (slot + 1) & table->mask;
+  return slot;
+}
+
+/* insert(slot_keys, slot_ids, keys, ids): each key (>= 0) in order into the first free slot from
+ * slot key & mask on, with its id, unless the table holds it already (its first id is kept).
+ * The caller keeps the table under half full. */
+static PyObject *insert(PyObject *self, PyObject *args) {
+  PyObject *slot_keys, *slot_ids, *keys_object, *ids_object;
+  if (!PyArg_ParseTuple(args, "OOOO", &slot_keys, &slot_ids, &keys_object, &ids_object))
+    return NULL;
+  Table table;
+  Py_buffer keys, ids;
+  if (get_table(slot_keys, slot_ids, &table, 1) < 0) return NULL;
+  if (get_buffer(keys_object, &keys, 8, 0, "keys") < 0) goto no_keys;
+  if (get_buffer(ids_object, &ids, 8, 0, "ids") < 0) goto no_ids;
+  if (ids.len != keys.len) {
+    PyErr_SetString(PyExc_ValueError, "keys and ids must be of one length");
+    goto bad;
+  }
+  int64_t *held = table.keys.buf, *held_id = table.ids.buf;
+  const int64_t *key = keys.buf, *id = ids.buf;
+  Py_ssize_t count = keys.len / 8;
+  Py_BEGIN_ALLOW_THREADS
+  for (Py_ssize_t i = 0; i < count; ++i) {
+    int64_t slot = slot_of(&table, key[i]);
+    if (held[slot] == EMPTY) {
+      held[slot] = key[i];
+      held_id[slot] = id[i];
+    }
+  }
+  Py_END_ALLOW_THREADS
+  PyBuffer_Release(&ids);
+  PyBuffer_Release(&keys);
+  release_table(&table);
+  Py_RETURN_NONE;
+bad:
+  PyBuffer_Release(&ids);
+no_ids:
+  PyBuffer_Release(&keys);
+no_keys:
+  release_table(&table);
+  return NULL;
+}
+
+/* lookup(slot_keys, slot_ids, keys, missing, out): out[i] = the id of keys[i] (>= 0), or
+ * `missing` when the table does not hold it. */
+static PyObject *lookup(PyObject *self, PyObject *args) {
+  PyObject *slot_keys, *slot_ids, *keys_object, *out_object;
+  long long missing;
+  if (!PyArg_ParseTuple(args, "OOOLO", &slot_keys, &slot_ids, &keys_object, &missing,
+                        &out_object))
+    return NULL;
+  Table table;
+  Py_buffer keys;
+  Output out;
+  if (get_table(slot_keys, slot_ids, &table, 0) < 0) return NULL;
+  if (get_buffer(keys_object, &keys, 8, 0, "keys") < 0) goto no_keys;
+  if (get_output(out_object, &out) < 0) goto no_out;
+  if (out.count != keys.len / 8) {
+    PyErr_SetString(PyExc_ValueError, "keys and out must be of one length");
+    goto bad;
+  }
+  const int64_t *key = keys.buf, *held = table.keys.buf, *held_id = table.ids.buf;
+  Py_BEGIN_ALLOW_THREADS
+  for (Py_ssize_t i = 0; i < out.count; ++i) {
+    int64_t slot = slot_of(&table, key[i]);
+    put(&out, i, held[slot] == EMPTY ? (int64_t)missing : held_id[slot]);
+  }
+  Py_END_ALLOW_THREADS
+  PyBuffer_Release(&out.view);
+  PyBuffer_Release(&keys);
+  release_table(&table);
+  Py_RETURN_NONE;
+bad:
+  PyBuffer_Release(&out.view);
+no_out:
+  PyBuffer_Release(&keys);
+no_keys:
+  release_table(&table);
+  return NULL;
+}
+
+/* -------------------------------------------------------------------------- values to ids */
+
+/* fingerprints(data, offsets, validity, first, hashes, present): hashes[i] = Fingerprint64 of
+ * value i and present[i] = 1, or, for a null or empty value, b""'s and 0. */
+static PyObject *fingerprints(PyObject *self, PyObject *args) {
+  PyObject *data, *offsets, *validity, *hashes_object, *present_object;
+  long long first;
+  if (!PyArg_ParseTuple(args, "OOOLOO", &data, &offsets, &validity, &first, &hashes_object,
+                        &present_object))
+    return NULL;
+  Values values;
+  Py_buffer hashes, present;
+  const char *problem = NULL;
+  if (get_values(data, offsets, validity, first, &values) < 0) return NULL;
+  if (get_buffer(hashes_object, &hashes, 8, 1, "hashes") < 0) goto no_hashes;
+  if (get_buffer(present_object, &present, 1, 1, "present") < 0) goto no_present;
+  if (hashes.len / 8 != values.count || present.len != values.count) {
+    PyErr_SetString(PyExc_ValueError, "hashes and present must hold one item per value");
+    goto bad;
+  }
+  uint64_t *hash = hashes.buf;
+  uint8_t *is_present = present.buf;
+  Py_BEGIN_ALLOW_THREADS
+  for (Py_ssize_t i = 0; i < values.count; ++i) {
+    int found = fingerprint_of(&values, i, &hash[i]);
+    if (found < 0) {
+      problem = OUTSIDE_DATA;
+      break;
+    }
+    if (!found) hash[i] = K2;
+    is_present[i] = (uint8_t)found;
+  }
+  Py_END_ALLOW_THREADS
+  if (problem) PyErr_SetString(PyExc_ValueError, problem);
+bad:
+  PyBuffer_Release(&present);
+no_present:
+  PyBuffer_Release(&hashes);
+no_hashes:
+  release_values(&values);
+  if (PyErr_Occurred()) return NULL;
+  Py_RETURN_NONE;
+}
+
+/* bucket_ids(data, offsets, validity, first, buckets, first_id, missing, out): out[i] =
+ * first_id + (Fingerprint64 of value i modulo 2**63 - 1) modulo buckets, or `missing` for a null
+ * or empty value: `to_hash_bucket_fast`'s bucket, shifted. */
+static PyObject *bucket_ids(PyObject *self, PyObject *args) {
+  PyObject *data, *offsets, *validity, *out_object;
+  long long first, first_id, missing;
+  unsigned long long buckets;
+  if (!PyArg_ParseTuple(args, "OOOLKLLO", &data, &offsets, &validity, &first, &buckets,
+                        &first_id, &missing, &out_object))
+    return NULL;
+  if (buckets == 0) {
+    PyErr_SetString(PyExc_ValueError, "buckets must be positive");
+    return NULL;
+  }
+  Values values;
+  Output out;
+  const char *problem = NULL;
+  if (get_values(data, offsets, validity, first, &values) < 0) return NULL;
+  if (get_output(out_object, &out) < 0) goto no_out;
+  if (out.count != values.count) {
+    PyErr_SetString(PyExc_ValueError, "out must hold one item per value");
+    goto bad;
+  }
+  Py_BEGIN_ALLOW_THREADS
+  for (Py_ssize_t i = 0; i < values.count; ++i) {
+    uint64_t hash;
+    int found = fingerprint_of(&values, i, &hash);
+    if (found < 0) {
+      problem = OUTSIDE_DATA;
+      break;
+    }
+    put(&out, i, found ? first_id + (int64_t)(within_hash_range(hash) % buckets) : missing);
+  }
+  Py_END_ALLOW_THREADS
+  if (problem) PyErr_SetString(PyExc_ValueError, problem);
+bad:
+  PyBuffer_Release(&out.view);
+no_out:
+  release_values(&values);
+  if (PyErr_Occurred()) return NULL;
+  Py_RETURN_NONE;
+}
+
+/* table_ids(data, offsets, validity, first, salt, slot_keys, slot_ids, absent, missing, out):
+ * out[i] = the key table's id of key (Fingerprint64 of value i modulo 2**63 - 1) XOR salt,
+ * `absent` when the table does not hold it, `missing` for a null or empty value. */
+static PyObject *table_ids(PyObject *self, PyObject *args) {
+  PyObject *data, *offsets, *validity, *slot_keys, *slot_ids, *out_object;
+  long long first, salt, absent, missing;
+  if (!PyArg_ParseTuple(args, "OOOLLOOLLO", &data, &offsets, &validity, &first, &salt,
+                        &slot_keys, &slot_ids, &absent, &missing, &out_object))
+    return NULL;
+  if (salt < 0) {
+    PyErr_SetString(PyExc_ValueError, "salt must not be negative");
+    return NULL;
+  }
+  Values values;
+  Table table;
+  Output out;
+  const char *problem = NULL;
+  if (get_values(data, offsets, validity, first, &values) < 0) return NULL;
+  if (get_table(slot_keys, slot_ids, &table, 0) < 0) goto no_table;
+  if (get_output(out_object, &out) < 0) goto no_out;
+  if (out.count != values.count) {
+    PyErr_SetString(PyExc_ValueError, "out must hold one item per value");
+    goto bad;
+  }
+  const int64_t *held = table.keys.buf, *held_id = table.ids.buf;
+  Py_BEGIN_ALLOW_THREADS
+  for (Py_ssize_t i = 0; i < values.count; ++i) {
+    uint64_t hash;
+    int found = fingerprint_of(&values, i, &hash);
+    if (found < 0) {
+      problem = OUTSIDE_DATA;
+      break;
+    }
+    if (!found) {
+      put(&out, i, missing);
+      continue;
+    }
+    int64_t slot = slot_of(&table, (int64_t)within_hash_range(hash) ^ salt);
+    put(&out, i, held[slot] == EMPTY ? (int64_t)absent : held_id[slot]);
+  }
+  Py_END_ALLOW_THREADS
+  if (problem) PyErr_SetString(PyExc_ValueError, problem);
+bad:
+  PyBuffer_Release(&out.view);
+no_out:
+  release_table(&table);
+no_table:
+  release_values(&values);
+  if (PyErr_Occurred()) return NULL;
+  Py_RETURN_NONE;
+}
+
+/* take(values, indices, validity, first, missing, out): out[i] = values[indices[i]], or `missing`
+ * where the index is null (bit first + i of Arrow bitmap `validity` unset; None: none is). values
+ * int64; indices signed integers of 1, 2, 4 or 8 bytes (an Arrow dictionary's), one per item of
+ * out, each valid one within values. */
+static PyObject *take(PyObject *self, PyObject *args) {
+  PyObject *values_object, *indices_object, *validity_object, *out_object;
+  long long first, missing;
+  if (!PyArg_ParseTuple(args, "OOOLLO", &values_object, &indices_object, &validity_object,
+                        &first, &missing, &out_object))
+    return NULL;
+  Py_buffer values, indices, validity;
+  Output out;
+  const uint8_t *bits = NULL;
+  const char *problem = NULL;
+  if (get_buffer(values_object, &values, 8, 0, "values") < 0) return NULL;
+  if (get_buffer(indices_object, &indices, 0, 0, "indices") < 0) goto no_indices;
+  if (get_output(out_object, &out) < 0) goto no_out;
+  Py_ssize_t size = indices.itemsize, limit = values.len / 8;
+  if (size != 1 && size != 2 && size != 4 && size != 8) {
+    PyErr_SetString(PyExc_TypeError, "indices must be integers of 1, 2, 4 or 8 bytes");
+    goto bad;
+  }
+  if (indices.len / size != out.count) {
+    PyErr_SetString(PyExc_ValueError, "indices and out must be of one length");
+    goto bad;
+  }
+  if (get_validity(validity_object, &validity, first, out.count, &bits) < 0) goto bad;
+  const int64_t *value = values.buf;
+  Py_BEGIN_ALLOW_THREADS
+  for (Py_ssize_t i = 0; i < out.count; ++i) {
+    if (!is_valid(bits, first + i)) {
+      put(&out, i, missing);
+      continue;
+    }
+    int64_t at = size == 4   ? ((const int32_t *)indices.buf)[i]
+                 : size == 1 ? ((const int8_t *)indices.buf)[i]
+                 : size == 2 ? ((const int16_t *)indices.buf)[i]
+                             : ((const int64_t *)indices.buf)[i];
+    if (at < 0 || at >= limit) {
+      problem = "an index lies outside values";
+      break;
+    }
+    put(&out, i, value[at]);
+  }
+  Py_END_ALLOW_THREADS
+  if (bits) PyBuffer_Release(&validity);
+  if (problem) PyErr_SetString(PyExc_ValueError, problem);
+bad:
+  PyBuffer_Release(&out.view);
+no_out:
+  PyBuffer_Release(&indices);
+no_indices:
+  PyBuffer_Release(&values);
+  if (PyErr_Occurred()) return NULL;
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"fingerprints", fingerprints, METH_VARARGS,
+     "fingerprints(data, offsets, validity, first, hashes, present): FarmHash Fingerprint64s."},
+    {"bucket_ids", bucket_ids, METH_VARARGS,
+     "bucket_ids(data, offsets, validity, first, buckets, first_id, missing, out): hashed ids."},
+    {"table_ids", table_ids, METH_VARARGS,
+     "table_ids(data, offsets, validity, first, salt, slot_keys, slot_ids, absent, missing, "
+     "out): the key table's ids of the values."},
+    {"take", take, METH_VARARGS,
+     "take(values, indices, validity, first, missing, out): values at indices, missing at nulls."},
+    {"insert", insert, METH_VARARGS,
+     "insert(slot_keys, slot_ids, keys, ids): keys and their ids into a key table."},
+    {"lookup", lookup, METH_VARARGS,
+     "lookup(slot_keys, slot_ids, keys, missing, out): the ids of keys, missing if absent."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_kernels",
+    .m_doc = "The readers' C kernels (tfscale/data/_kernels.c).",
+    .m_size = -1,
+    .m_methods = methods,
+};
+
+PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }
