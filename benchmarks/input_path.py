@@ -179,6 +179,8 @@ def stage_cases():
     """name -> function giving rows, for passes stopping after each stage (module doc). The
     stages every tree has (so that --old_tree measures the same passes) and, in a tree with
     text blocks, theirs."""
+    import inspect
+
     import numpy as np
     import tensorflow as tf
 
@@ -202,17 +204,20 @@ def stage_cases():
 
         return sum(rows(element) for element in dataset)
 
+    def decoded_blocks(row_range):
+        """The Arrow tables of a range's blocks, as the tree's reader decodes them: block by
+        block, or (a tree reading whole row groups) the row group sliced."""
+        if "block_rows" in inspect.signature(reader.files.read).parameters:
+            return [table for _, table in reader.files.read(row_range, chunk_rows)]
+        table = reader.files.read(row_range)
+        return [table.slice(begin, chunk_rows) for begin in range(0, table.num_rows, chunk_rows)]
+
     def parquet_1_decode():
-        return sum(reader.files.read(r).num_rows for r in ranges)
+        return sum(block.num_rows for r in ranges for block in decoded_blocks(r))
 
     def parquet_2_checks():
-        rows = 0
-        for r in ranges:
-            table = reader.files.read(r)
-            for begin in range(0, table.num_rows, chunk_rows):
-                block = table.slice(begin, chunk_rows)
-                rows += len(check_rows(block, reader.files.column_map, True).labels)
-        return rows
+        return sum(len(check_rows(block, reader.files.column_map, True).labels)
+                   for r in ranges for block in decoded_blocks(r))
 
     def parquet_3_raw_columns():
         return count(reader.raw_blocks(side, ranges, *_encoder_if_taken(reader.raw_blocks,

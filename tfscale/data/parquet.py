@@ -2,8 +2,8 @@
 
 Owns: opening the files and checking their columns (parquet_columns.ColumnMap), the rows of
 every file in one order (files as given, row groups in order) and their split over ranks, the
-train/test split by row, streaming checked blocks of rows from pyarrow's row-group reader into
-tf.data, the bad-row policy and its count, the test split's first rows as lines, and the
+train/test split by row, streaming checked blocks of rows from pyarrow's batches of a row group
+into tf.data, the bad-row policy and its count, the test split's first rows as lines, and the
 vocabulary pass. Encoding is data.preprocessing's, as for text, so a model trained on Parquet
 rows reads and serves its data set's lines alike.
 
@@ -129,12 +129,25 @@ class ParquetFiles:
             start += rows
         return ranges
 
-    def read(self, row_range):
-        """The Arrow table of `row_range`'s rows (the columns read)."""
+    def read(self, row_range, block_rows):
+        """(first row, Arrow table) of each block of `row_range`'s rows (the columns read), in
+        order: at most `block_rows` rows each, the first row counted from the range's start.
+        The row group is decoded block by block as the blocks are wanted (pyarrow's batches),
+        so blocks before are checked while later ones decode and a large row group is never
+        held whole."""
         parquet_file = self._open(self.paths[row_range.file_index],
                                   self._dictionary_columns[row_range.file_index])
-        table = parquet_file.read_row_group(row_range.group, columns=self.read_columns)
-        return table.slice(row_range.start, row_range.stop - row_range.start)
+        batches = parquet_file.iter_batches(block_rows, row_groups=[row_range.group],
+                                            columns=self.read_columns)
+        begin = 0  # the batch's first row in the row group
+        for batch in batches:
+            low, high = max(row_range.start, begin), min(row_range.stop, begin + batch.num_rows)
+            if low < high:
+                yield low - row_range.start, pa.Table.from_batches(
+                    [batch.slice(low - begin, high - low)])
+            begin += batch.num_rows
+            if begin >= row_range.stop:
+                return
 
 
 def _small_dictionaries(metadata, columns):
@@ -213,15 +226,13 @@ class RowReader:
 
     def _pieces(self, side, ranges):
         """(RowRange, Arrow table of a block's rows on `side`, their row numbers) of each block
-        of `ranges`, in order; a range's row group is read when its first block is wanted."""
+        of `ranges`, in order, decoded as it is wanted."""
         for row_range in ranges:
-            table = self.files.read(row_range)
             keep = side.keep(row_range)
             numbers = row_range.row_numbers()
-            for begin in range(0, table.num_rows, self._chunk_rows):
-                end = min(begin + self._chunk_rows, table.num_rows)
+            for begin, rows in self.files.read(row_range, self._chunk_rows):
+                end = begin + rows.num_rows
                 selected = keep[begin:end]
-                rows = table.slice(begin, end - begin)
                 if not selected.all():
                     rows = rows.filter(pa.array(selected))
                 yield row_range, rows, numbers[begin:end][selected]
