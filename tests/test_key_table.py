@@ -1,5 +1,6 @@
-"""tfscale.data.key_table.KeyTable finds every key it holds and no other, keeps a repeated key's
-first id, as the vocabulary's binary search does, and refuses negative keys."""
+"""tfscale.data.key_table.KeyTable finds every key it holds and no other (crowded groups, probes
+wrapping around the table's end), keeps a repeated key's first id, as the vocabulary's binary
+search does, and refuses negative keys."""
 
 import numpy as np
 import pytest
@@ -25,6 +26,14 @@ def test_finds_what_it_holds_and_nothing_else():
 def test_a_repeated_key_keeps_its_first_id():
     table = KeyTable([5, 21, 5, 37, 21], [1, 2, 3, 4, 5])  # 5, 21, 37 share a home slot
     np.testing.assert_array_equal(table.lookup(np.array([5, 21, 37, 53]), 0), [1, 2, 4, 0])
+
+
+def test_keys_crowding_the_last_group_wrap_around_to_the_first():
+    keys = np.arange(7) * 16 + 12  # all in the last group of four of a 16-slot table
+    table = KeyTable(keys, keys + 1)
+    assert len(table.slots) == 16
+    np.testing.assert_array_equal(table.lookup(np.concatenate([keys, [0, 13, 124]]), -1),
+                                  np.concatenate([keys + 1, [-1, -1, -1]]))
 
 
 def test_refuses_negative_keys():
