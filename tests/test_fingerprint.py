@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 import tensorflow as tf
 
-from tfscale.data import _kernels
+import tfscale.data._kernels as _kernels
 from tfscale.data.fingerprint import fingerprints
 
 BUCKETS = (1 << 63) - 1

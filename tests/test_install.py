@@ -89,9 +89,10 @@ USER_SCRIPT = textwrap.dedent("""
 
 
 def _checkout_modules():
-    """Every module of the checkout's tfscale package, by dotted name."""
+    """Every module of the checkout's tfscale package (its Python files and the C files of its
+    extension modules), by dotted name."""
     names = set()
-    for path in (ROOT / "tfscale").rglob("*.py"):
+    for path in [*(ROOT / "tfscale").rglob("*.py"), *(ROOT / "tfscale").rglob("*.c")]:
         parts = path.relative_to(ROOT).with_suffix("").parts
         names.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
     return names
@@ -140,13 +141,14 @@ def test_wheel_installs_with_its_dependencies_and_trains_a_users_model_from_outs
     elsewhere.mkdir()
     # A clean copy: setuptools builds in the source tree and would package stale build/ files.
     shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "build", "*.egg-info", "runs", "__pycache__"))
+        ".git", ".venv", "build", "*.egg-info", "runs", "__pycache__", "*.so"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
                     "--no-build-isolation", "-w", str(dist), str(source)], check=True,
                    cwd=tmp_path)
     wheel = next(dist.glob("tfscale-*.whl"))
     packages = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
-    assert packages == {"tfscale", wheel.name.split("-py")[0] + ".dist-info"}, packages
+    name_and_version = "-".join(wheel.name.split("-")[:2])  # the readers' kernels: a platform tag
+    assert packages == {"tfscale", name_and_version + ".dist-info"}, packages
 
     # A fresh environment of this interpreter whose only other distributions are the wheel's
     # dependencies (not tfscale's editable install, the test tools or Horovod).

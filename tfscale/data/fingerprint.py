@@ -12,7 +12,7 @@ against TensorFlow's op, bit for bit.
 import numpy as np
 import pyarrow as pa
 
-from tfscale.data import _kernels
+import tfscale.data._kernels as _kernels
 
 HASH_RANGE = (1 << 63) - 1  # `to_hash_bucket_fast`'s buckets that keep a fingerprint whole
 

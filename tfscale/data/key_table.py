@@ -11,7 +11,7 @@ slot; the table is at most half full.
 
 import numpy as np
 
-from tfscale.data import _kernels
+import tfscale.data._kernels as _kernels
 
 _EMPTY = np.int64(-1)  # no key is negative
 

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import tensorflow as tf
 
-from tfscale.data import _kernels
+import tfscale.data._kernels as _kernels
 from tfscale.data.schema import MISSING_ID
 from tfscale.data.text_lines import INT64_PATTERN, INT64_RANGE, Fields, LineLayout
 from tfscale.data.value_counts import distinct_counts
