@@ -29,11 +29,19 @@ def test_a_repeated_key_keeps_its_first_id():
 
 
 def test_keys_crowding_the_last_group_wrap_around_to_the_first():
-    keys = np.arange(7) * 16 + 12  # all in the last group of four of a 16-slot table
+    keys = np.arange(11) * 32 + 28  # all at home in the last group of eight of a 32-slot table
     table = KeyTable(keys, keys + 1)
-    assert len(table.slots) == 16
-    np.testing.assert_array_equal(table.lookup(np.concatenate([keys, [0, 13, 124]]), -1),
-                                  np.concatenate([keys + 1, [-1, -1, -1]]))
+    assert len(table.slots) == 32
+    assert (table.tags[:3] != 0).all()  # the last three wrapped round to the first slots
+    np.testing.assert_array_equal(table.lookup(np.concatenate([keys, [0, 29, 380, -3]]), -1),
+                                  np.concatenate([keys + 1, [-1, -1, -1, -1]]))
+
+
+def test_keys_of_one_tag_and_one_home_group_are_told_apart_by_the_key():
+    keys = (np.arange(6, dtype=np.int64) << 4) | (5 << 56)  # one tag, one home group
+    table = KeyTable(keys, np.arange(6) + 100)
+    np.testing.assert_array_equal(table.lookup(np.concatenate([keys, keys + 1]), -1),
+                                  np.concatenate([np.arange(6) + 100, np.full(6, -1)]))
 
 
 def test_refuses_negative_keys():

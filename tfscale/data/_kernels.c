@@ -48,7 +48,8 @@ static inline uint64_t hash_len16(uint64_t u, uint64_t v, uint64_t mul) {
   return b * mul;
 }
 
-static uint64_t hash_len0to16(const uint8_t *s, uint64_t len) {
+static inline __attribute__((always_inline)) uint64_t hash_len0to16(const uint8_t *s,
+                                                                    uint64_t len) {
   if (len >= 8) {
     uint64_t mul = K2 + len * 2;
     uint64_t a = fetch64(s) + K2;
@@ -143,11 +144,16 @@ static uint64_t hash_long(const uint8_t *s, uint64_t len) {
                     hash_len16(v1, w1, mul) + x, mul);
 }
 
-static inline uint64_t fingerprint64(const uint8_t *s, uint64_t len) {
-  if (len <= 16) return hash_len0to16(s, len);
+static __attribute__((noinline)) uint64_t fingerprint_over16(const uint8_t *s, uint64_t len) {
   if (len <= 32) return hash_len17to32(s, len);
   if (len <= 64) return hash_len33to64(s, len);
   return hash_long(s, len);
+}
+
+/* Inlined for the short values most categorical fields hold; longer ones through a call. */
+static inline __attribute__((always_inline)) uint64_t fingerprint64(const uint8_t *s,
+                                                                    uint64_t len) {
+  return len <= 16 ? hash_len0to16(s, len) : fingerprint_over16(s, len);
 }
 
 /* ------------------------------------------------------------------------------- buffers */
@@ -250,20 +256,40 @@ static void release_values(Values *values) {
   PyBuffer_Release(&values->data);
 }
 
+/* The values' buffers as plain pointers, passed by value into the loops that read them: the
+ * compiler then keeps them in registers, where it must reload a Py_buffer's fields after every
+ * write to an output it cannot tell apart from them. `wide`: int64 offsets, else int32. */
+typedef struct {
+  const uint8_t *data, *bits;
+  const void *offsets;
+  int64_t size, first;
+  Py_ssize_t count;
+  int wide;
+} Column;
+
+static Column column_of(const Values *values) {
+  Column column = {.data = values->data.buf, .bits = values->bits,
+                   .offsets = values->offsets.buf, .size = values->data.len,
+                   .first = values->first, .count = values->count,
+                   .wide = values->offsets.itemsize == 8};
+  return column;
+}
+
 /* Fingerprint64 of value i into *hash: 1 when it is present, 0 when null or empty, -1 when its
  * offsets lie outside the bytes. */
-static inline int fingerprint_of(const Values *values, Py_ssize_t i, uint64_t *hash) {
+static inline __attribute__((always_inline)) int fingerprint_at(Column column, Py_ssize_t i,
+                                                                uint64_t *hash) {
   int64_t start, stop;
-  if (values->offsets.itemsize == 8) {
-    start = ((const int64_t *)values->offsets.buf)[i];
-    stop = ((const int64_t *)values->offsets.buf)[i + 1];
+  if (column.wide) {
+    start = ((const int64_t *)column.offsets)[i];
+    stop = ((const int64_t *)column.offsets)[i + 1];
   } else {
-    start = ((const int32_t *)values->offsets.buf)[i];
-    stop = ((const int32_t *)values->offsets.buf)[i + 1];
+    start = ((const int32_t *)column.offsets)[i];
+    stop = ((const int32_t *)column.offsets)[i + 1];
   }
-  if (!is_valid(values->bits, values->first + i) || stop == start) return 0;
-  if (start < 0 || stop < start || stop > values->data.len) return -1;
-  *hash = fingerprint64((const uint8_t *)values->data.buf + start, (uint64_t)(stop - start));
+  if (!is_valid(column.bits, column.first + i) || stop == start) return 0;
+  if (start < 0 || stop < start || stop > column.size) return -1;
+  *hash = fingerprint64(column.data + start, (uint64_t)(stop - start));
   return 1;
 }
 
@@ -289,61 +315,101 @@ static inline uint64_t remainder_of(uint64_t a, __uint128_t reciprocal, uint64_t
 
 /* ------------------------------------------------------------------------------ key table */
 
-/* A key table: `slots` int64 [size, 2] of (key, id), size a power of two and a multiple of
- * GROUP, an empty slot's key EMPTY (keys are never negative). A key lies, by linear probing, in
- * the first slot free at its insertion from the start of its home group (key & mask, rounded
- * down to a multiple of GROUP); no key is ever removed, so a key lies before the first empty
- * slot after its group's start, and a group holding an empty slot ends a search. A group's
- * GROUP slots (one 64-byte cache line) are compared without branches: a lookup costs one
- * mispredicted branch at most, not one per slot probed. */
-#define GROUP 4
-static const int64_t EMPTY = -1;
+/* A key table: `slots` int64 [size, 2] of (key, id) and `tags` uint8 [size], size a power of
+ * two and a multiple of GROUP; an empty slot's tag is 0, an occupied one's 0x80 | the key's bits
+ * 56-62 (keys are never negative). A key lies, by linear probing, in the first slot free at its
+ * insertion from the start of its home group (key & mask, rounded down to a multiple of GROUP);
+ * no key is ever removed, so a key lies before the first empty slot after its group's start,
+ * and a group holding an empty slot ends a search. A group's GROUP tags are one 64-bit word,
+ * compared at once (SWAR): a search reads the slots only of tags that match, so a key the table
+ * does not hold (most of a vocabulary's lookups) costs a read of the tags alone, which stay in
+ * cache where the slots do not. */
+#define GROUP 8
+static const uint64_t ONES = 0x0101010101010101ULL, HIGHS = 0x8080808080808080ULL;
+
+/* The high bit of each zero byte of `word` set (and, above a zero byte, perhaps of a byte that
+ * is not: exact as a test of whether any byte is zero, and as the lowest zero byte). */
+static inline uint64_t zero_bytes(uint64_t word) { return (word - ONES) & ~word & HIGHS; }
+
+static inline uint64_t tag_of(int64_t key) { return 0x80 | ((uint64_t)key >> 56); }
 
 typedef struct {
-  Py_buffer view;
-  int64_t *slots, mask;
+  Py_buffer view, tags_view;
 } Table;
 
-static int get_table(PyObject *object, Table *table, int writable) {
-  if (get_buffer(object, &table->view, 8, writable, "slots") < 0) return -1;
-  Py_ssize_t size = table->view.len / 16;
-  if (size < GROUP || (size & (size - 1)) || table->view.len != size * 16) {
-    PyErr_SetString(PyExc_ValueError, "slots must be int64 [size, 2], size a power of two >= 4");
+/* A table's arrays as plain values, passed into the loops that probe it (see Column). */
+typedef struct {
+  int64_t *slots, mask;
+  uint8_t *tags;
+} Probe;
+
+static int get_table(PyObject *slots, PyObject *tags, Table *table, Probe *probe,
+                     int writable) {
+  if (get_buffer(slots, &table->view, 8, writable, "slots") < 0) return -1;
+  if (get_buffer(tags, &table->tags_view, 1, writable, "tags") < 0) {
     PyBuffer_Release(&table->view);
     return -1;
   }
-  table->slots = table->view.buf;
-  table->mask = size - 1;
+  Py_ssize_t size = table->view.len / 16;
+  if (size < GROUP || (size & (size - 1)) || table->view.len != size * 16 ||
+      table->tags_view.len != size) {
+    PyErr_SetString(PyExc_ValueError,
+                    "slots must be int64 [size, 2] and tags uint8 [size], size a power of two "
+                    ">= 8");
+    PyBuffer_Release(&table->tags_view);
+    PyBuffer_Release(&table->view);
+    return -1;
+  }
+  probe->slots = table->view.buf;
+  probe->tags = table->tags_view.buf;
+  probe->mask = size - 1;
   return 0;
 }
 
-/* The id of `key` (>= 0) in `table`, or `absent`. */
-static inline int64_t id_of(const Table *table, int64_t key, int64_t absent) {
-  int64_t group = key & table->mask & ~(int64_t)(GROUP - 1);
+static void release_table(Table *table) {
+  PyBuffer_Release(&table->tags_view);
+  PyBuffer_Release(&table->view);
+}
+
+static inline uint64_t group_tags(Probe probe, int64_t group) {
+  uint64_t tags;
+  memcpy(&tags, probe.tags + group, sizeof tags);
+  return tags;
+}
+
+/* The slot of `key` (>= 0), or -1 - the first empty slot where it would go. */
+static inline int64_t slot_of(Probe probe, int64_t key) {
+  uint64_t wanted = tag_of(key) * ONES;
+  int64_t group = key & probe.mask & ~(int64_t)(GROUP - 1);
   for (;;) {
-    const int64_t *slot = table->slots + 2 * group;
-    int64_t found = absent;
-    int hit = 0, ended = 0;
-    for (int j = 0; j < GROUP; ++j) {
-      int match = slot[2 * j] == key;
-      found = match ? slot[2 * j + 1] : found;
-      hit |= match;
-      ended |= slot[2 * j] == EMPTY;
+    uint64_t tags = group_tags(probe, group);
+    for (uint64_t found = zero_bytes(tags ^ wanted); found; found &= found - 1) {
+      int64_t slot = group + (__builtin_ctzll(found) >> 3);
+      if (probe.slots[2 * slot] == key) return slot;
     }
-    if (hit | ended) return found;
-    group = (group + GROUP) & table->mask;
+    uint64_t empty = zero_bytes(tags);
+    if (empty) return -1 - (group + (__builtin_ctzll(empty) >> 3));
+    group = (group + GROUP) & probe.mask;
   }
 }
 
-/* insert(slots, keys, ids): each key (>= 0) in order with its id into the first free slot from
- * its group's start on, unless the table holds it already (its first id is kept). The caller
- * keeps the table under half full. */
+/* The id of `key` (>= 0), or `absent`. */
+static inline int64_t id_of(Probe probe, int64_t key, int64_t absent) {
+  int64_t slot = slot_of(probe, key);
+  return slot >= 0 ? probe.slots[2 * slot + 1] : absent;
+}
+
+/* insert(slots, tags, keys, ids): each key (>= 0) in order with its id into the first free slot
+ * from its group's start on, unless the table holds it already (its first id is kept). The
+ * caller keeps the table under half full. */
 static PyObject *insert(PyObject *self, PyObject *args) {
-  PyObject *slots_object, *keys_object, *ids_object;
-  if (!PyArg_ParseTuple(args, "OOO", &slots_object, &keys_object, &ids_object)) return NULL;
+  PyObject *slots_object, *tags_object, *keys_object, *ids_object;
+  if (!PyArg_ParseTuple(args, "OOOO", &slots_object, &tags_object, &keys_object, &ids_object))
+    return NULL;
   Table table;
+  Probe probe;
   Py_buffer keys, ids;
-  if (get_table(slots_object, &table, 1) < 0) return NULL;
+  if (get_table(slots_object, tags_object, &table, &probe, 1) < 0) return NULL;
   if (get_buffer(keys_object, &keys, 8, 0, "keys") < 0) goto no_keys;
   if (get_buffer(ids_object, &ids, 8, 0, "ids") < 0) goto no_ids;
   if (ids.len != keys.len) {
@@ -352,14 +418,19 @@ static PyObject *insert(PyObject *self, PyObject *args) {
   }
   const int64_t *key = keys.buf, *id = ids.buf;
   Py_ssize_t count = keys.len / 8;
+  for (Py_ssize_t i = 0; i < count; ++i)
+    if (key[i] < 0) {
+      PyErr_SetString(PyExc_ValueError, "keys must not be negative");
+      goto bad;
+    }
   Py_BEGIN_ALLOW_THREADS
   for (Py_ssize_t i = 0; i < count; ++i) {
-    int64_t at = key[i] & table.mask & ~(int64_t)(GROUP - 1);
-    while (table.slots[2 * at] != EMPTY && table.slots[2 * at] != key[i])
-      at = (at + 1) & table.mask;
-    if (table.slots[2 * at] == EMPTY) {
-      table.slots[2 * at] = key[i];
-      table.slots[2 * at + 1] = id[i];
+    int64_t slot = slot_of(probe, key[i]);
+    if (slot < 0) {
+      slot = -1 - slot;
+      probe.tags[slot] = (uint8_t)tag_of(key[i]);
+      probe.slots[2 * slot] = key[i];
+      probe.slots[2 * slot + 1] = id[i];
     }
   }
   Py_END_ALLOW_THREADS
@@ -368,22 +439,24 @@ bad:
 no_ids:
   PyBuffer_Release(&keys);
 no_keys:
-  PyBuffer_Release(&table.view);
+  release_table(&table);
   if (PyErr_Occurred()) return NULL;
   Py_RETURN_NONE;
 }
 
-/* lookup(slots, keys, absent, out): out[i] = the id of keys[i] (>= 0), or `absent` when the
- * table does not hold it. */
+/* lookup(slots, tags, keys, absent, out): out[i] = the id of keys[i] (>= 0), or `absent` when
+ * the table does not hold it. */
 static PyObject *lookup(PyObject *self, PyObject *args) {
-  PyObject *slots_object, *keys_object, *out_object;
+  PyObject *slots_object, *tags_object, *keys_object, *out_object;
   long long absent;
-  if (!PyArg_ParseTuple(args, "OOLO", &slots_object, &keys_object, &absent, &out_object))
+  if (!PyArg_ParseTuple(args, "OOOLO", &slots_object, &tags_object, &keys_object, &absent,
+                        &out_object))
     return NULL;
   Table table;
+  Probe probe;
   Py_buffer keys;
   Output out;
-  if (get_table(slots_object, &table, 0) < 0) return NULL;
+  if (get_table(slots_object, tags_object, &table, &probe, 0) < 0) return NULL;
   if (get_buffer(keys_object, &keys, 8, 0, "keys") < 0) goto no_keys;
   if (get_output(out_object, &out) < 0) goto no_out;
   if (out.count != keys.len / 8) {
@@ -391,15 +464,18 @@ static PyObject *lookup(PyObject *self, PyObject *args) {
     goto bad;
   }
   const int64_t *key = keys.buf;
+  char *at = out.at;
+  Py_ssize_t stride = out.stride, count = out.count;
   Py_BEGIN_ALLOW_THREADS
-  for (Py_ssize_t i = 0; i < out.count; ++i) put(&out, i, id_of(&table, key[i], absent));
+  for (Py_ssize_t i = 0; i < count; ++i)
+    *(int64_t *)(at + i * stride) = key[i] < 0 ? absent : id_of(probe, key[i], absent);
   Py_END_ALLOW_THREADS
 bad:
   PyBuffer_Release(&out.view);
 no_out:
   PyBuffer_Release(&keys);
 no_keys:
-  PyBuffer_Release(&table.view);
+  release_table(&table);
   if (PyErr_Occurred()) return NULL;
   Py_RETURN_NONE;
 }
@@ -426,9 +502,10 @@ static PyObject *fingerprints(PyObject *self, PyObject *args) {
   }
   uint64_t *hash = hashes.buf;
   uint8_t *is_present = present.buf;
+  Column column = column_of(&values);
   Py_BEGIN_ALLOW_THREADS
-  for (Py_ssize_t i = 0; i < values.count; ++i) {
-    int found = fingerprint_of(&values, i, &hash[i]);
+  for (Py_ssize_t i = 0; i < column.count; ++i) {
+    int found = fingerprint_at(column, i, &hash[i]);
     if (found < 0) {
       problem = OUTSIDE_DATA;
       break;
@@ -455,40 +532,54 @@ typedef struct {
   uint64_t buckets;
   __uint128_t reciprocal;
   int64_t first_id;
-  const Table *table;
+  int by_table;
+  Probe table;
   int64_t salt, absent;
 } Rule;
 
-static inline int64_t id_by(Rule rule, uint64_t hash) {
+static inline __attribute__((always_inline)) int64_t id_by(Rule rule, uint64_t hash) {
   uint64_t key = within_hash_range(hash);
-  if (rule.table) return id_of(rule.table, (int64_t)key ^ rule.salt, rule.absent);
+  if (rule.by_table) return id_of(rule.table, (int64_t)key ^ rule.salt, rule.absent);
   return rule.first_id + (int64_t)remainder_of(key, rule.reciprocal, rule.buckets);
 }
 
-/* out[i] = the id `rule` gives value i, `missing` for a null or empty one, without the GIL; a
- * ValueError (and -1) when an offset lies outside the bytes, or out's length is not the values'.
- * Inlined where the rule is built, so that the compiler keeps it in registers across the writes
- * to out and drops the branch its kind makes. */
+/* at[i * stride] = the id `rule` gives value i of `column`, `missing` for a null or empty one;
+ * -1 when an offset lies outside the bytes. Inlined where the rule is built, with everything it
+ * reads passed by value: the compiler keeps it in registers across the writes, and drops the
+ * branches on the rule's kind and the offsets' width. */
+static inline __attribute__((always_inline)) int encode_column(Column column, Rule rule,
+                                                               int64_t missing, char *at,
+                                                               Py_ssize_t stride) {
+  for (Py_ssize_t i = 0; i < column.count; ++i) {
+    uint64_t hash;
+    int found = fingerprint_at(column, i, &hash);
+    if (found < 0) return -1;
+    *(int64_t *)(at + i * stride) = found ? id_by(rule, hash) : missing;
+  }
+  return 0;
+}
+
+/* out[i] = the id `rule` gives value i, without the GIL; a ValueError (and -1) when an offset
+ * lies outside the bytes, or out's length is not the values'. */
 static inline __attribute__((always_inline)) int encode(const Values *values, Rule rule,
                                                         int64_t missing, Output *out) {
   if (out->count != values->count) {
     PyErr_SetString(PyExc_ValueError, "out must hold one item per value");
     return -1;
   }
-  int outside = 0;
+  Column column = column_of(values);
+  int outside;
   Py_BEGIN_ALLOW_THREADS
-  for (Py_ssize_t i = 0; i < values->count; ++i) {
-    uint64_t hash;
-    int found = fingerprint_of(values, i, &hash);
-    if (found < 0) {
-      outside = 1;
-      break;
-    }
-    put(out, i, found ? id_by(rule, hash) : missing);
+  if (column.wide) {
+    column.wide = 1;
+    outside = encode_column(column, rule, missing, out->at, out->stride);
+  } else {
+    column.wide = 0;
+    outside = encode_column(column, rule, missing, out->at, out->stride);
   }
   Py_END_ALLOW_THREADS
   if (outside) PyErr_SetString(PyExc_ValueError, OUTSIDE_DATA);
-  return outside ? -1 : 0;
+  return outside;
 }
 
 /* bucket_ids(data, offsets, validity, first, buckets, first_id, missing, out): out[i] =
@@ -518,24 +609,26 @@ static PyObject *bucket_ids(PyObject *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-/* table_ids(data, offsets, validity, first, salt, slots, absent, missing, out): out[i] = the key
+/* table_ids(data, offsets, validity, first, salt, slots, tags, absent, missing,
+ * out): out[i] = the key
  * table's id of key (Fingerprint64 of value i modulo 2**63 - 1) XOR salt, `absent` when the
  * table does not hold it, `missing` for a null or empty value. */
 static PyObject *table_ids(PyObject *self, PyObject *args) {
-  PyObject *data, *offsets, *validity, *slots, *out_object;
+  PyObject *data, *offsets, *validity, *slots, *tags, *out_object;
   long long first, salt, absent, missing;
-  if (!PyArg_ParseTuple(args, "OOOLLOLLO", &data, &offsets, &validity, &first, &salt, &slots,
-                        &absent, &missing, &out_object))
+  if (!PyArg_ParseTuple(args, "OOOLLOOLLO", &data, &offsets, &validity, &first, &salt, &slots,
+                        &tags, &absent, &missing, &out_object))
     return NULL;
   if (salt < 0) {
     PyErr_SetString(PyExc_ValueError, "salt must not be negative");
     return NULL;
   }
   Table table;
+  Probe probe;
   Values values;
   Output out;
-  if (get_table(slots, &table, 0) < 0) return NULL;
-  Rule rule = {.table = &table, .salt = salt, .absent = absent};
+  if (get_table(slots, tags, &table, &probe, 0) < 0) return NULL;
+  Rule rule = {.by_table = 1, .table = probe, .salt = salt, .absent = absent};
   if (get_values(data, offsets, validity, first, &values) == 0) {
     if (get_output(out_object, &out) == 0) {
       encode(&values, rule, missing, &out);
@@ -543,7 +636,7 @@ static PyObject *table_ids(PyObject *self, PyObject *args) {
     }
     release_values(&values);
   }
-  PyBuffer_Release(&table.view);
+  release_table(&table);
   if (PyErr_Occurred()) return NULL;
   Py_RETURN_NONE;
 }
@@ -611,12 +704,14 @@ static PyMethodDef methods[] = {
     {"bucket_ids", bucket_ids, METH_VARARGS,
      "bucket_ids(data, offsets, validity, first, buckets, first_id, missing, out): hashed ids."},
     {"table_ids", table_ids, METH_VARARGS,
-     "table_ids(data, offsets, validity, first, salt, slots, absent, missing, out): the key "
-     "table's ids of the values."},
+     "table_ids(data, offsets, validity, first, salt, slots, tags, absent, missing, out): the "
+     "key table's ids of the values."},
     {"take", take, METH_VARARGS,
      "take(values, indices, validity, first, missing, out): values at indices, missing at nulls."},
-    {"insert", insert, METH_VARARGS, "insert(slots, keys, ids): keys and their ids into a key table."},
-    {"lookup", lookup, METH_VARARGS, "lookup(slots, keys, absent, out): the ids of keys."},
+    {"insert", insert, METH_VARARGS,
+     "insert(slots, tags, keys, ids): keys and their ids into a key table."},
+    {"lookup", lookup, METH_VARARGS,
+     "lookup(slots, tags, keys, absent, out): the ids of keys."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {

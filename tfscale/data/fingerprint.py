@@ -44,8 +44,8 @@ def table_ids(values, salt, table, absent, missing, out):
     `table` holds for each value of `values` (as `fingerprints` takes them), keyed by its
     fingerprint modulo HASH_RANGE XOR `salt` (>= 0); `absent` where the table does not hold the
     key, `missing` for a value not present."""
-    _kernels.table_ids(*_buffers(values), int(salt), table.slots, int(absent), int(missing),
-                       out)
+    _kernels.table_ids(*_buffers(values), int(salt), table.slots, table.tags, int(absent),
+                       int(missing), out)
 
 
 def _buffers(values):

@@ -1,17 +1,18 @@
-"""A hash table of non-negative int64 keys to int64 ids in one numpy array (open addressing,
-linear probing from groups of four slots), built once and looked up a whole array of keys at a
+"""A hash table of non-negative int64 keys to int64 ids in numpy arrays (open addressing,
+linear probing from groups of eight slots, each slot with a one-byte tag), built once and looked up a whole array of keys at a
 time by the C kernels in tfscale/data/_kernels.c, without holding the GIL: the vocabulary's
 lookup of the keys the readers compute in their threads (vocabulary.VocabularyEncoder).
 
 Ours because numpy has no hash table, a binary search (`np.searchsorted`) costs about 120 ns a
 key on a vocabulary of 50K values (cache misses at every level), and pyarrow's `index_in`
 rebuilds its table on every call. Keys are fingerprints already, so a key's low bits are its
-slot; the table is at most half full.
+slot and its high bits its tag; the table is at most half full.
 """
 
 import numpy as np
 
 import tfscale.data._kernels as _kernels
+from tfscale.data import aligned
 
 _EMPTY = np.int64(-1)  # no key is negative
 
@@ -20,8 +21,10 @@ class KeyTable:
     """int64 `keys` (>= 0) -> int64 `ids`; where a key repeats, its first id is kept.
 
     `slots`: int64 [size, 2] of (key, id), -1 as an empty slot's key, size a power of two at
-    least twice the keys; keys are placed and found in groups of four slots (a 64-byte cache
-    line, `tfscale/data/_kernels.c`)."""
+    least twice the keys; `tags`: uint8 [size], 0 for an empty slot, else 0x80 | the key's bits
+    56-62. A search compares a group's eight tags at once and reads only the slots whose tag
+    matches (`tfscale/data/_kernels.c`): a key the table does not hold, most of a vocabulary's
+    lookups, costs a read of the tags alone, 1/16 of the slots' memory."""
 
     def __init__(self, keys, ids):
         keys = np.ascontiguousarray(keys, np.int64)
@@ -32,20 +35,16 @@ class KeyTable:
         if len(keys) and keys.min() < 0:
             raise ValueError("KeyTable takes non-negative keys")
         size = 1 << max(4, int(2 * len(keys) - 1).bit_length())  # at least twice the keys
-        self.slots = _cache_aligned(size)
+        self.slots = aligned.empty((size, 2), np.int64)
         self.slots[:, 0] = _EMPTY
-        _kernels.insert(self.slots, keys, ids)
+        self.tags = aligned.empty(size, np.uint8)  # a group's tags: one word of a cache line
+        self.tags[:] = 0
+        _kernels.insert(self.slots, self.tags, keys, ids)
 
     def lookup(self, keys, absent):
         """int64 ids [n] of int64 `keys` [n] (>= 0); `absent` for a key not in the table."""
         found = np.empty(len(keys), np.int64)
-        _kernels.lookup(self.slots, np.ascontiguousarray(keys, np.int64), int(absent), found)
+        _kernels.lookup(self.slots, self.tags, np.ascontiguousarray(keys, np.int64), int(absent),
+                        found)
         return found
 
-
-def _cache_aligned(size):
-    """An int64 [size, 2] array starting on a 64-byte boundary: a group of four slots is one
-    cache line."""
-    memory = np.empty(2 * size + 8, np.int64)
-    skip = (-memory.ctypes.data % 64) // 8
-    return memory[skip:skip + 2 * size].reshape(size, 2)

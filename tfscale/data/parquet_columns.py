@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 import tensorflow as tf
 
 import tfscale.data._kernels as _kernels
+from tfscale.data import aligned
 from tfscale.data.schema import MISSING_ID
 from tfscale.data.text_lines import INT64_PATTERN, INT64_RANGE, Fields, LineLayout
 from tfscale.data.value_counts import distinct_counts
@@ -196,7 +197,7 @@ class Categorical:
     def ids(self, encoder):
         """int64 [n, C]: the ids `encoder` (a preprocessing.HashingEncoder or a
         vocabulary.VocabularyEncoder) gives the values of column k as field k."""
-        ids = np.empty([self.rows, len(self.columns)], np.int64)
+        ids = aligned.empty([self.rows, len(self.columns)], np.int64)  # as TensorFlow takes it
         for k, chunks in enumerate(self.columns):
             row = 0
             for chunk in chunks:
