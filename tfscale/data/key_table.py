@@ -1,7 +1,8 @@
 """A hash table of non-negative int64 keys to int64 ids in numpy arrays (open addressing,
 linear probing from groups of eight slots, each with a one-byte tag), built once and looked up
 a whole array of keys at a time by the C kernels in tfscale/data/_kernels.c, without holding
-the GIL: the vocabulary's lookup of the keys the readers compute in their threads (vocabulary.VocabularyEncoder).
+the GIL: the vocabulary's lookup of the keys the readers compute in their threads
+(vocabulary.VocabularyEncoder).
 
 Ours because numpy has no hash table, a binary search (`np.searchsorted`) costs about 120 ns a
 key on a vocabulary of 50K values (cache misses at every level), and pyarrow's `index_in`
