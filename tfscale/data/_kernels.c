@@ -418,11 +418,6 @@ static PyObject *insert(PyObject *self, PyObject *args) {
   }
   const int64_t *key = keys.buf, *id = ids.buf;
   Py_ssize_t count = keys.len / 8;
-  for (Py_ssize_t i = 0; i < count; ++i)
-    if (key[i] < 0) {
-      PyErr_SetString(PyExc_ValueError, "keys must not be negative");
-      goto bad;
-    }
   Py_BEGIN_ALLOW_THREADS
   for (Py_ssize_t i = 0; i < count; ++i) {
     int64_t slot = slot_of(probe, key[i]);
@@ -570,7 +565,7 @@ static inline __attribute__((always_inline)) int encode(const Values *values, Ru
   Column column = column_of(values);
   int outside;
   Py_BEGIN_ALLOW_THREADS
-  if (column.wide) {
+  if (column.wide) {  /* each branch a copy of the loop for one width, known as a constant */
     column.wide = 1;
     outside = encode_column(column, rule, missing, out->at, out->stride);
   } else {
@@ -609,10 +604,9 @@ static PyObject *bucket_ids(PyObject *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-/* table_ids(data, offsets, validity, first, salt, slots, tags, absent, missing,
- * out): out[i] = the key
- * table's id of key (Fingerprint64 of value i modulo 2**63 - 1) XOR salt, `absent` when the
- * table does not hold it, `missing` for a null or empty value. */
+/* table_ids(data, offsets, validity, first, salt, slots, tags, absent, missing, out): out[i] =
+ * the key table's id of key (Fingerprint64 of value i modulo 2**63 - 1) XOR salt, `absent` when
+ * the table does not hold it, `missing` for a null or empty value. */
 static PyObject *table_ids(PyObject *self, PyObject *args) {
   PyObject *data, *offsets, *validity, *slots, *tags, *out_object;
   long long first, salt, absent, missing;
