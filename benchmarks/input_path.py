@@ -21,7 +21,8 @@ date, command, load average and the other processes' CPU seconds of every run, -
   stages   where the time goes: passes over the file that stop after each stage (decode,
            checks, conversion, hand-over to TF (with the ids, where the readers encode in
            their threads), encoding, batching), for Parquet and text, hashing; each stage's
-           cost is the difference to the pass before.
+           cost is the difference to the pass before. Text blocks also through the C kernel
+           alone (parse, checks and ids in one pass).
   train    `launch.train` (DeepFM, batch 8,192, one epoch) on the TSV file, on the Parquet
            file and on `--data=synthetic` with as many rows, alternating, in processes of their
            own; the epoch line's examples/s.
@@ -280,6 +281,20 @@ def stage_cases():
 
     cases.update(blocks_1_decode=blocks_1_decode, blocks_2_checks=blocks_2_checks,
                  blocks_3_raw_columns=blocks_3_raw_columns)
+    try:
+        from tfscale.data.line_kernel import LineKernel
+    except ImportError:  # a tree whose text readers parse every block with pyarrow
+        return cases
+    kernel = LineKernel(text.FORMAT, files.layout, text.preprocessing.encoder)
+
+    def kernel_rows(block):
+        lines = block.count(b"\n") + (0 if block.endswith(b"\n") else 1)
+        return len(kernel.element(block, np.ones(lines, bool))["labels"])
+
+    def kernel_1_encoded():
+        return text_blocks_of(kernel_rows)
+
+    cases.update(kernel_1_encoded=kernel_1_encoded)
     return cases
 
 

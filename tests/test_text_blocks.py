@@ -1,7 +1,8 @@
-"""The text readers' blocks of lines (tfscale.data.text_blocks): blocks that pyarrow parses and
-Arrow's checks pass give the same rows as the reader's LineParser gives for the same lines; a
-block holding anything else goes through the LineParser, which refuses a bad value naming file,
-line and column, skips it, or reads a short line's missing fields, as before."""
+"""The text readers' blocks of lines (tfscale.data.text_blocks): blocks that the C kernel
+(tfscale.data.line_kernel) reads, and blocks that pyarrow parses and Arrow's checks pass, give
+the same rows as the reader's LineParser gives for the same lines; a block holding anything else
+goes through the LineParser, which refuses a bad value naming file, line and column, skips it,
+or reads a short line's missing fields, as before. The kernel takes exactly the clean lines."""
 
 import numpy as np
 import pytest
@@ -9,9 +10,12 @@ import tensorflow as tf
 
 from tfscale.data import handover
 from tfscale.data.criteo import CriteoTSV
+from tfscale.data.line_kernel import LineKernel
 from tfscale.data.preprocessing import HashingEncoder
 from tfscale.data.text_blocks import TextBlocks
 from tfscale.data.text_lines import FileSet, LineParser, LineSelection, parsed_chunks
+from tfscale.data.schema import MISSING_ID
+from tfscale.data.vocabulary import FIRST_VALUE_ID, OOV_ID
 from tfscale.errors import user_error_from_tf
 
 FORMAT = CriteoTSV.FORMAT
@@ -36,20 +40,44 @@ def write(path, text_lines):
     return str(path)
 
 
-def rows(dataset):
+def rows(dataset, encoder):
     """(labels, dense, present, categorical ids, derived, bad lines) of raw columns (the
-    LineParser's categorical strings encoded by ENCODER, as the blocks' were)."""
+    LineParser's categorical strings encoded by `encoder`, as the blocks' were)."""
     raws = list(dataset.as_numpy_iterator())
     for raw in raws:
         if "categorical_ids" not in raw:
-            raw["categorical_ids"] = ENCODER.encode(raw["categorical"]).numpy()
+            raw["categorical_ids"] = encoder.encode(raw["categorical"]).numpy()
     keys = ("labels", "dense", "dense_present", "categorical_ids", "derived")
     return [np.concatenate([raw[key] for raw in raws]) for key in keys] + [
         sum(int(raw["bad_lines"]) for raw in raws)]
 
 
-def by_blocks(path, selection=LineSelection(), skip=False, block_bytes=2048, parsed=None):
-    """The rows of TextBlocks; `parsed` (a list) gets the blocks the LineParser parsed."""
+@pytest.fixture(params=["kernel", "pyarrow"])
+def first_try(request, monkeypatch):
+    """Which reads a clean block: the C kernel, or (the kernel switched off) pyarrow's parse."""
+    if request.param == "pyarrow":
+        monkeypatch.setattr(LineKernel, "reads", staticmethod(lambda text_format, layout: False))
+    return request.param
+
+
+@pytest.fixture
+def kernel_reads(monkeypatch):
+    """Whether the kernel read each block it was given, in order."""
+    reads, element = [], LineKernel.element
+
+    def recorded(kernel, block, keep):
+        result = element(kernel, block, keep)
+        reads.append(result is not None)
+        return result
+
+    monkeypatch.setattr(LineKernel, "element", recorded)
+    return reads
+
+
+def by_blocks(path, selection=LineSelection(), skip=False, block_bytes=2048, parsed=None,
+              encoder=ENCODER):
+    """The rows of TextBlocks, categorical values encoded by `encoder`; `parsed` (a list) gets
+    the blocks the LineParser parsed."""
     files = FileSet(FORMAT, path)
     blocks = TextBlocks(FORMAT, files, skip, "missing", block_bytes=block_bytes)
     if parsed is not None:
@@ -60,14 +88,14 @@ def by_blocks(path, selection=LineSelection(), skip=False, block_bytes=2048, par
             return through_the_parser(file_index, block, numbers, keep, encoder)
 
         blocks._through_the_parser = recorded
-    return rows(handover.raw_columns(lambda: blocks.elements(selection, np.arange(1), ENCODER),
-                                     FORMAT))
+    return rows(handover.raw_columns(lambda: blocks.elements(selection, np.arange(1), encoder),
+                                     FORMAT), encoder)
 
 
-def by_the_parser(path, selection=LineSelection(), skip=False):
+def by_the_parser(path, selection=LineSelection(), skip=False, encoder=ENCODER):
     files = FileSet(FORMAT, path)
     return rows(parsed_chunks(files, LineParser(FORMAT, files, skip, "missing"), selection,
-                              np.arange(1), 64))
+                              np.arange(1), 64), encoder)
 
 
 def assert_same(got, want):
@@ -76,14 +104,32 @@ def assert_same(got, want):
 
 
 @pytest.mark.parametrize("selection", [LineSelection(), LineSelection(0.3, True, 1, 2)])
-def test_blocks_read_what_the_line_parser_reads(tmp_path, selection):
+def test_blocks_read_what_the_line_parser_reads(tmp_path, selection, first_try, kernel_reads):
     path = write(tmp_path / "train.txt", lines(300))
     parsed = []
     assert_same(by_blocks(path, selection, parsed=parsed), by_the_parser(path, selection))
-    assert parsed == []  # every block took the fast path (integers as text in the first ones)
+    assert parsed == []  # every block took a fast path (integers as text in pyarrow's first)
+    assert kernel_reads == ([True] * len(kernel_reads) if first_try == "kernel" else [])
+    assert len(kernel_reads) > 10 or first_try == "pyarrow"
 
 
-def test_a_block_with_a_short_or_bad_line_goes_through_the_line_parser(tmp_path):
+def test_the_kernel_gives_the_vocabularys_ids(tmp_path, kernel_reads):
+    path = write(tmp_path / "train.txt", lines(300))
+    encoder = CriteoTSV.build_vocabulary(path, min_count=2).encoder(FORMAT.categorical_names)
+    got = by_blocks(path, encoder=encoder)
+    assert_same(got, by_the_parser(path, encoder=encoder))  # TensorFlow's search of the keys
+    assert all(kernel_reads) and len(kernel_reads) > 10
+    assert {OOV_ID, MISSING_ID, FIRST_VALUE_ID} <= set(np.unique(got[3]))
+
+
+def test_lines_without_labels_read_as_the_line_parser_reads_them(tmp_path, first_try):
+    path = write(tmp_path / "test.txt", [line.split("\t", 1)[1] for line in lines(300)])
+    got = by_blocks(path)
+    assert_same(got, by_the_parser(path))
+    assert not got[0].any()
+
+
+def test_a_block_with_a_short_or_bad_line_goes_through_the_line_parser(tmp_path, first_try):
     text = lines(300)
     text[40] = "\t".join(text[40].split("\t")[:20])  # short: its missing fields read as missing
     text[250] = text[250].replace("\t", "\t0x10\t", 1)  # a bad line: skipped and counted
@@ -105,7 +151,7 @@ def test_a_block_with_a_short_or_bad_line_goes_through_the_line_parser(tmp_path)
      "found '99999999999999999999'"),
 ])
 def test_a_bad_value_in_a_later_block_is_refused_naming_file_line_and_column(
-        tmp_path, line, problem):
+        tmp_path, line, problem, first_try):
     text = lines(300)
     text[200] = line(text[200])
     text[200] = "\t".join(text[200].split("\t")[:40])  # the same field count
@@ -113,3 +159,53 @@ def test_a_bad_value_in_a_later_block_is_refused_naming_file_line_and_column(
     with pytest.raises(tf.errors.InvalidArgumentError) as caught:
         by_blocks(path)
     assert str(user_error_from_tf(caught.value)) == f"{path} line 201: {problem}"
+
+
+CLEAN = lines(3)
+
+
+def kernel_element(text, keep=None):
+    """The kernel's element of the block of `text` (lines of Criteo's layout with labels), or
+    None."""
+    files_layout = FORMAT.layout("block", [CLEAN[0]])
+    block = text.encode()
+    count = block.count(b"\n") + (0 if block.endswith(b"\n") else 1)
+    keep = np.ones(count, bool) if keep is None else np.asarray(keep)
+    return LineKernel(FORMAT, files_layout, ENCODER).element(block, keep)
+
+
+@pytest.mark.parametrize("change", [
+    lambda text: text.replace("\n", "\n\n", 1),  # an empty line
+    lambda text: text.replace("\n", "\tx\n", 1),  # a field too many
+    lambda text: text.replace("\t", "", 1),  # a field too few
+    lambda text: text.replace("\n", "\r\n", 1),  # a carriage return, which the reader drops
+    lambda text: "2" + text[1:],  # a label other than 0 or 1
+    lambda text: "0\t1.5" + text[text.index("\t", 2):],
+    lambda text: "0\t 5" + text[text.index("\t", 2):],
+    lambda text: "0\t0x5" + text[text.index("\t", 2):],
+    lambda text: "0\t+" + text[text.index("\t", 2):],
+    lambda text: "0\t--5" + text[text.index("\t", 2):],
+    lambda text: "0\t9223372036854775808" + text[text.index("\t", 2):],
+    lambda text: "0\t-9223372036854775809" + text[text.index("\t", 2):],
+    lambda text: "0\t99999999999999999999" + text[text.index("\t", 2):],
+])
+def test_the_kernel_refuses_every_line_that_is_not_clean(change):
+    text = "\n".join(CLEAN) + "\n"
+    assert kernel_element(text) is not None
+    assert kernel_element(change(text)) is None
+
+
+def test_the_kernel_reads_integers_at_the_patterns_edges_and_passes_over_lines_not_kept():
+    integers = ["+0", "-0", "000000000000000000000000042", "9223372036854775807",
+                "-9223372036854775808", "-000009223372036854775808", "", "+12", "7", "-1",
+                "0", "1", "2"]
+    line = "\t".join(["1"] + integers + CLEAN[0].split("\t")[14:])
+    text = "\n".join([line, "not\ta\tline", line])  # the last line without its line end
+    element = kernel_element(text, keep=[True, False, True])
+    want = [0, 0, 42, 2**63 - 1, -2**63, -2**63, 0, 12, 7, -1, 0, 1, 2]
+    np.testing.assert_array_equal(element["dense"], np.array([want] * 2, np.float32))
+    np.testing.assert_array_equal(element["dense_present"][0], [value != "" for value in integers])
+    np.testing.assert_array_equal(element["labels"], [1, 1])
+    np.testing.assert_array_equal(
+        element["categorical_ids"][0],
+        ENCODER.encode(tf.constant([CLEAN[0].split("\t")[14:]])).numpy()[0])

@@ -692,6 +692,187 @@ no_indices:
   Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------- lines of delimited text */
+
+/* What a line's column holds (parse_lines' `roles`). */
+enum { SKIPPED = 0, LABEL = 1, INTEGER = 2, CATEGORICAL = 3 };
+
+/* The integer field [s, e) (not empty) when it matches the reader's pattern ([+-]?[0-9]+, any
+ * leading zeros) within int64's range, into *value; 0 when it does not. */
+static inline int parse_int64(const uint8_t *s, const uint8_t *e, int64_t *value) {
+  int negative = 0;
+  if (*s == '+' || *s == '-') negative = *s++ == '-';
+  if (s == e) return 0;
+  while (s < e - 1 && *s == '0') ++s;  /* leading zeros, the last digit kept */
+  if (e - s > 19) return 0;            /* more than int64's 19 digits */
+  uint64_t magnitude = 0;              /* 19 digits fit in 64 bits */
+  for (; s < e; ++s) {
+    unsigned digit = (unsigned)(*s - '0');
+    if (digit > 9) return 0;
+    magnitude = magnitude * 10 + digit;
+  }
+  if (magnitude > (uint64_t)INT64_MAX + (uint64_t)negative) return 0;
+  *value = negative ? (int64_t)(0 - magnitude) : (int64_t)magnitude;
+  return 1;
+}
+
+/* Where parse_lines writes a block's rows, as plain pointers (see Column). */
+typedef struct {
+  float *labels, *dense;
+  uint8_t *present;
+  int64_t *ids;
+  Py_ssize_t dense_fields, categorical_fields;
+} Rows;
+
+/* The kept lines of `lines` lines in [p, end) into `rows`: -1 - the first kept line that is not
+ * clean (a field too few or too many, an empty line, a label other than "0" or "1", an integer
+ * off the pattern or out of range), else the rows written. Lines not kept are passed over
+ * unread. */
+static Py_ssize_t parse_rows(const uint8_t *p, const uint8_t *end, Py_ssize_t lines,
+                             const uint8_t *keep, const uint8_t *roles, const int32_t *places,
+                             Py_ssize_t columns, uint8_t delimiter, const Rule *rules,
+                             int64_t missing, Rows rows) {
+  Py_ssize_t row = 0;
+  for (Py_ssize_t line = 0; line < lines; ++line) {
+    if (!keep[line]) {
+      const uint8_t *line_end = memchr(p, '\n', (size_t)(end - p));
+      p = line_end ? line_end + 1 : end;
+      continue;
+    }
+    if (p == end || *p == '\n') return -1 - line;
+    float *dense = rows.dense + row * rows.dense_fields;
+    uint8_t *present = rows.present + row * rows.dense_fields;
+    int64_t *ids = rows.ids + row * rows.categorical_fields;
+    for (Py_ssize_t column = 0; column < columns; ++column) {
+      const uint8_t *s = p;
+      while (p < end && *p != delimiter && *p != '\n') ++p;
+      int last = column == columns - 1;
+      if (last ? p < end && *p != '\n' : p == end || *p != delimiter) return -1 - line;
+      int32_t place = places[column];
+      switch (roles[column]) {
+        case LABEL:
+          if (p - s != 1 || (*s != '0' && *s != '1')) return -1 - line;
+          rows.labels[row] = (float)(*s - '0');
+          break;
+        case INTEGER: {
+          int64_t value = 0;
+          if (p > s && !parse_int64(s, p, &value)) return -1 - line;
+          dense[place] = (float)value;
+          present[place] = p > s;
+          break;
+        }
+        case CATEGORICAL:
+          ids[place] = p > s ? id_by(rules[place], fingerprint64(s, (uint64_t)(p - s)))
+                             : missing;
+          break;
+      }
+      if (p < end) ++p;  /* past the delimiter, or the line's end */
+    }
+    ++row;
+  }
+  return row;
+}
+
+/* parse_lines(block, delimiter, roles, places, keep, buckets, salts, slots, tags, absent,
+ * missing, labels, dense, present, ids): the lines of `block` (bytes of whole lines, "\n"
+ * ending each but perhaps the last; one byte of `keep` per line) whose keep byte is set, parsed,
+ * checked and encoded into C-ordered rows: labels float32 [m], dense float32 [m, D] and present
+ * uint8 [m, D] of the integer fields, ids int64 [m, C] of the categorical ones. Column j of a
+ * line holds what roles[j] says (0 skipped, 1 the label, 2 integer field places[j], 3
+ * categorical field places[j]); a categorical value's id by hashing (`buckets` uint64 [C], ids
+ * from 1) or by the key table (`salts` int64 [C], `slots`, `tags`, `absent`); None for the
+ * other. An empty integer field is missing (present 0), an empty categorical value `missing`.
+ * Returns m, or -1 - the first kept line that is not clean (nothing is then to be read from the
+ * outputs). */
+static PyObject *parse_lines(PyObject *self, PyObject *args) {
+  PyObject *block_object, *roles_object, *places_object, *keep_object, *buckets_object,
+      *salts_object, *slots_object, *tags_object, *labels_object, *dense_object,
+      *present_object, *ids_object;
+  int delimiter;
+  long long absent, missing;
+  if (!PyArg_ParseTuple(args, "OiOOOOOOOLLOOOO", &block_object, &delimiter, &roles_object,
+                        &places_object, &keep_object, &buckets_object, &salts_object,
+                        &slots_object, &tags_object, &absent, &missing, &labels_object,
+                        &dense_object, &present_object, &ids_object))
+    return NULL;
+  if (delimiter < 1 || delimiter > 255 || delimiter == '\n' ||
+      (buckets_object == Py_None) == (salts_object == Py_None)) {
+    PyErr_SetString(PyExc_ValueError,
+                    "parse_lines takes a one-byte delimiter other than a line end, and either "
+                    "buckets or salts");
+    return NULL;
+  }
+  Py_buffer views[10];
+  int held = 0, by_table = salts_object != Py_None;
+  Table table;
+  Rule *rules = NULL;
+  Py_ssize_t result = 0;
+  PyObject *objects[] = {block_object, roles_object, places_object, keep_object,
+                         by_table ? salts_object : buckets_object, labels_object, dense_object,
+                         present_object, ids_object};
+  const Py_ssize_t itemsizes[] = {0, 1, 4, 1, 8, 4, 4, 1, 8};
+  for (; held < 9; ++held)
+    if (get_buffer(objects[held], &views[held], itemsizes[held], held >= 5, "an array") < 0)
+      goto done;
+  Probe probe = {0};
+  if (by_table && get_table(slots_object, tags_object, &table, &probe, 0) < 0) goto done;
+  Py_ssize_t columns = views[1].len, lines = views[3].len, fields = views[4].len / 8;
+  Py_ssize_t rows_out = views[5].len / 4;
+  Py_ssize_t dense_fields = rows_out ? views[6].len / 4 / rows_out : 0;
+  const uint8_t *roles = views[1].buf;
+  const int32_t *places = views[2].buf;
+  int bad = views[2].len != columns * 4 || views[7].len != views[6].len / 4 ||
+            views[6].len != rows_out * dense_fields * 4 || views[8].len != rows_out * fields * 8;
+  for (Py_ssize_t j = 0; j < columns && !bad; ++j)
+    bad = roles[j] > CATEGORICAL || places[j] < 0 ||
+          (roles[j] == INTEGER && rows_out && places[j] >= dense_fields) ||
+          (roles[j] == CATEGORICAL && places[j] >= fields);
+  if (bad) {
+    PyErr_SetString(PyExc_ValueError,
+                    "parse_lines' roles, places and outputs do not agree in their sizes");
+    goto done_table;
+  }
+  rules = PyMem_Malloc((size_t)(fields ? fields : 1) * sizeof *rules);
+  if (!rules) {
+    PyErr_NoMemory();
+    goto done_table;
+  }
+  for (Py_ssize_t k = 0; k < fields; ++k) {
+    Rule rule = {.by_table = by_table, .table = probe, .absent = absent, .first_id = 1};
+    if (by_table) {
+      rule.salt = ((const int64_t *)views[4].buf)[k];
+    } else {
+      rule.buckets = ((const uint64_t *)views[4].buf)[k];
+      if (rule.buckets == 0) {
+        PyErr_SetString(PyExc_ValueError, "buckets must be positive");
+        goto done_table;
+      }
+      rule.reciprocal = reciprocal_of(rule.buckets);
+    }
+    rules[k] = rule;
+  }
+  Rows rows = {.labels = views[5].buf, .dense = views[6].buf, .present = views[7].buf,
+               .ids = views[8].buf, .dense_fields = dense_fields, .categorical_fields = fields};
+  const uint8_t *start = views[0].buf, *keep = views[3].buf;
+  Py_ssize_t kept = 0;
+  for (Py_ssize_t line = 0; line < lines; ++line) kept += keep[line] != 0;
+  if (kept != rows_out) {
+    PyErr_SetString(PyExc_ValueError, "parse_lines' outputs must hold one row per kept line");
+    goto done_table;
+  }
+  Py_BEGIN_ALLOW_THREADS
+  result = parse_rows(start, start + views[0].len, lines, keep, roles, places, columns,
+                      (uint8_t)delimiter, rules, missing, rows);
+  Py_END_ALLOW_THREADS
+done_table:
+  if (by_table) release_table(&table);
+done:
+  PyMem_Free(rules);
+  while (held-- > 0) PyBuffer_Release(&views[held]);
+  if (PyErr_Occurred()) return NULL;
+  return PyLong_FromSsize_t(result);
+}
+
 static PyMethodDef methods[] = {
     {"fingerprints", fingerprints, METH_VARARGS,
      "fingerprints(data, offsets, validity, first, hashes, present): FarmHash Fingerprint64s."},
@@ -706,6 +887,9 @@ static PyMethodDef methods[] = {
      "insert(slots, tags, keys, ids): keys and their ids into a key table."},
     {"lookup", lookup, METH_VARARGS,
      "lookup(slots, tags, keys, absent, out): the ids of keys."},
+    {"parse_lines", parse_lines, METH_VARARGS,
+     "parse_lines(block, delimiter, roles, places, keep, buckets, salts, slots, tags, absent, "
+     "missing, labels, dense, present, ids): lines parsed, checked and encoded into rows."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {

@@ -64,6 +64,11 @@ class HashingEncoder:
         or string array `values` as field number `field` (tfscale.data.fingerprint's kernel)."""
         bucket_ids(values, self.buckets[field], 1, MISSING_ID, out)
 
+    def kernel_rule(self):
+        """(buckets, salts, slots, tags, absent): how tfscale/data/_kernels.c's `parse_lines`
+        gives a field's values the ids `encode` gives them."""
+        return np.array(self.buckets, np.uint64), None, None, None, 0
+
     def describe(self):
         sizes = sorted(set(self.buckets))
         if len(sizes) == 1:

@@ -1,10 +1,12 @@
-"""The delimited-text readers' blocks of lines: parsed by pyarrow's C++ CSV reader and checked
-with Arrow's kernels, or, for a block holding any line those cannot vouch for, by the reader's
-own LineParser.
+"""The delimited-text readers' blocks of lines: parsed, checked and encoded in one pass by the C
+kernel (tfscale.data.line_kernel, for formats without derived fields), else parsed by pyarrow's
+C++ CSV reader and checked with Arrow's kernels, or, for a block holding any line those cannot
+vouch for, by the reader's own LineParser.
 
 Owns: cutting the files into numbered blocks of whole lines, the train/test split and shard of a
 block's lines (text_lines.LineSelection), pyarrow's parse of a block, and the choice per block.
-A block takes the fast path only when pyarrow parses every line into the layout's fields and
+The kernel takes a block only when every kept line is clean; pyarrow's parse
+takes it only when pyarrow parses every line into the layout's fields and
 every value passes the checks the Parquet reader applies (parquet_columns.check_rows: the label
 "0" or "1", integers of int64's range, the format's extra checks). Anything else (a malformed
 line, a short one, a value out of range, an odd integer such as " 5" or "0x5", invalid UTF-8 in
@@ -20,6 +22,7 @@ import pyarrow.csv as pacsv
 import tensorflow as tf
 
 from tfscale.data import handover, read_ahead
+from tfscale.data.line_kernel import LineKernel
 from tfscale.data.parquet_columns import ColumnMap, check_rows, derived_ids
 from tfscale.data.text_lines import LineParser
 from tfscale.data.vocabulary_pass import Piece, blocks
@@ -80,13 +83,19 @@ class TextBlocks:
                  for lines_before, block in blocks(
                      Piece(int(file_index), self._files.paths[file_index], 0, None), header,
                      self._block_bytes))
+        layout = self._files.layout
+        kernel = (LineKernel(self._format, layout, encoder)
+                  if LineKernel.reads(self._format, layout) else None)
         yield from read_ahead.ordered_ahead(
-            lambda item: self._element(selection, encoder, *item), items)
+            lambda item: self._element(selection, encoder, kernel, *item), items)
 
-    def _element(self, selection, encoder, file_index, lines_before, block):
+    def _element(self, selection, encoder, kernel, file_index, lines_before, block):
         count = block.count(b"\n") + (0 if block.endswith(b"\n") else 1)
         numbers = lines_before + 1 + np.arange(count, dtype=np.int64)
         keep = selection(tf.constant(file_index, tf.int64), tf.constant(numbers)).numpy()
+        element = kernel.element(block, keep) if kernel is not None else None
+        if element is not None:
+            return element
         table = self._parsed(block)
         if table is not None:
             if not keep.all():

@@ -151,6 +151,12 @@ class VocabularyEncoder:
         or string array `values` as field number `field` (tfscale.data.fingerprint's kernel)."""
         table_ids(values, self._salt_values[field], self._table, OOV_ID, MISSING_ID, out)
 
+    def kernel_rule(self):
+        """(buckets, salts, slots, tags, absent): how tfscale/data/_kernels.c's `parse_lines`
+        gives a field's values the ids `encode` gives them."""
+        return (None, self._salt_values.astype(np.int64), self._table.slots, self._table.tags,
+                OOV_ID)
+
     def _ids_of(self, keys):
         position = tf.minimum(tf.searchsorted(self._sorted_keys, keys, out_type=tf.int64),
                               tf.size(self._sorted_keys, out_type=tf.int64) - 1)
