@@ -13,10 +13,12 @@ import time
 import numpy as np
 import pyarrow as pa
 import pytest
+import tensorflow as tf
 
 from benchmarks.vocab_pass import make_file
 from tests import grouped_launches
 from tests.test_criteo import criteo_line, write
+from tfscale.data import fingerprint as fingerprint_lib
 from tfscale.data import value_counts, vocabulary_pass
 from tfscale.data.criteo import CATEGORICAL_NAMES, DENSE_NAMES, CriteoTSV
 from tfscale.data.text_lines import FileSet, LineParser, LineSelection, parsed_chunks
@@ -135,9 +137,9 @@ def test_the_counting_threads_add_the_blocks_in_file_order(criteo_file, monkeypa
     assert threaded.counting == one_by_one.counting and threaded.rows == LINES
 
 
-def test_value_counts_fingerprints_fold_in_every_word_of_a_value():
-    """The fingerprints as documented, one value at a time, for values of 0 to 40 bytes, in a
-    sliced array."""
+def test_value_counts_fingerprints_mix_each_values_farmhash_with_its_field():
+    """The fingerprints as documented, one value at a time, for values of 1 to 40 bytes, in a
+    sliced array and a chunked one; the same value in two fields hashes apart."""
     mask = (1 << 64) - 1
 
     def mix(x):
@@ -145,21 +147,21 @@ def test_value_counts_fingerprints_fold_in_every_word_of_a_value():
         x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
         return x ^ (x >> 31)
 
-    def fingerprint(field, value):
-        hashed = mix((field + 0x9E3779B97F4A7C15) & mask) ^ (
-            (len(value) * 0x9E3779B97F4A7C15) & mask)
-        for start in range(0, len(value), 8):
-            word = int.from_bytes(value[start:start + 8], "little")
-            hashed = (mix(hashed ^ word) * 0x100000001B3) & mask
-        return mix(hashed)
-
     rng = np.random.default_rng(2)
-    values = [rng.integers(0, 256, length, dtype=np.uint8).tobytes() for length in range(41)]
-    values = values + values[::-1]
+    values = [rng.integers(0, 256, length, dtype=np.uint8).tobytes() for length in range(1, 41)]
     fields = rng.integers(0, 26, len(values))
     array = pa.array([b"x"] + values + [b"y"], pa.binary()).slice(1, len(values))
-    assert value_counts.fingerprints(fields, array).tolist() == [
-        fingerprint(int(f), v) for f, v in zip(fields, values)]
+    got = value_counts.fingerprints(fields, array)
+    want = value_counts.fingerprints(fields, pa.chunked_array([array[:7], array[7:]]))
+    assert got.tolist() == want.tolist()
+    farmhashes, _ = fingerprint_lib.fingerprints(array)
+    assert got.tolist() == [mix(int(h) ^ mix((int(f) + 0x9E3779B97F4A7C15) & mask))
+                            for f, h in zip(fields, farmhashes)]
+    hash_range = (1 << 63) - 1  # TensorFlow's FarmHash, as to_hash_bucket_fast keeps it whole
+    assert [int(h) % hash_range for h in farmhashes] == tf.strings.to_hash_bucket_fast(
+        values, hash_range).numpy().tolist()
+    same = pa.array([values[0]] * 2, pa.binary())
+    assert len(set(value_counts.fingerprints(np.array([0, 1]), same).tolist())) == 2
 
 
 def test_value_counts_counters_cut_to_the_gate_now_and_then_count_as_cut_every_batch():

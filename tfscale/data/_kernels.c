@@ -716,6 +716,50 @@ static inline int parse_int64(const uint8_t *s, const uint8_t *e, int64_t *value
   return 1;
 }
 
+/* A block of lines read field by field: the next byte, the block's end, the delimiter. */
+typedef struct {
+  const uint8_t *p, *end;
+  uint8_t delimiter;
+} Cursor;
+
+/* The cursor past the line it is at, which is left unread. */
+static inline void skip_line(Cursor *at) {
+  const uint8_t *line_end = memchr(at->p, '\n', (size_t)(at->end - at->p));
+  at->p = line_end ? line_end + 1 : at->end;
+}
+
+/* Whether a line starts at the cursor (it is not empty, nor past the block's end). */
+static inline int line_starts(const Cursor *at) { return at->p < at->end && *at->p != '\n'; }
+
+/* The next field of a line into [*start, *stop), the cursor moved past its delimiter or the
+ * line's end; 0 when the line is not clean there: a field too few (`last` unset and the line
+ * ends) or too many (`last` set and a delimiter follows). */
+static inline __attribute__((always_inline)) int next_field(Cursor *at, int last,
+                                                            const uint8_t **start,
+                                                            const uint8_t **stop) {
+  const uint8_t *p = at->p, *end = at->end;
+  uint8_t delimiter = at->delimiter;
+  *start = p;
+  while (p < end && *p != delimiter && *p != '\n') ++p;
+  *stop = p;
+  if (last ? p < end && *p != '\n' : p == end || *p != delimiter) return 0;
+  at->p = p < end ? p + 1 : end;
+  return 1;
+}
+
+/* Whether [s, e) is a label: "0" or "1". */
+static inline int is_label(const uint8_t *s, const uint8_t *e) {
+  return e - s == 1 && (*s == '0' || *s == '1');
+}
+
+/* A line's layout as parse_lines takes it: column j holds what roles[j] says, the field
+ * places[j] of its kind; keep[i] whether line i is read. */
+typedef struct {
+  const uint8_t *roles, *keep;
+  const int32_t *places;
+  Py_ssize_t columns, lines;
+} Layout;
+
 /* Where parse_lines writes a block's rows, as plain pointers (see Column). */
 typedef struct {
   float *labels, *dense;
@@ -724,49 +768,42 @@ typedef struct {
   Py_ssize_t dense_fields, categorical_fields;
 } Rows;
 
-/* The kept lines of `lines` lines in [p, end) into `rows`: -1 - the first kept line that is not
- * clean (a field too few or too many, an empty line, a label other than "0" or "1", an integer
- * off the pattern or out of range), else the rows written. Lines not kept are passed over
- * unread. */
-static Py_ssize_t parse_rows(const uint8_t *p, const uint8_t *end, Py_ssize_t lines,
-                             const uint8_t *keep, const uint8_t *roles, const int32_t *places,
-                             Py_ssize_t columns, uint8_t delimiter, const Rule *rules,
-                             int64_t missing, Rows rows) {
+/* The kept lines of the block at `at` into `rows`: -1 - the first kept line that is not clean
+ * (a field too few or too many, an empty line, a label other than "0" or "1", an integer off
+ * the pattern or out of range), else the rows written. Lines not kept are passed over unread. */
+static Py_ssize_t parse_rows(Cursor at, Layout layout, const Rule *rules, int64_t missing,
+                             Rows rows) {
   Py_ssize_t row = 0;
-  for (Py_ssize_t line = 0; line < lines; ++line) {
-    if (!keep[line]) {
-      const uint8_t *line_end = memchr(p, '\n', (size_t)(end - p));
-      p = line_end ? line_end + 1 : end;
+  for (Py_ssize_t line = 0; line < layout.lines; ++line) {
+    if (!layout.keep[line]) {
+      skip_line(&at);
       continue;
     }
-    if (p == end || *p == '\n') return -1 - line;
+    if (!line_starts(&at)) return -1 - line;
     float *dense = rows.dense + row * rows.dense_fields;
     uint8_t *present = rows.present + row * rows.dense_fields;
     int64_t *ids = rows.ids + row * rows.categorical_fields;
-    for (Py_ssize_t column = 0; column < columns; ++column) {
-      const uint8_t *s = p;
-      while (p < end && *p != delimiter && *p != '\n') ++p;
-      int last = column == columns - 1;
-      if (last ? p < end && *p != '\n' : p == end || *p != delimiter) return -1 - line;
-      int32_t place = places[column];
-      switch (roles[column]) {
+    for (Py_ssize_t column = 0; column < layout.columns; ++column) {
+      const uint8_t *s, *e;
+      if (!next_field(&at, column == layout.columns - 1, &s, &e)) return -1 - line;
+      int32_t place = layout.places[column];
+      switch (layout.roles[column]) {
         case LABEL:
-          if (p - s != 1 || (*s != '0' && *s != '1')) return -1 - line;
+          if (!is_label(s, e)) return -1 - line;
           rows.labels[row] = (float)(*s - '0');
           break;
         case INTEGER: {
           int64_t value = 0;
-          if (p > s && !parse_int64(s, p, &value)) return -1 - line;
+          if (e > s && !parse_int64(s, e, &value)) return -1 - line;
           dense[place] = (float)value;
-          present[place] = p > s;
+          present[place] = e > s;
           break;
         }
         case CATEGORICAL:
-          ids[place] = p > s ? id_by(rules[place], fingerprint64(s, (uint64_t)(p - s)))
+          ids[place] = e > s ? id_by(rules[place], fingerprint64(s, (uint64_t)(e - s)))
                              : missing;
           break;
       }
-      if (p < end) ++p;  /* past the delimiter, or the line's end */
     }
     ++row;
   }
@@ -860,9 +897,11 @@ static PyObject *parse_lines(PyObject *self, PyObject *args) {
     PyErr_SetString(PyExc_ValueError, "parse_lines' outputs must hold one row per kept line");
     goto done_table;
   }
+  Cursor at = {.p = start, .end = start + views[0].len, .delimiter = (uint8_t)delimiter};
+  Layout layout = {.roles = roles, .keep = keep, .places = places, .columns = columns,
+                   .lines = lines};
   Py_BEGIN_ALLOW_THREADS
-  result = parse_rows(start, start + views[0].len, lines, keep, roles, places, columns,
-                      (uint8_t)delimiter, rules, missing, rows);
+  result = parse_rows(at, layout, rules, missing, rows);
   Py_END_ALLOW_THREADS
 done_table:
   if (by_table) release_table(&table);

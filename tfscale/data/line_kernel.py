@@ -22,15 +22,23 @@ from tfscale.data.schema import MISSING_ID
 _SKIPPED, _LABEL, _INTEGER, _CATEGORICAL = range(4)  # the kernel's roles of a column
 
 
+def reads(text_format, layout):
+    """Whether the kernel reads lines of `layout` (text_lines.LineLayout) of `text_format`: every
+    field is a column of the line (none derived from another), the delimiter is one byte."""
+    fields = set(text_format.dense_names) | set(text_format.categorical_names)
+    return (not text_format.derived_from and not text_format.derived_fields
+            and fields <= set(layout.column_names) and len(text_format.delimiter.encode()) == 1)
+
+
 class LineKernel:
-    """Lines of `layout` (text_lines.LineLayout, every field of `text_format` among its
-    columns) into handover elements, categorical values encoded by `encoder` (a
+    """Lines of `layout` (text_lines.LineLayout) of `text_format`, which the kernel reads
+    (`reads`), into handover elements, categorical values encoded by `encoder` (a
     preprocessing.HashingEncoder or a vocabulary.VocabularyEncoder)."""
 
     def __init__(self, text_format, layout, encoder):
         dense, categorical = list(text_format.dense_names), list(text_format.categorical_names)
-        self._roles = np.zeros(layout.num_fields, np.uint8)
-        self._places = np.zeros(layout.num_fields, np.int32)
+        self._roles = np.zeros(layout.num_fields, np.uint8)  # what each column holds
+        self._places = np.zeros(layout.num_fields, np.int32)  # its field among those of its kind
         for column, name in enumerate(layout.column_names):
             if name == text_format.label_name:
                 self._roles[column] = _LABEL
@@ -41,15 +49,6 @@ class LineKernel:
         self._delimiter = ord(text_format.delimiter)
         self._shape = len(dense), len(categorical)
         self._rule = encoder.kernel_rule()
-
-    @staticmethod
-    def reads(text_format, layout):
-        """Whether lines of `layout` of `text_format` can be read this way: every field is a
-        column of the line (none derived from another), the delimiter is one byte."""
-        fields = set(text_format.dense_names) | set(text_format.categorical_names)
-        return (not text_format.derived_from and not text_format.derived_fields
-                and fields <= set(layout.column_names)
-                and len(text_format.delimiter.encode()) == 1)
 
     def element(self, block, keep):
         """The handover element of the lines of `block` (bytes of whole lines) where `keep`

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import tensorflow as tf
 
-from tfscale.data import handover, read_ahead
+from tfscale.data import handover, line_kernel, read_ahead
 from tfscale.data.line_kernel import LineKernel
 from tfscale.data.parquet_columns import ColumnMap, check_rows, derived_ids
 from tfscale.data.text_lines import LineParser
@@ -85,7 +85,7 @@ class TextBlocks:
                      self._block_bytes))
         layout = self._files.layout
         kernel = (LineKernel(self._format, layout, encoder)
-                  if LineKernel.reads(self._format, layout) else None)
+                  if line_kernel.reads(self._format, layout) else None)
         yield from read_ahead.ordered_ahead(
             lambda item: self._element(selection, encoder, kernel, *item), items)
 

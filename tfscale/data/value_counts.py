@@ -27,21 +27,22 @@ field: exact without a spill, else estimated from the KMV_SIZE smallest fingerpr
 field (relative standard error about 1 / sqrt(KMV_SIZE), 1.6%), the k-minimum-values estimate
 (Bar-Yossef et al., 2002).
 
-Written here because neither Arrow nor TensorFlow has a sketch, a distinct-count estimate or a
-vectorised 64-bit hash of strings with a seed of ours (Arrow's hash kernels hash only inside
-their own group-by).
+Written here because neither Arrow nor TensorFlow has a sketch or a distinct-count estimate,
+nor a 64-bit hash of Arrow's strings outside their own group-by (the values are hashed by the
+readers' C kernel).
 """
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tfscale.data.fingerprint import fingerprints as value_fingerprints
+
 SKETCH_DEPTH = 4  # rows of the count-min sketch: a value's estimate fails with prob. e^-4 (1.8%)
 KMV_SIZE = 4096  # smallest fingerprints kept per field for the distinct estimate
 MIN_MERGE_ROWS = 1 << 20  # before a spill, blocks wait for this many rows (at most max_values)
 SCHEMA = pa.schema([("field", pa.int16()), ("value", pa.binary()), ("count", pa.int64())])
-_MULTIPLIER = np.uint64(0x100000001B3)  # FNV-1a's 64-bit prime, an odd multiplier
-_LENGTH_MIX = np.uint64(0x9E3779B97F4A7C15)
+_FIELD_MIX = np.uint64(0x9E3779B97F4A7C15)  # the golden ratio's 64 bits: fields far apart
 _ALL_ONES = np.iinfo(np.uint64).max
 _HASH_SLICE = 1 << 14  # values hashed at a time
 
@@ -73,43 +74,13 @@ def mix64(x):
 
 def fingerprints(fields, values):
     """uint64 fingerprints of (field, value) pairs: `fields` int array, `values` a pyarrow binary
-    array (or chunked array) of the same length. Each 8-byte word of a value is folded in by
-    splitmix64's finaliser, one vectorised step per word, then the field and the length."""
+    array (or chunked array) of the same length: splitmix64's finaliser of the value's FarmHash
+    Fingerprint64 (tfscale.data.fingerprint's C kernel, TensorFlow's string hash) XOR the
+    finaliser of the field plus a constant."""
     values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
-    fields = np.asarray(fields, np.uint64)
-    count = len(values)
-    offsets = np.frombuffer(values.buffers()[1], np.int32)[values.offset:values.offset + count + 1]
-    data = values.buffers()[2]
-    data = (np.frombuffer(data, np.uint8)[offsets[0]:offsets[-1]] if data is not None and count
-            else np.zeros(0, np.uint8))
-    # the words at any byte offset: 8 zero bytes after the data, read as little-endian uint64
-    padded = np.concatenate([data, np.zeros(8, np.uint8)])
-    words = np.ndarray((len(data) + 1,), "<u8", padded, strides=(1,))
-    starts = (offsets[:-1] - offsets[0]).astype(np.int64)
-    lengths = np.diff(offsets).astype(np.int64)
-    hashes = np.empty(count, np.uint64)
-    for start in range(0, count, _HASH_SLICE):  # the temporaries stay in the CPU's cache
-        end = min(start + _HASH_SLICE, count)
-        hashes[start:end] = _hashed(words, starts[start:end], lengths[start:end],
-                                    fields[start:end])
-    return hashes
-
-
-_WORD_MASKS = np.array([(1 << (8 * n)) - 1 for n in range(8)] + [(1 << 64) - 1], np.uint64)
-
-
-def _hashed(words, starts, lengths, fields):
+    hashes, _ = value_fingerprints(values)
     with np.errstate(over="ignore"):
-        hashes = mix64(fields + _LENGTH_MIX) ^ (lengths.astype(np.uint64) * _LENGTH_MIX)
-        for word in range(int((lengths.max(initial=0) + 7) // 8)):
-            if word == 0 and lengths.min(initial=1) > 0:
-                rows, at, left = slice(None), starts, lengths
-            else:
-                rows = np.flatnonzero(lengths > 8 * word)
-                at, left = starts[rows] + 8 * word, lengths[rows] - 8 * word
-            chunk = words[at] & _WORD_MASKS[np.minimum(left, 8)]  # no byte past the value
-            hashes[rows] = mix64(hashes[rows] ^ chunk) * _MULTIPLIER
-    return mix64(hashes)
+        return mix64(hashes ^ mix64(np.asarray(fields, np.uint64) + _FIELD_MIX))
 
 
 class ValueCounts:
