@@ -839,7 +839,7 @@ static PyObject *parse_lines(PyObject *self, PyObject *args) {
                     "buckets or salts");
     return NULL;
   }
-  Py_buffer views[10];
+  Py_buffer views[9];
   int held = 0, by_table = salts_object != Py_None;
   Table table;
   Rule *rules = NULL;

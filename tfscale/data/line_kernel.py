@@ -37,7 +37,7 @@ class LineKernel:
 
     def __init__(self, text_format, layout, encoder):
         dense, categorical = list(text_format.dense_names), list(text_format.categorical_names)
-        self._roles = np.zeros(layout.num_fields, np.uint8)  # what each column holds
+        self._roles = np.full(layout.num_fields, _SKIPPED, np.uint8)  # what each column holds
         self._places = np.zeros(layout.num_fields, np.int32)  # its field among those of its kind
         for column, name in enumerate(layout.column_names):
             if name == text_format.label_name:
