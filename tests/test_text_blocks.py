@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from tfscale.data import handover, line_kernel
+from tfscale.data.avazu import AvazuCSV
 from tfscale.data.criteo import CriteoTSV
 from tfscale.data.line_kernel import LineKernel
 from tfscale.data.preprocessing import HashingEncoder
@@ -17,6 +18,7 @@ from tfscale.data.text_lines import FileSet, LineParser, LineSelection, parsed_c
 from tfscale.data.schema import MISSING_ID
 from tfscale.data.vocabulary import FIRST_VALUE_ID, OOV_ID
 from tfscale.errors import user_error_from_tf
+from tests.test_avazu import write as write_avazu
 
 FORMAT = CriteoTSV.FORMAT
 ENCODER = HashingEncoder([1 << 40] * len(FORMAT.categorical_names))  # ids as good as values
@@ -75,11 +77,11 @@ def kernel_reads(monkeypatch):
 
 
 def by_blocks(path, selection=LineSelection(), skip=False, block_bytes=2048, parsed=None,
-              encoder=ENCODER):
-    """The rows of TextBlocks, categorical values encoded by `encoder`; `parsed` (a list) gets
-    the blocks the LineParser parsed."""
-    files = FileSet(FORMAT, path)
-    blocks = TextBlocks(FORMAT, files, skip, "missing", block_bytes=block_bytes)
+              encoder=ENCODER, text_format=FORMAT):
+    """The rows of TextBlocks of lines of `text_format`, categorical values encoded by
+    `encoder`; `parsed` (a list) gets the blocks the LineParser parsed."""
+    files = FileSet(text_format, path)
+    blocks = TextBlocks(text_format, files, skip, "missing", block_bytes=block_bytes)
     if parsed is not None:
         through_the_parser = blocks._through_the_parser
 
@@ -89,12 +91,13 @@ def by_blocks(path, selection=LineSelection(), skip=False, block_bytes=2048, par
 
         blocks._through_the_parser = recorded
     return rows(handover.raw_columns(lambda: blocks.elements(selection, np.arange(1), encoder),
-                                     FORMAT), encoder)
+                                     text_format), encoder)
 
 
-def by_the_parser(path, selection=LineSelection(), skip=False, encoder=ENCODER):
-    files = FileSet(FORMAT, path)
-    return rows(parsed_chunks(files, LineParser(FORMAT, files, skip, "missing"), selection,
+def by_the_parser(path, selection=LineSelection(), skip=False, encoder=ENCODER,
+                  text_format=FORMAT):
+    files = FileSet(text_format, path)
+    return rows(parsed_chunks(files, LineParser(text_format, files, skip, "missing"), selection,
                               np.arange(1), 64), encoder)
 
 
@@ -127,6 +130,41 @@ def test_lines_without_labels_read_as_the_line_parser_reads_them(tmp_path, first
     got = by_blocks(path)
     assert_same(got, by_the_parser(path))
     assert not got[0].any()
+
+
+AVAZU = AvazuCSV.FORMAT
+AVAZU_ENCODER = HashingEncoder([1 << 40] * len(AVAZU.categorical_names))
+
+
+def avazu_lines(count):
+    """Avazu lines (id, click, hour, 21 categorical values), some hours and values missing."""
+    rng = np.random.default_rng(1)
+    lines = []
+    for row in range(count):
+        hour = "" if row % 7 == 0 else f"1410{21 + row % 9}{row % 24:02d}"
+        values = [f"{rng.integers(30):x}" if rng.random() > 0.1 else "" for _ in range(21)]
+        lines.append(",".join([str(row), str(row % 2), hour] + values))
+    return lines
+
+
+def test_avazu_lines_read_by_the_kernel_as_the_line_parser_reads_them(tmp_path, kernel_reads):
+    path = write_avazu(tmp_path / "train.csv", avazu_lines(300))
+    selection = LineSelection(0.3, False)
+    got = by_blocks(path, selection, encoder=AVAZU_ENCODER, text_format=AVAZU)
+    assert_same(got, by_the_parser(path, selection, encoder=AVAZU_ENCODER, text_format=AVAZU))
+    assert all(kernel_reads) and len(kernel_reads) > 5
+    assert got[4].any() and not got[4].all()  # the hour's derived ids, missing hours 0
+
+
+def test_an_avazu_block_failing_the_hour_check_goes_on_to_the_line_parser(tmp_path,
+                                                                          kernel_reads):
+    text = avazu_lines(300)
+    text[150] = text[150].replace(text[150].split(",")[2], "14132100", 1)  # month 13
+    path = write_avazu(tmp_path / "train.csv", text)
+    parsed = []
+    got = by_blocks(path, skip=True, parsed=parsed, encoder=AVAZU_ENCODER, text_format=AVAZU)
+    assert_same(got, by_the_parser(path, skip=True, encoder=AVAZU_ENCODER, text_format=AVAZU))
+    assert got[-1] == 1 and len(parsed) == 1 and kernel_reads.count(False) == 1
 
 
 def test_a_block_with_a_short_or_bad_line_goes_through_the_line_parser(tmp_path, first_try):

@@ -695,7 +695,7 @@ no_indices:
 /* ------------------------------------------------------------------- lines of delimited text */
 
 /* What a line's column holds (parse_lines' `roles`). */
-enum { SKIPPED = 0, LABEL = 1, INTEGER = 2, CATEGORICAL = 3 };
+enum { SKIPPED = 0, LABEL = 1, INTEGER = 2, CATEGORICAL = 3, DERIVED_FROM = 4 };
 
 /* The integer field [s, e) (not empty) when it matches the reader's pattern ([+-]?[0-9]+, any
  * leading zeros) within int64's range, into *value; 0 when it does not. */
@@ -764,8 +764,8 @@ typedef struct {
 typedef struct {
   float *labels, *dense;
   uint8_t *present;
-  int64_t *ids;
-  Py_ssize_t dense_fields, categorical_fields;
+  int64_t *ids, *spans;
+  Py_ssize_t dense_fields, categorical_fields, derived_from;
 } Rows;
 
 /* The kept lines of the block at `at` into `rows`: -1 - the first kept line that is not clean
@@ -773,6 +773,7 @@ typedef struct {
  * the pattern or out of range), else the rows written. Lines not kept are passed over unread. */
 static Py_ssize_t parse_rows(Cursor at, Layout layout, const Rule *rules, int64_t missing,
                              Rows rows) {
+  const uint8_t *block = at.p;
   Py_ssize_t row = 0;
   for (Py_ssize_t line = 0; line < layout.lines; ++line) {
     if (!layout.keep[line]) {
@@ -783,6 +784,7 @@ static Py_ssize_t parse_rows(Cursor at, Layout layout, const Rule *rules, int64_
     float *dense = rows.dense + row * rows.dense_fields;
     uint8_t *present = rows.present + row * rows.dense_fields;
     int64_t *ids = rows.ids + row * rows.categorical_fields;
+    int64_t *spans = rows.spans + 2 * row * rows.derived_from;
     for (Py_ssize_t column = 0; column < layout.columns; ++column) {
       const uint8_t *s, *e;
       if (!next_field(&at, column == layout.columns - 1, &s, &e)) return -1 - line;
@@ -803,6 +805,10 @@ static Py_ssize_t parse_rows(Cursor at, Layout layout, const Rule *rules, int64_
           ids[place] = e > s ? id_by(rules[place], fingerprint64(s, (uint64_t)(e - s)))
                              : missing;
           break;
+        case DERIVED_FROM:
+          spans[2 * place] = s - block;
+          spans[2 * place + 1] = e - s;
+          break;
       }
     }
     ++row;
@@ -811,12 +817,14 @@ static Py_ssize_t parse_rows(Cursor at, Layout layout, const Rule *rules, int64_
 }
 
 /* parse_lines(block, delimiter, roles, places, keep, buckets, salts, slots, tags, absent,
- * missing, labels, dense, present, ids): the lines of `block` (bytes of whole lines, "\n"
+ * missing, labels, dense, present, ids, spans): the lines of `block` (bytes of whole lines, "\n"
  * ending each but perhaps the last; one byte of `keep` per line) whose keep byte is set, parsed,
  * checked and encoded into C-ordered rows: labels float32 [m], dense float32 [m, D] and present
- * uint8 [m, D] of the integer fields, ids int64 [m, C] of the categorical ones. Column j of a
- * line holds what roles[j] says (0 skipped, 1 the label, 2 integer field places[j], 3
- * categorical field places[j]); a categorical value's id by hashing (`buckets` uint64 [C], ids
+ * uint8 [m, D] of the integer fields, ids int64 [m, C] of the categorical ones, and spans int64
+ * [m, E, 2] of the columns derived fields are computed from (each value's start in the block
+ * and its length). Column j of a line holds what roles[j] says (0 skipped, 1 the label, 2
+ * integer field places[j], 3 categorical field places[j], 4 the column places[j] of those
+ * derived fields come from); a categorical value's id by hashing (`buckets` uint64 [C], ids
  * from 1) or by the key table (`salts` int64 [C], `slots`, `tags`, `absent`); None for the
  * other. An empty integer field is missing (present 0), an empty categorical value `missing`.
  * Returns m, or -1 - the first kept line that is not clean (nothing is then to be read from the
@@ -824,13 +832,13 @@ static Py_ssize_t parse_rows(Cursor at, Layout layout, const Rule *rules, int64_
 static PyObject *parse_lines(PyObject *self, PyObject *args) {
   PyObject *block_object, *roles_object, *places_object, *keep_object, *buckets_object,
       *salts_object, *slots_object, *tags_object, *labels_object, *dense_object,
-      *present_object, *ids_object;
+      *present_object, *ids_object, *spans_object;
   int delimiter;
   long long absent, missing;
-  if (!PyArg_ParseTuple(args, "OiOOOOOOOLLOOOO", &block_object, &delimiter, &roles_object,
+  if (!PyArg_ParseTuple(args, "OiOOOOOOOLLOOOOO", &block_object, &delimiter, &roles_object,
                         &places_object, &keep_object, &buckets_object, &salts_object,
                         &slots_object, &tags_object, &absent, &missing, &labels_object,
-                        &dense_object, &present_object, &ids_object))
+                        &dense_object, &present_object, &ids_object, &spans_object))
     return NULL;
   if (delimiter < 1 || delimiter > 255 || delimiter == '\n' ||
       (buckets_object == Py_None) == (salts_object == Py_None)) {
@@ -839,16 +847,16 @@ static PyObject *parse_lines(PyObject *self, PyObject *args) {
                     "buckets or salts");
     return NULL;
   }
-  Py_buffer views[9];
+  Py_buffer views[10];
   int held = 0, by_table = salts_object != Py_None;
   Table table;
   Rule *rules = NULL;
   Py_ssize_t result = 0;
   PyObject *objects[] = {block_object, roles_object, places_object, keep_object,
                          by_table ? salts_object : buckets_object, labels_object, dense_object,
-                         present_object, ids_object};
-  const Py_ssize_t itemsizes[] = {0, 1, 4, 1, 8, 4, 4, 1, 8};
-  for (; held < 9; ++held)
+                         present_object, ids_object, spans_object};
+  const Py_ssize_t itemsizes[] = {0, 1, 4, 1, 8, 4, 4, 1, 8, 8};
+  for (; held < 10; ++held)
     if (get_buffer(objects[held], &views[held], itemsizes[held], held >= 5, "an array") < 0)
       goto done;
   Probe probe = {0};
@@ -856,13 +864,16 @@ static PyObject *parse_lines(PyObject *self, PyObject *args) {
   Py_ssize_t columns = views[1].len, lines = views[3].len, fields = views[4].len / 8;
   Py_ssize_t rows_out = views[5].len / 4;
   Py_ssize_t dense_fields = rows_out ? views[6].len / 4 / rows_out : 0;
+  Py_ssize_t derived_from = rows_out ? views[9].len / 16 / rows_out : 0;
   const uint8_t *roles = views[1].buf;
   const int32_t *places = views[2].buf;
   int bad = views[2].len != columns * 4 || views[7].len != views[6].len / 4 ||
-            views[6].len != rows_out * dense_fields * 4 || views[8].len != rows_out * fields * 8;
+            views[6].len != rows_out * dense_fields * 4 || views[8].len != rows_out * fields * 8 ||
+            views[9].len != rows_out * derived_from * 16;
   for (Py_ssize_t j = 0; j < columns && !bad; ++j)
-    bad = roles[j] > CATEGORICAL || places[j] < 0 ||
+    bad = roles[j] > DERIVED_FROM || places[j] < 0 ||
           (roles[j] == INTEGER && rows_out && places[j] >= dense_fields) ||
+          (roles[j] == DERIVED_FROM && rows_out && places[j] >= derived_from) ||
           (roles[j] == CATEGORICAL && places[j] >= fields);
   if (bad) {
     PyErr_SetString(PyExc_ValueError,
@@ -889,7 +900,8 @@ static PyObject *parse_lines(PyObject *self, PyObject *args) {
     rules[k] = rule;
   }
   Rows rows = {.labels = views[5].buf, .dense = views[6].buf, .present = views[7].buf,
-               .ids = views[8].buf, .dense_fields = dense_fields, .categorical_fields = fields};
+               .ids = views[8].buf, .spans = views[9].buf, .dense_fields = dense_fields,
+               .categorical_fields = fields, .derived_from = derived_from};
   const uint8_t *start = views[0].buf, *keep = views[3].buf;
   Py_ssize_t kept = 0;
   for (Py_ssize_t line = 0; line < lines; ++line) kept += keep[line] != 0;
@@ -928,7 +940,8 @@ static PyMethodDef methods[] = {
      "lookup(slots, tags, keys, absent, out): the ids of keys."},
     {"parse_lines", parse_lines, METH_VARARGS,
      "parse_lines(block, delimiter, roles, places, keep, buckets, salts, slots, tags, absent, "
-     "missing, labels, dense, present, ids): lines parsed, checked and encoded into rows."},
+     "missing, labels, dense, present, ids, spans): lines parsed, checked and encoded into "
+     "rows."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {

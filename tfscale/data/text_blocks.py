@@ -1,14 +1,14 @@
 """The delimited-text readers' blocks of lines: parsed, checked and encoded in one pass by the C
-kernel (tfscale.data.line_kernel, for formats without derived fields), else parsed by pyarrow's
-C++ CSV reader and checked with Arrow's kernels, or, for a block holding any line those cannot
-vouch for, by the reader's own LineParser.
+kernel (tfscale.data.line_kernel), else parsed by pyarrow's C++ CSV reader and checked with
+Arrow's kernels, or, for a block holding any line those cannot vouch for, by the reader's own
+LineParser.
 
 Owns: cutting the files into numbered blocks of whole lines, the train/test split and shard of a
 block's lines (text_lines.LineSelection), pyarrow's parse of a block, and the choice per block.
-The kernel takes a block only when every kept line is clean; pyarrow's parse
-takes it only when pyarrow parses every line into the layout's fields and
-every value passes the checks the Parquet reader applies (parquet_columns.check_rows: the label
-"0" or "1", integers of int64's range, the format's extra checks). Anything else (a malformed
+The kernel takes a block only when every kept line is clean; pyarrow's parse takes it only when
+pyarrow parses every line into the layout's fields and every value passes the checks the
+Parquet reader applies (parquet_columns.check_rows: the label "0" or "1", integers of int64's
+range, the format's extra checks). Anything else (a malformed
 line, a short one, a value out of range, an odd integer such as " 5" or "0x5", invalid UTF-8 in
 a number) sends the whole block through the LineParser, which refuses it with the error naming
 file and line, skips and counts it, or reads its missing trailing fields, exactly as the
