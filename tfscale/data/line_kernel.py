@@ -62,8 +62,7 @@ class LineKernel:
     def element(self, block, keep):
         """The handover element of the lines of `block` (bytes of whole lines) where `keep`
         (bool, one per line) holds; None when a kept line is not clean (the format's extra
-        checks too) or the block holds a
-        "\\r" (the reader drops those)."""
+        checks too) or the block holds a "\\r" (the reader drops those)."""
         if b"\r" in block:
             return None
         rows = int(np.count_nonzero(keep))
