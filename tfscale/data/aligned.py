@@ -14,4 +14,3 @@ def empty(shape, dtype):
     memory = np.empty(size + ALIGNMENT, np.uint8)
     skip = -memory.ctypes.data % ALIGNMENT
     return memory[skip:skip + size].view(dtype).reshape(shape)
-

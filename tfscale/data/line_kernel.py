@@ -19,8 +19,8 @@ import tensorflow as tf
 
 import tfscale.data._kernels as _kernels
 from tfscale.data import aligned, handover
+from tfscale.data.parquet_columns import derived_from_values
 from tfscale.data.schema import MISSING_ID
-from tfscale.data.text_lines import Fields, LineLayout
 
 _SKIPPED, _LABEL, _INTEGER, _CATEGORICAL, _DERIVED_FROM = range(5)  # the roles of a column
 
@@ -89,7 +89,5 @@ class LineKernel:
         if not text_format.derived_from:
             return np.zeros([len(spans), len(text_format.derived_fields)], np.int64)
         values = tf.strings.substr(tf.constant(block), spans[:, :, 0], spans[:, :, 1])
-        fields = Fields(values, LineLayout(tuple(text_format.derived_from)))
-        if any(bool(tf.reduce_any(check.bad)) for check in text_format.extra_checks(fields)):
-            return None
-        return text_format.derived_ids(fields).numpy()
+        ids, checks = derived_from_values(values, text_format)
+        return None if any(bool(tf.reduce_any(check.bad)) for check in checks) else ids

@@ -333,11 +333,18 @@ def derived_ids(block, text_format):
     format's extra checks of those columns join the block's problems."""
     if not text_format.derived_from:
         return np.zeros([len(block.labels), 0], np.int64)
-    fields = Fields(block.derived_from.as_tensor(), LineLayout(tuple(text_format.derived_from)))
-    for check in text_format.extra_checks(fields):
+    ids, checks = derived_from_values(block.derived_from.as_tensor(), text_format)
+    for check in checks:
         block.problems.append(Problem(
             check.bad.numpy(), lambda row, check=check: check.describe(row).numpy().decode()))
-    return text_format.derived_ids(fields).numpy()
+    return ids
+
+
+def derived_from_values(values, text_format):
+    """(int64 [n, E] derived ids, the format's extra checks, text_lines.Check) of `values`, the
+    tf.string [n, K] values of `text_format`'s `derived_from` columns."""
+    fields = Fields(values, LineLayout(tuple(text_format.derived_from)))
+    return text_format.derived_ids(fields).numpy(), text_format.extra_checks(fields)
 
 
 def _stacked(columns, rows, dtype):
