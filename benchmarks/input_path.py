@@ -285,7 +285,7 @@ def stage_cases():
         from tfscale.data.line_kernel import LineKernel
     except ImportError:  # a tree whose text readers parse every block with pyarrow
         return cases
-    kernel = LineKernel(text.FORMAT, files.layout, text.preprocessing.encoder)
+    kernel = LineKernel(text.FORMAT, files.layout, text.preprocessing.encoder.kernel_rule())
 
     def kernel_rows(block):
         lines = block.count(b"\n") + (0 if block.endswith(b"\n") else 1)

@@ -209,7 +209,7 @@ def kernel_element(text, keep=None):
     block = text.encode()
     count = block.count(b"\n") + (0 if block.endswith(b"\n") else 1)
     keep = np.ones(count, bool) if keep is None else np.asarray(keep)
-    return LineKernel(FORMAT, files_layout, ENCODER).element(block, keep)
+    return LineKernel(FORMAT, files_layout, ENCODER.kernel_rule()).element(block, keep)
 
 
 @pytest.mark.parametrize("change", [

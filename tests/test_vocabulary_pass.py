@@ -12,14 +12,18 @@ import time
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 (pa.compute)
 import pytest
 import tensorflow as tf
 
 from benchmarks.vocab_pass import make_file
 from tests import grouped_launches
+from tests.test_avazu import REST, avazu_line
+from tests.test_avazu import write as write_avazu
 from tests.test_criteo import criteo_line, write
 from tfscale.data import fingerprint as fingerprint_lib
-from tfscale.data import value_counts, vocabulary_pass
+from tfscale.data import line_kernel, value_counts, vocabulary_pass
+from tfscale.data.avazu import AvazuCSV
 from tfscale.data.criteo import CATEGORICAL_NAMES, DENSE_NAMES, CriteoTSV
 from tfscale.data.text_lines import FileSet, LineParser, LineSelection, parsed_chunks
 from tfscale.data.value_counts import ValueCounts
@@ -112,6 +116,48 @@ def test_a_narrow_sketch_lets_rare_values_in_but_never_leaves_one_out(criteo_fil
     assert kept > 0  # the price: rare values let in
 
 
+def avazu_lines(count, seed):
+    """Avazu lines whose categorical values vary (a rare one now and then), over 30 hours."""
+    rng = np.random.default_rng(seed)
+    fields = REST.split(",")
+    lines = []
+    for i in range(count):
+        rest = [f"{value}{rng.zipf(1.5) % 50}" if rng.random() < 0.5 else value
+                for value in fields]
+        lines.append(avazu_line(i % 2, f"141021{i % 24:02d}", rest=",".join(rest)))
+    return lines
+
+
+@pytest.mark.parametrize("kind", ["criteo", "avazu"])
+@pytest.mark.parametrize("min_count", [1, 3])
+def test_the_line_kernel_counts_as_pyarrows_parse_does(tmp_path, monkeypatch, kind, min_count):
+    """Every value of every field through the kernel's fingerprints and value spans (min count
+    1 makes each an entry; Avazu's categorical columns lie apart, its hour checked and derived):
+    the vocabulary of pyarrow's parse, in many blocks and with a spill."""
+    if kind == "criteo":
+        odd = ['a"b', "x y", "0x1f", "\\", "é", "v,w", " "]
+        lines = [criteo_line(i % 2, [i % 7 or None] + [None] * 12,
+                             [odd[i % len(odd)] if i % 5 == 0 else f"v{(i * k) % 97}"
+                              for k in range(26)]) for i in range(700)]
+        path, source = write(tmp_path / "train.txt", lines), CriteoTSV
+    else:
+        path, source = write_avazu(tmp_path / "train.csv", avazu_lines(700, 4)), AvazuCSV
+    monkeypatch.setattr(vocabulary_pass, "BLOCK_BYTES", 16 << 10)
+    monkeypatch.setattr(vocabulary_pass, "counting_limits", lambda memory_mb, gate: (300, 1 << 16))
+    by_kernel = source.build_vocabulary(path, min_count=min_count, test_fraction=0.25)
+    monkeypatch.setattr(line_kernel, "reads", lambda text_format, layout: False)
+    by_pyarrow = source.build_vocabulary(path, min_count=min_count, test_fraction=0.25)
+    assert by_kernel.categorical == by_pyarrow.categorical
+    assert (by_kernel.distinct, by_kernel.dense_ranges, by_kernel.rows) == (
+        by_pyarrow.distinct, by_pyarrow.dense_ranges, by_pyarrow.rows)
+    # a block's occurrences of a value reach the sketch one at a time from the kernel, so fewer
+    # are sketched once it enters; Arrow hands them over as one count
+    sketched = [v.counting.pop("sketched") for v in (by_kernel, by_pyarrow)]
+    assert by_kernel.counting == by_pyarrow.counting and sketched[0] <= sketched[1]
+    assert by_kernel.counting["exact"] == (min_count == 1)
+    assert sum(len(values) for values in by_kernel.categorical.values()) > 100
+
+
 def test_the_counting_threads_add_the_blocks_in_file_order(criteo_file, monkeypatch):
     """With a narrow sketch the counts depend on the order blocks are added in: blocks counted
     in threads, some slower than the next, count as one block after the other does."""
@@ -164,31 +210,87 @@ def test_value_counts_fingerprints_mix_each_values_farmhash_with_its_field():
     assert len(set(value_counts.fingerprints(np.array([0, 1]), same).tolist())) == 2
 
 
-def test_value_counts_counters_cut_to_the_gate_now_and_then_count_as_cut_every_batch():
-    """The sketch's counters are cut down to the gate every so many batches, and read as cut in
-    between: the same counts, estimates and distinct values as cut after every batch."""
-    def counted(cut_every):
-        counts = ValueCounts(3, gate=4, max_values=8, sketch_width=64)
-        rng = np.random.default_rng(9)
-        for batch in range(60):
-            fields = np.sort(rng.integers(0, 3, 40))
-            values = pa.array([b"v%d" % v for v in rng.integers(0, 300, 40)], pa.binary())
-            table = pa.table({"field": fields, "value": values}).group_by(
-                ["field", "value"], use_threads=False).aggregate([([], "count_all")]).sort_by(
-                "field")
-            counts.add(table["field"].to_numpy(), table["value"].combine_chunks(),
-                       table["count_all"].to_numpy())
-            if counts.spilled and counts._batches_unsaturated != cut_every:
-                assert counts._batches_unsaturated >= 1000  # 16-bit counters, gate 4
-                counts._batches_unsaturated = cut_every
-        table = counts.table().sort_by([("field", "ascending"), ("value", "ascending")])
-        probe = np.repeat(np.arange(3), 300)
-        return (table.to_pydict(), counts.distinct().tolist(), counts.estimates(
-            probe, pa.array([b"v%d" % v for v in range(300)] * 3, pa.binary())).tolist())
+def counted_one_by_one(batches, gate, max_values, width):
+    """{(field, value): count} of (field, value, weight) batches as ValueCounts documents its
+    counting, a value at a time in plain Python: exact entries until there are more than
+    `max_values`, then the values under the gate into a count-min sketch of `width` counters a
+    row (saturating at the gate), where a value enters when its estimate before it plus its
+    weight reaches the gate; and the weights the sketch counted."""
+    table, sketch, weights = {}, None, [0]
 
-    every_batch = counted(1)
-    assert counted(7) == every_batch and counted(1000) == every_batch
-    assert max(every_batch[2]) == 4 and len(every_batch[0]["value"]) > 50
+    def slots(field, value):
+        key = int(value_counts.fingerprints(np.array([field]), pa.array([value], pa.binary()))[0])
+        mask = (1 << 64) - 1
+        return [int(value_counts.mix64(np.uint64((key + row + 1) & mask))) & (width - 1)
+                for row in range(value_counts.SKETCH_DEPTH)]
+
+    def sketched(entry, weight):
+        weights[0] += weight
+        at = slots(*entry)
+        before = min(sketch[row][slot] for row, slot in enumerate(at))
+        for row, slot in enumerate(at):
+            sketch[row][slot] = min(sketch[row][slot] + min(weight, gate), gate)
+        if before + weight >= gate:
+            table[entry] = before + weight
+
+    for batch in batches:
+        for field, value, weight in batch:
+            if sketch is None and len(table) > max_values:
+                sketch = [[0] * width for _ in range(value_counts.SKETCH_DEPTH)]
+                under = [(entry, count) for entry, count in table.items() if count < gate]
+                for entry, _ in under:
+                    del table[entry]
+                for entry, count in under:
+                    sketched(entry, count)
+            entry = (field, value)
+            if entry in table:
+                table[entry] += weight
+            elif sketch is None:
+                table[entry] = weight
+            else:
+                sketched(entry, weight)
+    return table, weights[0]
+
+
+@pytest.mark.parametrize("by_keys", [False, True])
+def test_value_counts_count_as_documented_a_value_at_a_time(monkeypatch, by_keys):
+    """The C kernel's counts against the plain model above, with a narrow sketch (collisions),
+    the table's room doubling and the KMV candidates' room filling many times: blocks of
+    distinct values with counts (`add`), or of rows of fingerprints (`add_keys`)."""
+    monkeypatch.setattr(value_counts, "_FIRST_ENTRIES", 8)
+    monkeypatch.setattr(value_counts, "_CANDIDATE_ROOM", 4)
+    rng = np.random.default_rng(9)
+    fields_count, gate, max_values, width = 3, 4, 30, 64
+    counts = ValueCounts(fields_count, gate=gate, max_values=max_values, sketch_width=width)
+    batches, seen = [], [set() for _ in range(fields_count)]
+    for _ in range(40):
+        rows = rng.zipf(1.3, (25, fields_count)) % 400
+        values = [[b"v%d" % v if v else b"" for v in row] for row in rows]
+        if by_keys:
+            flat = pa.array([v for row in values for v in row], pa.binary())
+            fields = np.tile(np.arange(fields_count), len(rows))
+            present = pa.compute.binary_length(flat).to_numpy() > 0
+            keys = np.where(present, value_counts.fingerprints(fields, flat), 0)
+            counts.add_keys(keys.reshape(len(rows), fields_count),
+                            lambda origins, flat=flat: flat.take(pa.array(origins)))
+            batches.append([(f, v, 1) for row in values for f, v in enumerate(row) if v])
+        else:
+            found = collections.Counter((f, v) for row in values for f, v in enumerate(row) if v)
+            batch = sorted((f, v, c) for (f, v), c in found.items())
+            counts.add(np.array([b[0] for b in batch]), pa.array([b[1] for b in batch],
+                                                                 pa.binary()),
+                       np.array([b[2] for b in batch]))
+            batches.append(batch)
+        for row in values:
+            for f, v in enumerate(row):
+                if v:
+                    seen[f].add(v)
+    table = counts.table()
+    got = dict(zip(zip(table["field"].to_pylist(), table["value"].to_pylist()),
+                   table["count"].to_pylist()))
+    assert counts.spilled and len(got) > max_values  # the table grew past its first room
+    assert (got, counts.sketched) == counted_one_by_one(batches, gate, max_values, width)
+    assert counts.distinct().tolist() == [len(s) for s in seen]  # under KMV_SIZE: exact
 
 
 def test_value_counts_spill_keeps_counts_of_values_past_the_gate():

@@ -520,21 +520,38 @@ no_hashes:
   Py_RETURN_NONE;
 }
 
-/* How a present value's id follows from its fingerprint modulo 2**63 - 1 (`to_hash_bucket_fast`'s
- * value with that many buckets): `first_id` + its bucket among `buckets` (table NULL), or the id
- * `table` holds for it XOR `salt`, `absent` when the table does not hold it. */
+/* splitmix64's finaliser (a bijection spreading every input bit; tfscale.data.value_counts'
+ * mix64). */
+static inline uint64_t mix64(uint64_t x) {
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+/* How a present value's id follows from its fingerprint. BY_BUCKET: `first_id` + its bucket
+ * among `buckets` (modulo 2**63 - 1 first: `to_hash_bucket_fast`'s value with that many
+ * buckets); BY_TABLE: the id `table` holds for that value XOR `salt`, `absent` when the table
+ * does not hold it; BY_FINGERPRINT: the counting pass's (field, value) fingerprint, mix64 of the
+ * fingerprint XOR the field's `mix`, 1 in place of 0 (tfscale.data.value_counts' fingerprints;
+ * 0 marks a missing value there). */
+enum { BY_BUCKET = 0, BY_TABLE = 1, BY_FINGERPRINT = 2 };
+
 typedef struct {
-  uint64_t buckets;
+  int kind;
+  uint64_t buckets, mix;
   __uint128_t reciprocal;
   int64_t first_id;
-  int by_table;
   Probe table;
   int64_t salt, absent;
 } Rule;
 
 static inline __attribute__((always_inline)) int64_t id_by(Rule rule, uint64_t hash) {
+  if (rule.kind == BY_FINGERPRINT) {
+    uint64_t mixed = mix64(hash ^ rule.mix);
+    return (int64_t)(mixed + (mixed == 0));
+  }
   uint64_t key = within_hash_range(hash);
-  if (rule.by_table) return id_of(rule.table, (int64_t)key ^ rule.salt, rule.absent);
+  if (rule.kind == BY_TABLE) return id_of(rule.table, (int64_t)key ^ rule.salt, rule.absent);
   return rule.first_id + (int64_t)remainder_of(key, rule.reciprocal, rule.buckets);
 }
 
@@ -591,7 +608,7 @@ static PyObject *bucket_ids(PyObject *self, PyObject *args) {
     PyErr_SetString(PyExc_ValueError, "buckets must be positive");
     return NULL;
   }
-  Rule rule = {.buckets = buckets, .reciprocal = reciprocal_of(buckets), .first_id = first_id};
+  Rule rule = {.kind = BY_BUCKET, .buckets = buckets, .reciprocal = reciprocal_of(buckets), .first_id = first_id};
   Values values;
   Output out;
   if (get_values(data, offsets, validity, first, &values) < 0) return NULL;
@@ -622,7 +639,7 @@ static PyObject *table_ids(PyObject *self, PyObject *args) {
   Values values;
   Output out;
   if (get_table(slots, tags, &table, &probe, 0) < 0) return NULL;
-  Rule rule = {.by_table = 1, .table = probe, .salt = salt, .absent = absent};
+  Rule rule = {.kind = BY_TABLE, .table = probe, .salt = salt, .absent = absent};
   if (get_values(data, offsets, validity, first, &values) == 0) {
     if (get_output(out_object, &out) == 0) {
       encode(&values, rule, missing, &out);
@@ -764,7 +781,7 @@ typedef struct {
 typedef struct {
   float *labels, *dense;
   uint8_t *present;
-  int64_t *ids, *spans;
+  int64_t *ids, *spans, *starts;
   Py_ssize_t dense_fields, categorical_fields, derived_from;
 } Rows;
 
@@ -781,6 +798,7 @@ static Py_ssize_t parse_rows(Cursor at, Layout layout, const Rule *rules, int64_
       continue;
     }
     if (!line_starts(&at)) return -1 - line;
+    rows.starts[row] = at.p - block;
     float *dense = rows.dense + row * rows.dense_fields;
     uint8_t *present = rows.present + row * rows.dense_fields;
     int64_t *ids = rows.ids + row * rows.categorical_fields;
@@ -816,47 +834,48 @@ static Py_ssize_t parse_rows(Cursor at, Layout layout, const Rule *rules, int64_
   return row;
 }
 
-/* parse_lines(block, delimiter, roles, places, keep, buckets, salts, slots, tags, absent,
- * missing, labels, dense, present, ids, spans): the lines of `block` (bytes of whole lines, "\n"
- * ending each but perhaps the last; one byte of `keep` per line) whose keep byte is set, parsed,
- * checked and encoded into C-ordered rows: labels float32 [m], dense float32 [m, D] and present
- * uint8 [m, D] of the integer fields, ids int64 [m, C] of the categorical ones, and spans int64
- * [m, E, 2] of the columns derived fields are computed from (each value's start in the block
- * and its length). Column j of a line holds what roles[j] says (0 skipped, 1 the label, 2
- * integer field places[j], 3 categorical field places[j], 4 the column places[j] of those
- * derived fields come from); a categorical value's id by hashing (`buckets` uint64 [C], ids
- * from 1) or by the key table (`salts` int64 [C], `slots`, `tags`, `absent`); None for the
- * other. An empty integer field is missing (present 0), an empty categorical value `missing`.
- * Returns m, or -1 - the first kept line that is not clean (nothing is then to be read from the
- * outputs). */
+/* parse_lines(block, delimiter, roles, places, keep, kind, per_field, slots, tags, absent,
+ * missing, labels, dense, present, ids, spans, starts): the lines of `block` (bytes of whole
+ * lines, "\n" ending each but perhaps the last; one byte of `keep` per line) whose keep byte is
+ * set, parsed, checked and encoded into C-ordered rows: labels float32 [m], dense float32 [m, D]
+ * and present uint8 [m, D] of the integer fields, ids int64 [m, C] of the categorical ones,
+ * spans int64 [m, E, 2] of the columns derived fields are computed from (each value's start in
+ * the block and its length), and starts int64 [m], where each row's line starts in the block.
+ * Column j of a line holds what roles[j] says (0 skipped, 1 the label, 2 integer field
+ * places[j], 3 categorical field places[j], 4 the column places[j] of those derived fields come
+ * from); a categorical value's id follows Rule's `kind` with `per_field` [C] the buckets
+ * (uint64, ids from 1), the salts (int64, with the key table `slots`, `tags` and `absent`) or
+ * the mixes (uint64) of the fields. An empty integer field is missing (present 0), an empty
+ * categorical value `missing`. Returns m, or -1 - the first kept line that is not clean (nothing
+ * is then to be read from the outputs). */
 static PyObject *parse_lines(PyObject *self, PyObject *args) {
-  PyObject *block_object, *roles_object, *places_object, *keep_object, *buckets_object,
-      *salts_object, *slots_object, *tags_object, *labels_object, *dense_object,
-      *present_object, *ids_object, *spans_object;
-  int delimiter;
+  PyObject *block_object, *roles_object, *places_object, *keep_object, *per_field_object,
+      *slots_object, *tags_object, *labels_object, *dense_object, *present_object, *ids_object,
+      *spans_object, *starts_object;
+  int delimiter, kind;
   long long absent, missing;
-  if (!PyArg_ParseTuple(args, "OiOOOOOOOLLOOOOO", &block_object, &delimiter, &roles_object,
-                        &places_object, &keep_object, &buckets_object, &salts_object,
-                        &slots_object, &tags_object, &absent, &missing, &labels_object,
-                        &dense_object, &present_object, &ids_object, &spans_object))
+  if (!PyArg_ParseTuple(args, "OiOOOiOOOLLOOOOOO", &block_object, &delimiter, &roles_object,
+                        &places_object, &keep_object, &kind, &per_field_object, &slots_object,
+                        &tags_object, &absent, &missing, &labels_object, &dense_object,
+                        &present_object, &ids_object, &spans_object, &starts_object))
     return NULL;
-  if (delimiter < 1 || delimiter > 255 || delimiter == '\n' ||
-      (buckets_object == Py_None) == (salts_object == Py_None)) {
+  if (delimiter < 1 || delimiter > 255 || delimiter == '\n' || kind < BY_BUCKET ||
+      kind > BY_FINGERPRINT) {
     PyErr_SetString(PyExc_ValueError,
-                    "parse_lines takes a one-byte delimiter other than a line end, and either "
-                    "buckets or salts");
+                    "parse_lines takes a one-byte delimiter other than a line end, and a kind "
+                    "of 0 (buckets), 1 (key table) or 2 (fingerprints)");
     return NULL;
   }
-  Py_buffer views[10];
-  int held = 0, by_table = salts_object != Py_None;
+  Py_buffer views[11];
+  int held = 0, by_table = kind == BY_TABLE;
   Table table;
   Rule *rules = NULL;
   Py_ssize_t result = 0;
   PyObject *objects[] = {block_object, roles_object, places_object, keep_object,
-                         by_table ? salts_object : buckets_object, labels_object, dense_object,
-                         present_object, ids_object, spans_object};
-  const Py_ssize_t itemsizes[] = {0, 1, 4, 1, 8, 4, 4, 1, 8, 8};
-  for (; held < 10; ++held)
+                         per_field_object, labels_object, dense_object, present_object,
+                         ids_object, spans_object, starts_object};
+  const Py_ssize_t itemsizes[] = {0, 1, 4, 1, 8, 4, 4, 1, 8, 8, 8};
+  for (; held < 11; ++held)
     if (get_buffer(objects[held], &views[held], itemsizes[held], held >= 5, "an array") < 0)
       goto done;
   Probe probe = {0};
@@ -869,7 +888,7 @@ static PyObject *parse_lines(PyObject *self, PyObject *args) {
   const int32_t *places = views[2].buf;
   int bad = views[2].len != columns * 4 || views[7].len != views[6].len / 4 ||
             views[6].len != rows_out * dense_fields * 4 || views[8].len != rows_out * fields * 8 ||
-            views[9].len != rows_out * derived_from * 16;
+            views[9].len != rows_out * derived_from * 16 || views[10].len != rows_out * 8;
   for (Py_ssize_t j = 0; j < columns && !bad; ++j)
     bad = roles[j] > DERIVED_FROM || places[j] < 0 ||
           (roles[j] == INTEGER && rows_out && places[j] >= dense_fields) ||
@@ -886,11 +905,14 @@ static PyObject *parse_lines(PyObject *self, PyObject *args) {
     goto done_table;
   }
   for (Py_ssize_t k = 0; k < fields; ++k) {
-    Rule rule = {.by_table = by_table, .table = probe, .absent = absent, .first_id = 1};
-    if (by_table) {
-      rule.salt = ((const int64_t *)views[4].buf)[k];
+    Rule rule = {.kind = kind, .table = probe, .absent = absent, .first_id = 1};
+    uint64_t value = ((const uint64_t *)views[4].buf)[k];
+    if (kind == BY_TABLE) {
+      rule.salt = (int64_t)value;
+    } else if (kind == BY_FINGERPRINT) {
+      rule.mix = value;
     } else {
-      rule.buckets = ((const uint64_t *)views[4].buf)[k];
+      rule.buckets = value;
       if (rule.buckets == 0) {
         PyErr_SetString(PyExc_ValueError, "buckets must be positive");
         goto done_table;
@@ -900,8 +922,9 @@ static PyObject *parse_lines(PyObject *self, PyObject *args) {
     rules[k] = rule;
   }
   Rows rows = {.labels = views[5].buf, .dense = views[6].buf, .present = views[7].buf,
-               .ids = views[8].buf, .spans = views[9].buf, .dense_fields = dense_fields,
-               .categorical_fields = fields, .derived_from = derived_from};
+               .ids = views[8].buf, .spans = views[9].buf, .starts = views[10].buf,
+               .dense_fields = dense_fields, .categorical_fields = fields,
+               .derived_from = derived_from};
   const uint8_t *start = views[0].buf, *keep = views[3].buf;
   Py_ssize_t kept = 0;
   for (Py_ssize_t line = 0; line < lines; ++line) kept += keep[line] != 0;
@@ -924,6 +947,282 @@ done:
   return PyLong_FromSsize_t(result);
 }
 
+/* ------------------------------------------------------------------- a pass's counting */
+
+/* The counting pass's state as count_keys takes it (tfscale.data.value_counts owns the arrays):
+ * a key table of (field, value) fingerprints, the top bit cleared, to entries; each entry's count,
+ * field and where in the keys it came from; the count-min sketch (NULL before a spill: every new
+ * key is then an entry); the KMV candidates found. */
+#define SKETCH_DEPTH 4
+typedef struct {
+  Probe table;
+  int64_t *counts, *origins;
+  int16_t *field_of;
+  int64_t entries, limit;
+  void *sketch;
+  int wide_counters;
+  int64_t width, gate, sketched;
+  const uint64_t *limits;
+  uint64_t *candidates;
+  int64_t written, room;
+} Counting;
+
+/* The sketch's estimate of `key` (the least of its counters, which stay at most the gate) after
+ * adding `clipped` to each, saturating at the gate; the estimate before the add into *before. */
+static inline int64_t sketch_add(Counting *c, uint64_t key, int64_t clipped, int64_t *before) {
+  int64_t least = INT64_MAX;
+  for (int row = 0; row < SKETCH_DEPTH; ++row) {
+    int64_t at = row * c->width + (int64_t)(mix64(key + (uint64_t)row + 1) & (c->width - 1));
+    int64_t counter = c->wide_counters ? ((uint32_t *)c->sketch)[at]
+                                       : ((uint16_t *)c->sketch)[at];
+    if (counter < least) least = counter;
+    int64_t added = counter + clipped < c->gate ? counter + clipped : c->gate;
+    if (c->wide_counters)
+      ((uint32_t *)c->sketch)[at] = (uint32_t)added;
+    else
+      ((uint16_t *)c->sketch)[at] = (uint16_t)added;
+  }
+  *before = least;
+  return least;
+}
+
+/* A new entry for `key` (its slot's negative code `slot`) with `count`, from position i. */
+static inline void enter(Counting *c, int64_t slot, int64_t key, int64_t count, int16_t field,
+                         Py_ssize_t i) {
+  slot = -1 - slot;
+  c->table.tags[slot] = (uint8_t)tag_of(key);
+  c->table.slots[2 * slot] = key;
+  c->table.slots[2 * slot + 1] = c->entries;
+  c->counts[c->entries] = count;
+  c->field_of[c->entries] = field;
+  c->origins[c->entries] = i;
+  ++c->entries;
+}
+
+/* The cache lines the key `fingerprint` reads in the table: its home group's tags and slot. */
+static inline void prefetch_home(const Counting *c, uint64_t fingerprint) {
+  int64_t home = (int64_t)(fingerprint & 0x7fffffffffffffffULL) & c->table.mask;
+  __builtin_prefetch(c->table.tags + (home & ~(int64_t)(GROUP - 1)));
+  __builtin_prefetch(c->table.slots + 2 * home);
+}
+
+/* What counting `fingerprint` writes, fetched ahead (its home group fetched before): its
+ * entry's count when the table holds it, else its sketch counters, a miss in each row
+ * otherwise. */
+static inline void prefetch_counters(const Counting *c, uint64_t fingerprint) {
+  int64_t slot = slot_of(c->table, (int64_t)(fingerprint & 0x7fffffffffffffffULL));
+  if (slot >= 0) {
+    __builtin_prefetch(c->counts + c->table.slots[2 * slot + 1], 1);
+    return;
+  }
+  if (!c->sketch) return;
+  for (int row = 0; row < SKETCH_DEPTH; ++row) {
+    int64_t at = row * c->width + (int64_t)(mix64(fingerprint + (uint64_t)row + 1) &
+                                            (c->width - 1));
+    __builtin_prefetch(c->wide_counters ? (void *)((uint32_t *)c->sketch + at)
+                                        : (void *)((uint16_t *)c->sketch + at), 1);
+  }
+}
+
+#define HOME_AHEAD 32    /* keys ahead whose home group is fetched */
+#define COUNTERS_AHEAD 16 /* keys ahead whose sketch counters are fetched */
+
+/* Counts keys[start:] (weights NULL: 1 each; fields NULL: key i of field i mod num_fields);
+ * returns where it stopped: the keys' end, or the first key that might need an entry past the
+ * limit or a candidate past the room. */
+static Py_ssize_t count_from(Counting *c, const uint64_t *keys, const int64_t *weights,
+                             const int16_t *fields, Py_ssize_t num_fields, Py_ssize_t start,
+                             Py_ssize_t count) {
+  Py_ssize_t field = num_fields ? start % num_fields : 0;
+  for (Py_ssize_t i = start; i < count; ++i, field = field + 1 == num_fields ? 0 : field + 1) {
+    if (i + HOME_AHEAD < count && keys[i + HOME_AHEAD]) prefetch_home(c, keys[i + HOME_AHEAD]);
+    if (i + COUNTERS_AHEAD < count && keys[i + COUNTERS_AHEAD])
+      prefetch_counters(c, keys[i + COUNTERS_AHEAD]);
+    uint64_t fingerprint = keys[i];
+    if (!fingerprint) continue;
+    if (c->entries == c->limit || c->written == c->room) return i;
+    int64_t key = (int64_t)(fingerprint & 0x7fffffffffffffffULL);
+    int64_t weight = weights ? weights[i] : 1;
+    int16_t f = fields ? fields[i] : (int16_t)field;
+    int64_t slot = slot_of(c->table, key);
+    if (slot >= 0) {
+      c->counts[c->table.slots[2 * slot + 1]] += weight;
+      continue;
+    }
+    if (!c->sketch) {
+      enter(c, slot, key, weight, f, i);
+      continue;
+    }
+    int64_t before;
+    c->sketched += weight;
+    sketch_add(c, fingerprint, weight < c->gate ? weight : c->gate, &before);
+    if (fingerprint <= c->limits[f]) {
+      c->candidates[2 * c->written] = (uint64_t)f;
+      c->candidates[2 * c->written + 1] = fingerprint;
+      ++c->written;
+    }
+    if (before + weight >= c->gate) enter(c, slot, key, before + weight, f, i);
+  }
+  return count;
+}
+
+/* count_keys(keys, weights, fields, start, slots, tags, counts, field_of, origins, limit, sketch,
+ * gate, limits, candidates, state): counts uint64 `keys` (0: none, a missing value) from
+ * `start` on, each `weights`[i] times (int64, or None: once), key i of field `fields`[i]
+ * (int16, or None: i mod len(limits)). A key the table holds adds to its entry's count; another
+ * becomes entry `state`[0] (its count, field and position i into counts, field_of, origins),
+ * before a spill (`sketch` None) at once, after one (`sketch` uint16 or uint32 [4, width]) when
+ * the sketch's estimate before it plus its weight reaches `gate`, after its weight, at most the
+ * gate, is added to its counters (saturating at the gate). A sketched key at or under its
+ * field's `limits` (uint64) is written to `candidates` (uint64 [room, 2] of (field, key)) at
+ * state[1]; state[2] adds up the weights sketched. Returns len(keys), or the position of a key
+ * that might need an entry at `limit` or a candidate past the room (count on from it once the
+ * caller has made room). */
+static PyObject *count_keys(PyObject *self, PyObject *args) {
+  PyObject *keys_object, *weights_object, *fields_object, *slots_object, *tags_object,
+      *counts_object, *field_of_object, *origins_object, *sketch_object, *limits_object,
+      *candidates_object, *state_object;
+  Py_ssize_t start;
+  long long limit, gate;
+  if (!PyArg_ParseTuple(args, "OOOnOOOOOLOLOOO", &keys_object, &weights_object, &fields_object,
+                        &start, &slots_object, &tags_object, &counts_object, &field_of_object,
+                        &origins_object, &limit, &sketch_object, &gate, &limits_object,
+                        &candidates_object, &state_object))
+    return NULL;
+  Py_buffer views[9];
+  PyObject *objects[] = {keys_object, weights_object, fields_object, counts_object,
+                         field_of_object, origins_object, sketch_object, limits_object,
+                         candidates_object};
+  const Py_ssize_t itemsizes[] = {8, 8, 2, 8, 2, 8, 0, 8, 8};
+  int held[9] = {0}, state_held = 0, table_held = 0;
+  Py_buffer state_view;
+  Table table;
+  Counting c = {0};
+  Py_ssize_t reached = -1;
+  for (int k = 0; k < 9; ++k) {
+    if (objects[k] == Py_None && (k == 1 || k == 2 || k == 6)) continue;
+    if (get_buffer(objects[k], &views[k], itemsizes[k], k >= 3 && k != 7, "an array") < 0)
+      goto done;
+    held[k] = 1;
+  }
+  if (get_buffer(state_object, &state_view, 8, 1, "state") < 0) goto done;
+  state_held = 1;
+  if (get_table(slots_object, tags_object, &table, &c.table, 1) < 0) goto done;
+  table_held = 1;
+  Py_ssize_t count = views[0].len / 8, num_fields = views[7].len / 8;
+  Py_ssize_t capacity = views[3].len / 8;
+  int64_t *state = state_view.buf;
+  c.counts = views[3].buf;
+  c.field_of = views[4].buf;
+  c.origins = views[5].buf;
+  c.limits = views[7].buf;
+  c.candidates = views[8].buf;
+  c.room = views[8].len / 16;
+  c.gate = gate;
+  if (held[6]) {
+    c.sketch = views[6].buf;
+    c.wide_counters = views[6].itemsize == 4;
+    c.width = views[6].len / views[6].itemsize / SKETCH_DEPTH;
+  }
+  if (state_view.len != 24 || num_fields < 1 || views[4].len != capacity * 2 ||
+      views[5].len != capacity * 8 || (held[1] && views[1].len != count * 8) ||
+      (held[2] && views[2].len != count * 2) || start < 0 || start > count || gate < 1 ||
+      limit > capacity || state[0] < 0 || state[0] > limit || state[1] < 0 ||
+      state[1] > c.room || 2 * limit > c.table.mask + 1 ||
+      (held[6] && ((views[6].itemsize != 2 && views[6].itemsize != 4) || c.width < 1 ||
+                   (c.width & (c.width - 1)) ||
+                   views[6].len != c.width * SKETCH_DEPTH * views[6].itemsize ||
+                   gate > (views[6].itemsize == 2 ? 0xffff : 0xffffffffLL)))) {
+    PyErr_SetString(PyExc_ValueError,
+                    "count_keys' arrays do not agree in their sizes (the table must stay at "
+                    "most half full)");
+    goto done;
+  }
+  if (held[2]) {
+    const int16_t *fields = views[2].buf;
+    for (Py_ssize_t i = 0; i < count; ++i)
+      if (fields[i] < 0 || fields[i] >= num_fields) {
+        PyErr_SetString(PyExc_ValueError, "a field lies outside limits");
+        goto done;
+      }
+  }
+  c.entries = state[0];
+  c.limit = limit;
+  c.written = state[1];
+  c.sketched = state[2];
+  Py_BEGIN_ALLOW_THREADS
+  reached = count_from(&c, views[0].buf, held[1] ? views[1].buf : NULL,
+                       held[2] ? views[2].buf : NULL, held[2] ? 0 : num_fields, start, count);
+  Py_END_ALLOW_THREADS
+  state[0] = c.entries;
+  state[1] = c.written;
+  state[2] = c.sketched;
+done:
+  if (table_held) release_table(&table);
+  if (state_held) PyBuffer_Release(&state_view);
+  for (int k = 8; k >= 0; --k)
+    if (held[k]) PyBuffer_Release(&views[k]);
+  if (PyErr_Occurred()) return NULL;
+  return PyLong_FromSsize_t(reached);
+}
+
+/* value_spans(block, starts, delimiter, columns, origins, num_fields, spans): spans[j] = (start,
+ * length) in `block` of the value at position origins[j] of a parse_lines ids array [m,
+ * num_fields]: field origins[j] mod num_fields (the line's column `columns`[field], int32) of
+ * the line starting at starts[origins[j] / num_fields]. */
+static PyObject *value_spans(PyObject *self, PyObject *args) {
+  PyObject *block_object, *starts_object, *columns_object, *origins_object, *spans_object;
+  int delimiter;
+  Py_ssize_t num_fields;
+  if (!PyArg_ParseTuple(args, "OOiOOnO", &block_object, &starts_object, &delimiter,
+                        &columns_object, &origins_object, &num_fields, &spans_object))
+    return NULL;
+  Py_buffer views[5];
+  PyObject *objects[] = {block_object, starts_object, columns_object, origins_object,
+                         spans_object};
+  const Py_ssize_t itemsizes[] = {0, 8, 4, 8, 8};
+  int held = 0;
+  const char *problem = NULL;
+  for (; held < 5; ++held)
+    if (get_buffer(objects[held], &views[held], itemsizes[held], held == 4, "an array") < 0)
+      goto done;
+  Py_ssize_t count = views[3].len / 8, rows = views[1].len / 8;
+  if (num_fields < 1 || views[2].len != num_fields * 4 || views[4].len != count * 16) {
+    PyErr_SetString(PyExc_ValueError, "value_spans' arrays do not agree in their sizes");
+    goto done;
+  }
+  const uint8_t *block = views[0].buf, *end = block + views[0].len;
+  const int64_t *starts = views[1].buf, *origins = views[3].buf;
+  const int32_t *columns = views[2].buf;
+  int64_t *spans = views[4].buf;
+  Py_BEGIN_ALLOW_THREADS
+  for (Py_ssize_t j = 0; j < count && !problem; ++j) {
+    int64_t row = origins[j] / num_fields, column = columns[origins[j] % num_fields];
+    if (origins[j] < 0 || row >= rows || starts[row] < 0 || starts[row] > views[0].len ||
+        column < 0) {
+      problem = "an origin or a line start lies outside the block";
+      break;
+    }
+    const uint8_t *p = block + starts[row];
+    for (int64_t k = 0; k < column && !problem; ++k) {
+      while (p < end && *p != delimiter && *p != '\n') ++p;
+      if (p == end || *p == '\n')
+        problem = "a line holds fewer columns than asked for";
+      ++p;
+    }
+    const uint8_t *q = p;
+    while (q < end && *q != delimiter && *q != '\n') ++q;
+    spans[2 * j] = p - block;
+    spans[2 * j + 1] = q - p;
+  }
+  Py_END_ALLOW_THREADS
+  if (problem) PyErr_SetString(PyExc_ValueError, problem);
+done:
+  while (held-- > 0) PyBuffer_Release(&views[held]);
+  if (PyErr_Occurred()) return NULL;
+  Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"fingerprints", fingerprints, METH_VARARGS,
      "fingerprints(data, offsets, validity, first, hashes, present): FarmHash Fingerprint64s."},
@@ -939,9 +1238,15 @@ static PyMethodDef methods[] = {
     {"lookup", lookup, METH_VARARGS,
      "lookup(slots, tags, keys, absent, out): the ids of keys."},
     {"parse_lines", parse_lines, METH_VARARGS,
-     "parse_lines(block, delimiter, roles, places, keep, buckets, salts, slots, tags, absent, "
-     "missing, labels, dense, present, ids, spans): lines parsed, checked and encoded into "
-     "rows."},
+     "parse_lines(block, delimiter, roles, places, keep, kind, per_field, slots, tags, absent, "
+     "missing, labels, dense, present, ids, spans, starts): lines parsed, checked and encoded "
+     "into rows."},
+    {"count_keys", count_keys, METH_VARARGS,
+     "count_keys(keys, weights, fields, start, slots, tags, counts, field_of, origins, limit, "
+     "sketch, gate, limits, candidates, state): (field, value) fingerprints counted."},
+    {"value_spans", value_spans, METH_VARARGS,
+     "value_spans(block, starts, delimiter, columns, origins, num_fields, spans): where values "
+     "lie in a block of lines."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {

@@ -14,7 +14,10 @@ LineParser, which refuse, skip or read it as they always do, naming file and lin
 the encoders' own, bit for bit (tests/test_text_blocks.py).
 """
 
+from typing import NamedTuple
+
 import numpy as np
+import pyarrow as pa
 import tensorflow as tf
 
 import tfscale.data._kernels as _kernels
@@ -35,12 +38,29 @@ def reads(text_format, layout):
             and len(text_format.delimiter.encode()) == 1)
 
 
+RULE_KINDS = ("buckets", "table", "fingerprints")  # an encoder's kernel_rule()'s kind: 0, 1, 2
+
+
+class KernelRows(NamedTuple):
+    """A block's kept lines as parse_lines writes them: labels float32 [m], dense float32 [m, D]
+    with present bool [m, D], ids int64 [m, C] (the rule's), the derived-from values' spans int64
+    [m, K, 2] (start, length) and the lines' starts int64 [m] in the block."""
+
+    labels: np.ndarray
+    dense: np.ndarray
+    present: np.ndarray
+    ids: np.ndarray
+    spans: np.ndarray
+    starts: np.ndarray
+
+
 class LineKernel:
     """Lines of `layout` (text_lines.LineLayout) of `text_format`, which the kernel reads
-    (`reads`), into handover elements, categorical values encoded by `encoder` (a
-    preprocessing.HashingEncoder or a vocabulary.VocabularyEncoder)."""
+    (`reads`), into handover elements, categorical values given the ids of `rule`: an encoder's
+    `kernel_rule()` (a preprocessing.HashingEncoder's or a vocabulary.VocabularyEncoder's), or
+    value_counts.kernel_rule's fingerprints for counting."""
 
-    def __init__(self, text_format, layout, encoder):
+    def __init__(self, text_format, layout, rule):
         dense, categorical = list(text_format.dense_names), list(text_format.categorical_names)
         derived_from = list(text_format.derived_from)
         self._roles = np.full(layout.num_fields, _SKIPPED, np.uint8)  # what each column holds
@@ -54,35 +74,61 @@ class LineKernel:
                 self._roles[column], self._places[column] = _CATEGORICAL, categorical.index(name)
             elif name in derived_from:
                 self._roles[column], self._places[column] = _DERIVED_FROM, derived_from.index(name)
+        self.categorical_columns = np.array(  # the line's column of each categorical field
+            [list(layout.column_names).index(name) for name in categorical], np.int32)
         self._format = text_format
         self._delimiter = ord(text_format.delimiter)
         self._shape = len(dense), len(categorical), len(derived_from)
-        self._rule = encoder.kernel_rule()
+        kind, per_field, *table = rule
+        self._rule = (RULE_KINDS.index(kind), per_field, *table)
 
     def element(self, block, keep):
         """The handover element of the lines of `block` (bytes of whole lines) where `keep`
         (bool, one per line) holds; None when a kept line is not clean (the format's extra
         checks too) or the block holds a "\\r" (the reader drops those)."""
-        if b"\r" in block:
+        rows = self.rows(block, keep)
+        if rows is None:
             return None
-        rows = int(np.count_nonzero(keep))
-        dense_fields, categorical_fields, derived_from = self._shape
-        labels = np.zeros(rows, np.float32)  # a file without labels keeps these
-        dense = np.empty([rows, dense_fields], np.float32)
-        present = np.empty([rows, dense_fields], bool)
-        ids = aligned.empty([rows, categorical_fields], np.int64)  # as TensorFlow takes it
-        spans = np.empty([rows, derived_from, 2], np.int64)
-        written = _kernels.parse_lines(block, self._delimiter, self._roles, self._places,
-                                       np.ascontiguousarray(keep, bool), *self._rule, MISSING_ID,
-                                       labels, dense, present, ids, spans)
-        if written < 0:
-            return None
-        derived = self._derived_ids(block, spans)
+        derived = self.derived_ids(block, rows.spans)
         if derived is None:
             return None
-        return handover.element(labels, dense, present, ids, derived, 0)
+        return handover.element(rows.labels, rows.dense, rows.present, rows.ids, derived, 0)
 
-    def _derived_ids(self, block, spans):
+    def rows(self, block, keep):
+        """The KernelRows of the lines of `block` where `keep` holds; None when a kept line is
+        not clean or the block holds a "\\r" (the format's extra checks are derived_ids')."""
+        if b"\r" in block:
+            return None
+        count = int(np.count_nonzero(keep))
+        dense_fields, categorical_fields, derived_from = self._shape
+        rows = KernelRows(
+            labels=np.zeros(count, np.float32),  # a file without labels keeps these
+            dense=np.empty([count, dense_fields], np.float32),
+            present=np.empty([count, dense_fields], bool),
+            ids=aligned.empty([count, categorical_fields], np.int64),  # as TensorFlow takes it
+            spans=np.empty([count, derived_from, 2], np.int64),
+            starts=np.empty(count, np.int64))
+        written = _kernels.parse_lines(block, self._delimiter, self._roles, self._places,
+                                       np.ascontiguousarray(keep, bool), *self._rule, MISSING_ID,
+                                       *rows)
+        return None if written < 0 else rows
+
+    def values_at(self, block, rows, origins):
+        """The categorical values (a pyarrow binary array) at flat positions `origins` (int64)
+        of `rows.ids` (KernelRows of `block`): position i is field i mod C of row i // C."""
+        origins = np.ascontiguousarray(origins, np.int64)
+        spans = np.empty([len(origins), 2], np.int64)
+        _kernels.value_spans(block, rows.starts, self._delimiter, self.categorical_columns,
+                             origins, self._shape[1], spans)
+        offsets = np.zeros(len(origins) + 1, np.int64)
+        np.cumsum(spans[:, 1], out=offsets[1:])
+        at = np.repeat(spans[:, 0] - offsets[:-1], spans[:, 1]) + np.arange(offsets[-1])
+        data = np.frombuffer(block, np.uint8)[at]
+        return pa.LargeBinaryArray.from_buffers(
+            pa.large_binary(), len(origins), [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+        ).cast(pa.binary())
+
+    def derived_ids(self, block, spans):
         """int64 [n, E] derived ids of the rows whose derived-from values lie at `spans` [n, K,
         2] (start, length) in `block`; None when the format's extra checks fail a row."""
         text_format = self._format

@@ -65,9 +65,9 @@ class HashingEncoder:
         bucket_ids(values, self.buckets[field], 1, MISSING_ID, out)
 
     def kernel_rule(self):
-        """(buckets, salts, slots, tags, absent): how tfscale/data/_kernels.c's `parse_lines`
-        gives a field's values the ids `encode` gives them."""
-        return np.array(self.buckets, np.uint64), None, None, None, 0
+        """(kind, per field, slots, tags, absent): how tfscale/data/_kernels.c's `parse_lines`
+        gives a field's values the ids `encode` gives them (tfscale.data.line_kernel)."""
+        return "buckets", np.array(self.buckets, np.uint64), None, None, 0
 
     def describe(self):
         sizes = sorted(set(self.buckets))

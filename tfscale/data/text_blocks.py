@@ -84,7 +84,7 @@ class TextBlocks:
                      Piece(int(file_index), self._files.paths[file_index], 0, None), header,
                      self._block_bytes))
         layout = self._files.layout
-        kernel = (LineKernel(self._format, layout, encoder)
+        kernel = (LineKernel(self._format, layout, encoder.kernel_rule())
                   if line_kernel.reads(self._format, layout) else None)
         yield from read_ahead.ordered_ahead(
             lambda item: self._element(selection, encoder, kernel, *item), items)

@@ -152,9 +152,9 @@ class VocabularyEncoder:
         table_ids(values, self._salt_values[field], self._table, OOV_ID, MISSING_ID, out)
 
     def kernel_rule(self):
-        """(buckets, salts, slots, tags, absent): how tfscale/data/_kernels.c's `parse_lines`
-        gives a field's values the ids `encode` gives them."""
-        return (None, self._salt_values.astype(np.int64), self._table.slots, self._table.tags,
+        """(kind, per field, slots, tags, absent): how tfscale/data/_kernels.c's `parse_lines`
+        gives a field's values the ids `encode` gives them (tfscale.data.line_kernel)."""
+        return ("table", self._salt_values.astype(np.int64), self._table.slots, self._table.tags,
                 OOV_ID)
 
     def _ids_of(self, keys):

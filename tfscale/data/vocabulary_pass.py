@@ -3,29 +3,27 @@ found, every line checked, in one streaming pass, split over the Horovod ranks w
 several.
 
 Owns: each rank's share of the files (a byte range of every plain file, aligned to lines; whole
-.gz files, file i to rank i mod P), reading it as blocks of whole lines, parsing a block with
-pyarrow's CSV reader and checking it, counting it into a ValueCounts (tfscale.data.value_counts),
-and handing the counts to tfscale.data.vocabulary_ranks to be added up over the ranks.
+.gz files, file i to rank i mod P), reading it as blocks of whole lines, reading and checking a
+block, counting it into a ValueCounts (tfscale.data.value_counts), and handing the counts to
+tfscale.data.vocabulary_ranks to be added up over the ranks.
 
-The engine: pyarrow's C++ CSV parser and Arrow's hash kernels (`value_counts` per column per
-block, `group_by` to merge blocks), chosen over the reader's own tf.data parser by
-measuring both on the same file (benchmarks/vocab_pass.py, docs/results/vocab_pass.md): on a
-2-vCPU AMD EPYC, a 2M-line Criteo-format file with 7.4M distinct values counted at min count 10
-ran at 0.90-1.07x the reader's rows/s this way, and at 0.40-0.49x with tf.data chunks
-(LineParser, tf.unique_with_counts) counted into the same ValueCounts: tf.data parses every field
-through string ops as the reader does, so the reader's rate is its ceiling, while pyarrow parses
-at 4-10x the reader. Blocks are parsed, checked and counted COUNTING_THREADS at a time (pyarrow
-and numpy let go of the GIL, whose switch interval is cut to SWITCH_INTERVAL meanwhile: each
-thread takes it back hundreds of times a block), and added to the ValueCounts one after another
-in file order, so that the counts, which after a spill depend on the order blocks come in, are
-those of one block after the other.
+The engine: the readers' line kernel (tfscale.data.line_kernel) reads a block, checks every
+line as the reader does and gives each categorical value its 64-bit fingerprint where it lies,
+and ValueCounts' C kernel counts the fingerprints one after another, taking a value's bytes
+only when it becomes an entry of the table: no table of a block's columns or of its distinct
+values is built (docs/results/input_path.md, "The vocabulary pass"). Where the kernel does not
+read a format (a delimiter of several bytes), pyarrow's C++ CSV parser parses the block and
+Arrow's `value_counts` counts it. Blocks are read COUNTING_THREADS at a time (the kernels and
+pyarrow let go of the GIL, whose switch interval is cut to SWITCH_INTERVAL meanwhile), and
+counted one after another in file order, so that the counts, which after a spill depend on the
+order values come in, are those of one block after the other.
 
-The checks stay the reader's: a block is counted by pyarrow only when every line is one the
-reader takes as it is (the field count; the label "0" or "1"; integers matching
-[+-]?[0-9]+ and within int64; the format's extra checks, e.g. Avazu's hour); any other block (a
-malformed or a short line in it) is parsed by the reader's LineParser instead, which counts,
-skips or stops at it exactly as reading does (`on_bad_line`, `on_short_line`; errors name file
-and line). As the reader, every "\\r" is dropped.
+The checks stay the reader's: a block is counted this way only when every kept line is one the
+reader takes as it is (the field count; the label "0" or "1"; integers matching [+-]?[0-9]+
+and within int64; the format's extra checks, e.g. Avazu's hour); any other block (a malformed or
+a short line in it) is parsed by the reader's LineParser instead, which counts, skips or stops
+at it exactly as reading does (`on_bad_line`, `on_short_line`; errors name file and line). As
+the reader, every "\\r" is dropped.
 """
 
 import collections
@@ -36,6 +34,7 @@ import math
 import os
 import sys
 import time
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -44,21 +43,24 @@ import pyarrow.csv as pacsv
 import tensorflow as tf
 
 from tfscale import distributed
+from tfscale.data import line_kernel
 from tfscale.data import vocabulary as vocabulary_lib
 from tfscale.data import vocabulary_ranks
+from tfscale.data.line_kernel import LineKernel
 from tfscale.data.text_lines import (BAD_LINE_POLICIES, FileSet, LineParser, LineSelection,
                                      TextFormat, check_short_line_policy, compression_of,
                                      in_test_split)
-from tfscale.data.value_counts import SKETCH_DEPTH, ValueCounts, distinct_counts, sketch_dtype
+from tfscale.data.value_counts import (SKETCH_DEPTH, ValueCounts, distinct_counts,
+                                       fingerprint_rule, sketch_dtype)
 from tfscale.errors import UserError, user_error_from_tf
 
 BLOCK_BYTES = 8 << 20  # whole lines read, parsed and counted together
 PARSE_BLOCK_BYTES = 1 << 20  # pyarrow parses a block in pieces of this size, in parallel
 DEFAULT_MEMORY_MB = 64  # the counts' memory: half for the sketch, half for exact values
-COUNTING_THREADS = 2  # blocks parsed and counted at once (pyarrow and numpy let go of the GIL)
-BLOCKS_AHEAD = 1  # blocks in the counting threads while the one before is added to the counts
+COUNTING_THREADS = 2  # blocks read at once (the kernels and pyarrow let go of the GIL)
+BLOCKS_AHEAD = 1  # blocks in the counting threads while the one before is counted
 SWITCH_INTERVAL = 2e-4  # seconds: how long a thread that wants the GIL waits while counting
-BYTES_PER_EXACT_VALUE = 256  # an exact (field, value, count) row with its share of a merge
+BYTES_PER_EXACT_VALUE = 256  # an entry: table slots, count, field, value, with the spill's copies
 _SIGNED_INTEGER = r"^[+-]?[0-9]+$"
 
 
@@ -271,6 +273,9 @@ class _FileCounter:
             input_signature=[tf.TensorSpec([], tf.int64), tf.TensorSpec([None], tf.int64),
                              tf.TensorSpec([None], tf.string)])
         layout = files.layout
+        self._kernel = (LineKernel(text_format, layout,
+                                   fingerprint_rule(len(text_format.categorical_names)))
+                        if line_kernel.reads(text_format, layout) else None)
         names = list(text_format.dense_names) + list(text_format.categorical_names)
         self._label = text_format.label_name if files.has_labels else None
         self._extra_checks = type(text_format).extra_checks is not TextFormat.extra_checks
@@ -302,8 +307,7 @@ class _FileCounter:
                         first_line = (None if self._test_fraction is None
                                       else self._first_line(piece, lines_before))
                         pending.append((piece, lines_before, block, threads.submit(
-                            self._block_counts, block, piece.file_index, first_line,
-                            self._local.counts.spilled)))
+                            self._block_counts, block, piece.file_index, first_line)))
                         while len(pending) > BLOCKS_AHEAD:
                             self._add(*pending.popleft())
                             last_report = self._report(last_report)
@@ -329,8 +333,7 @@ class _FileCounter:
         if counted is None:
             self._count_with_the_reader(piece, lines_before, block)
             return
-        self._local.counts.add(counted.fields, counted.values, counted.counts,
-                               hashed=counted.hashed)
+        counted.count_into(self._local.counts)
         self._local.add_ranges(counted.lows, counted.highs)
         self._local.rows += counted.rows
 
@@ -352,10 +355,43 @@ class _FileCounter:
             return None
         return None if invalid else table
 
-    def _block_counts(self, block, file_index, first_line, hashed):
-        """The _BlockCounts of a block of file `file_index` parsed by pyarrow (its first line's
-        number `first_line`; its values' fingerprints when `hashed`), None when a line in it is
-        one the reader's parser must see. Runs in a counting thread: changes nothing shared."""
+    def _block_counts(self, block, file_index, first_line):
+        """The _BlockCounts of a block of file `file_index` (its first line's number
+        `first_line`, None without a test split), read by the line kernel or else parsed by
+        pyarrow; None when a line in it is one the reader's parser must see. Runs in a counting
+        thread: changes nothing shared."""
+        keep = None
+        if self._test_fraction is not None:
+            lines = _newlines(block) + (not block.endswith(b"\n"))
+            numbers = first_line + np.arange(lines)
+            keep = np.logical_not(in_test_split(tf.constant(file_index, tf.int64),
+                                                tf.constant(numbers, tf.int64),
+                                                self._test_fraction).numpy())
+        if self._kernel is not None:
+            counted = self._kernel_counts(block, keep)
+            if counted is not None:
+                return counted
+        return self._arrow_counts(block, keep)
+
+    def _kernel_counts(self, block, keep):
+        """The _BlockCounts of the kept lines of `block` as the line kernel reads them (each
+        categorical value's fingerprint), None when it does not take the block."""
+        if keep is None:
+            keep = np.ones(_newlines(block) + (not block.endswith(b"\n")), bool)
+        rows = self._kernel.rows(block, keep)
+        if rows is None or self._kernel.derived_ids(block, rows.spans) is None:
+            return None
+        kernel = self._kernel
+        return _BlockCounts(
+            lambda counts: counts.add_keys(rows.ids.view(np.uint64), lambda origins:
+                                           kernel.values_at(block, rows, origins)),
+            np.where(rows.present, rows.dense, np.inf).min(axis=0, initial=np.inf),
+            np.where(rows.present, rows.dense, -np.inf).max(axis=0, initial=-np.inf),
+            len(rows.labels))
+
+    def _arrow_counts(self, block, keep):
+        """The _BlockCounts of the kept lines of `block` parsed by pyarrow and checked with
+        Arrow's kernels, None when a line in it is one the reader's parser must see."""
         table = self._parse(block)
         if table is None:
             return None
@@ -365,18 +401,14 @@ class _FileCounter:
             return None
         if self._extra_checks and self._extra_check_fails(table):
             return None
-        if self._test_fraction is not None:
-            numbers = first_line + np.arange(table.num_rows)
-            in_test = in_test_split(tf.constant(file_index, tf.int64),
-                                    tf.constant(numbers, tf.int64), self._test_fraction)
-            table = table.filter(pa.array(np.logical_not(in_test.numpy())))
+        if keep is not None:
+            table = table.filter(pa.array(keep))
         ranges = [_integer_range(table[name]) for name in fmt.dense_names]
         if any(r is False for r in ranges):
             return None
         fields, values, counts = distinct_counts([table[name] for name in fmt.categorical_names])
         return _BlockCounts(
-            fields, values, counts,
-            self._local.counts.hashed(fields, values) if hashed else None,
+            lambda value_counts: value_counts.add(fields, values, counts),
             [np.inf if r is None else r[0] for r in ranges],
             [-np.inf if r is None else r[1] for r in ranges], table.num_rows)
 
@@ -418,14 +450,11 @@ class _FileCounter:
 
 @dataclasses.dataclass
 class _BlockCounts:
-    """A block's counts: its distinct (field, value) with their counts (sorted by field, no
-    empty value), what ValueCounts.add hashes of them (None: not worked out), the integer
-    fields' lows and highs (inf and -inf where all are empty) and its rows."""
+    """A block counted in a counting thread: `count_into(value_counts)` adds its values to the
+    counts (in file order, in the pass's thread), the integer fields' lows and highs (inf and
+    -inf where all are empty) and its rows."""
 
-    fields: np.ndarray
-    values: pa.Array
-    counts: np.ndarray
-    hashed: tuple
+    count_into: Callable
     lows: list
     highs: list
     rows: int
