@@ -350,13 +350,15 @@ def run_vocabulary(rounds):
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     script = os.path.join(root, "benchmarks", "vocab_pass.py")
+    given = os.environ.get("PYTHONPATH")  # run_trees': --old_tree's first for "before"
+    python_path = f"{given}:{root}" if given else root
     for round_index in range(rounds):
         for case in ("reader", "pass") if round_index % 2 == 0 else ("pass", "reader"):
             load, others = os.getloadavg()[0], OtherProcessesCPU()
             done = subprocess.run([sys.executable, script, f"--case={case}",
                                    f"--path={_path(TEXT)}", "--min_count=10"], cwd=root,
-                                  env=dict(os.environ, PYTHONPATH=root), capture_output=True,
-                                  text=True)
+                                  env=dict(os.environ, PYTHONPATH=python_path),
+                                  capture_output=True, text=True)
             found = [json.loads(line[line.index("{"):]) for line in done.stdout.splitlines()
                      if '"case"' in line]
             if done.returncode or not found:
