@@ -265,7 +265,7 @@ def stage_cases():
     text_blocks = TextBlocks(text.FORMAT, files, False, "missing")
 
     def text_blocks_of(work):
-        return sum(work(block) for _, block in blocks(Piece(0, files.paths[0], 0, None), 0))
+        return sum(work(block) for _, _, block in blocks(Piece(0, files.paths[0], 0, None), 0))
 
     def blocks_1_decode():
         return text_blocks_of(lambda block: text_blocks._parsed(block).num_rows)
@@ -435,47 +435,50 @@ def report(path):
     by = {}
     for line in lines:
         by.setdefault((line["part"], line["tree"], line["case"]), []).append(line)
-    print("| tree | case | runs | rows/s (median) | CPU s (median) | rows per CPU s | "
-          "cores at 5M rows/s |\n|---|---|---:|---:|---:|---:|---:|")
-    for (part, tree, case), runs in sorted(by.items()):
-        if part != "readers":
-            continue
-        per_cpu = _median([r["rows"] / r["cpu_seconds"] for r in runs])
-        print(f"| {tree} | {case} | {len(runs)} | "
-              f"{_median([r['rows_per_second'] for r in runs]):,.0f} | "
-              f"{_median([r['cpu_seconds'] for r in runs]):.2f} | {per_cpu:,.0f} | "
-              f"{5e6 / per_cpu:.1f} |")
-    print("\nRatios of rows/s in the same process and round (median, range):\n")
-    print("| tree | ratio | median | range |\n|---|---|---:|---:|")
-    pairs = [("parquet_hash", "pyarrow_read_table"), ("parquet_vocabulary", "pyarrow_read_table"),
-             ("tsv_hash", "pyarrow_read_csv"), ("tsv_vocabulary", "pyarrow_read_csv")]
-    rounds = _rounds([line for line in lines if line["part"] == "readers"])
-    for tree in sorted({line["tree"] for line in lines if line["part"] == "readers"}):
-        for ours, theirs in pairs:
-            ratios = [pick[ours]["rows_per_second"] / pick[theirs]["rows_per_second"]
-                      for pick in rounds if pick[ours]["tree"] == tree
-                      and ours in pick and theirs in pick]
-            if ratios:
-                print(f"| {tree} | {ours} / {theirs} | {_median(ratios):.2f} | "
-                      f"{min(ratios):.2f}-{max(ratios):.2f} |")
-    print("\nStages (CPU seconds of a pass over the file stopping after the stage, median):\n")
-    print("| case | " + " | ".join(sorted({t for p, t, _ in by if p == "stages"})) +
-          " |\n|---|---:|---:|")
-    cases = sorted({c for p, _, c in by if p == "stages"})
-    for case in cases:
-        cells = [by.get(("stages", tree, case)) for tree in
-                 sorted({t for p, t, _ in by if p == "stages"})]
-        print(f"| {case} | " + " | ".join(
-            "" if runs is None else f"{_median([r['cpu_seconds'] for r in runs]):.2f} "
-            f"({_median([r['rows_per_second'] for r in runs]):,.0f} rows/s)" for runs in cells)
-              + " |")
+    if any(part == "readers" for part, _, _ in by):
+        print("| tree | case | runs | rows/s (median) | CPU s (median) | rows per CPU s | "
+              "cores at 5M rows/s |\n|---|---|---:|---:|---:|---:|---:|")
+        for (part, tree, case), runs in sorted(by.items()):
+            if part != "readers":
+                continue
+            per_cpu = _median([r["rows"] / r["cpu_seconds"] for r in runs])
+            print(f"| {tree} | {case} | {len(runs)} | "
+                  f"{_median([r['rows_per_second'] for r in runs]):,.0f} | "
+                  f"{_median([r['cpu_seconds'] for r in runs]):.2f} | {per_cpu:,.0f} | "
+                  f"{5e6 / per_cpu:.1f} |")
+        print("\nRatios of rows/s in the same process and round (median, range):\n")
+        print("| tree | ratio | median | range |\n|---|---|---:|---:|")
+        pairs = [("parquet_hash", "pyarrow_read_table"),
+                 ("parquet_vocabulary", "pyarrow_read_table"),
+                 ("tsv_hash", "pyarrow_read_csv"), ("tsv_vocabulary", "pyarrow_read_csv")]
+        rounds = _rounds([line for line in lines if line["part"] == "readers"])
+        for tree in sorted({line["tree"] for line in lines if line["part"] == "readers"}):
+            for ours, theirs in pairs:
+                ratios = [pick[ours]["rows_per_second"] / pick[theirs]["rows_per_second"]
+                          for pick in rounds if pick[ours]["tree"] == tree
+                          and ours in pick and theirs in pick]
+                if ratios:
+                    print(f"| {tree} | {ours} / {theirs} | {_median(ratios):.2f} | "
+                          f"{min(ratios):.2f}-{max(ratios):.2f} |")
+    if any(part == "stages" for part, _, _ in by):
+        print("\nStages (CPU seconds of a pass over the file stopping after the stage, median):\n")
+        print("| case | " + " | ".join(sorted({t for p, t, _ in by if p == "stages"})) +
+              " |\n|---|---:|---:|")
+        cases = sorted({c for p, _, c in by if p == "stages"})
+        for case in cases:
+            cells = [by.get(("stages", tree, case)) for tree in
+                     sorted({t for p, t, _ in by if p == "stages"})]
+            print(f"| {case} | " + " | ".join(
+                "" if runs is None else f"{_median([r['cpu_seconds'] for r in runs]):.2f} "
+                f"({_median([r['rows_per_second'] for r in runs]):,.0f} rows/s)"
+                for runs in cells) + " |")
     vocabulary = [line for line in lines if line["part"] == "vocabulary"]
     if vocabulary:
-        print("\n| run | reader rows/s | pass rows/s | pass / reader | peak MiB reader, pass |"
-              "\n|---|---:|---:|---:|---:|")
+        print("\n| run | tree | reader rows/s | pass rows/s | pass / reader | "
+              "peak MiB reader, pass |\n|---|---|---:|---:|---:|---:|")
         for index, pick in enumerate(_rounds(vocabulary)):
             reader, counted = pick["reader"], pick["pass"]
-            print(f"| {index + 1} | {reader['rows_per_second']:,.0f} | "
+            print(f"| {index + 1} | {reader['tree']} | {reader['rows_per_second']:,.0f} | "
                   f"{counted['rows_per_second']:,.0f} | "
                   f"{counted['rows_per_second'] / reader['rows_per_second']:.2f} | "
                   f"{reader['peak_rss_mb']:,}, {counted['peak_rss_mb']:,} |")

@@ -355,7 +355,7 @@ def test_the_ranks_shares_cover_every_line_once(criteo_file):
     for size in (1, 2, 3, 7):
         pieces = [vocabulary_pass.rank_pieces([criteo_file], rank, size) for rank in range(size)]
         joined = b"".join(block for rank in pieces for piece in rank
-                          for _, block in vocabulary_pass.blocks(piece, 0))
+                          for _, _, block in vocabulary_pass.blocks(piece, 0))
         assert joined == text
         assert all(p.start == 0 or text[p.start - 1:p.start] == b"\n"
                    for rank in pieces for p in rank)

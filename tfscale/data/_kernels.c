@@ -1,8 +1,10 @@
 /* The readers' C kernels, run without holding Python's GIL so that the reader threads encode
  * blocks side by side: FarmHash's Fingerprint64 of binary values lying in Arrow's buffers, a
- * dictionary's ids taken by its indices, and the insert and probe of the vocabulary's key table.
- * Python owns every array; these functions only read and write the buffers they are given
- * (tfscale/data/fingerprint.py, tfscale/data/parquet_columns.py, tfscale/data/key_table.py).
+ * dictionary's ids taken by its indices, the insert and probe of the vocabulary's key table,
+ * blocks of delimited lines parsed, checked and encoded, and the vocabulary pass's counting of
+ * (field, value) fingerprints. Python owns every array; these functions only read and write the
+ * buffers they are given (tfscale/data/fingerprint.py, tfscale/data/parquet_columns.py,
+ * tfscale/data/key_table.py, tfscale/data/line_kernel.py, tfscale/data/value_counts.py).
  *
  * Ours because TensorFlow hashes only tf.string tensors, whose making costs more than the
  * hashing, and numpy has no hash table (docs/results/input_path.md). Fingerprint64 is

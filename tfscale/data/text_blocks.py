@@ -79,8 +79,8 @@ class TextBlocks:
         by block in order, blocks parsed, checked and encoded by `encoder` (a
         preprocessing.HashingEncoder or a vocabulary.VocabularyEncoder) ahead in threads."""
         header = self._files.header_lines
-        items = ((int(file_index), lines_before, block) for file_index in order
-                 for lines_before, block in blocks(
+        items = ((int(file_index), lines_before, lines, block) for file_index in order
+                 for lines_before, lines, block in blocks(
                      Piece(int(file_index), self._files.paths[file_index], 0, None), header,
                      self._block_bytes))
         layout = self._files.layout
@@ -89,9 +89,8 @@ class TextBlocks:
         yield from read_ahead.ordered_ahead(
             lambda item: self._element(selection, encoder, kernel, *item), items)
 
-    def _element(self, selection, encoder, kernel, file_index, lines_before, block):
-        count = block.count(b"\n") + (0 if block.endswith(b"\n") else 1)
-        numbers = lines_before + 1 + np.arange(count, dtype=np.int64)
+    def _element(self, selection, encoder, kernel, file_index, lines_before, lines, block):
+        numbers = lines_before + 1 + np.arange(lines, dtype=np.int64)
         keep = selection(tf.constant(file_index, tf.int64), tf.constant(numbers)).numpy()
         element = kernel.element(block, keep) if kernel is not None else None
         if element is not None:

@@ -16,16 +16,17 @@ sketch (fixed) and the values that entered (the vocabulary itself); before the s
 key at a time, without the GIL: a value's bytes are taken only when it becomes an entry, the
 rest of the time it is its fingerprint alone.
 
-Error: none while the values fit (no spill: every count is exact, two values whose 64-bit
-fingerprints agree aside, about n^2 / 2^65 for n values). After a spill the sketch never counts
-low, so no value seen `gate` times or more is missed; a value that entered through the sketch is
-counted over its true count by what other values added to its least-filled counter, at most the
-gate, and at most e / sketch_width times the occurrences counted in the sketch (`sketched`) with
-probability at least 1 - exp(-SKETCH_DEPTH) for each value. Values counted before the spill or
-after entering are counted exactly. The price is values seen fewer than `gate` times that enter
-because other values filled their counters. Distinct values per field: exact without a spill,
-else estimated from the KMV_SIZE smallest fingerprints of each field (relative standard error
-about 1 / sqrt(KMV_SIZE), 1.6%), the k-minimum-values estimate (Bar-Yossef et al., 2002).
+Error: none while the values fit (no spill: every count is exact, but for two values whose
+fingerprints agree in the 63 bits the table keys them by, a chance of about n^2 / 2^64 for n
+values). After a spill the sketch never counts low, so no value seen `gate` times or more is
+missed; a value that entered through the sketch is counted over its true count by what other
+values added to its least-filled counter, at most the gate, and at most e / sketch_width times
+the occurrences counted in the sketch (`sketched`) with probability at least 1 -
+exp(-SKETCH_DEPTH) for each value. Values counted before the spill or after entering are counted
+exactly. The price is values seen fewer than `gate` times that enter because other values filled
+their counters. Distinct values per field: exact without a spill, else estimated from the
+KMV_SIZE smallest fingerprints of each field (relative standard error about 1 / sqrt(KMV_SIZE),
+1.6%), the k-minimum-values estimate (Bar-Yossef et al., 2002).
 
 Written here because neither Arrow nor TensorFlow has a sketch or a distinct-count estimate,
 nor a hash table that counts keys as they come without building a table of a block first

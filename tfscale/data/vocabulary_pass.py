@@ -213,9 +213,9 @@ def _lines_before(path, offset):
 
 
 def blocks(piece, header_lines, block_bytes=None):
-    """(lines of `piece` before it, bytes) of the blocks of about `block_bytes` (default
-    BLOCK_BYTES) whole lines of `piece`, header lines left out; every "\\r" is dropped, as the
-    reader does."""
+    """(lines of `piece` before it, its lines, bytes) of the blocks of about `block_bytes`
+    (default BLOCK_BYTES) whole lines of `piece`, header lines left out (the last line of the
+    last block may lack its "\\n"); every "\\r" is dropped, as the reader does."""
     block_bytes = block_bytes or BLOCK_BYTES
     opener = gzip.open if compression_of(piece.path) else open
     with opener(piece.path, "rb") as stream:
@@ -244,8 +244,9 @@ def blocks(piece, header_lines, block_bytes=None):
             if b"\r" in block:
                 block = block.replace(b"\r", b"")
             if block:
-                yield lines_before, block
-                lines_before += _newlines(block)
+                lines = _newlines(block) + (not block.endswith(b"\n"))
+                yield lines_before, lines, block
+                lines_before += lines
             if not chunk:
                 return
 
@@ -303,11 +304,11 @@ class _FileCounter:
             try:
                 sys.setswitchinterval(min(switch_interval, SWITCH_INTERVAL))
                 for piece in pieces:
-                    for lines_before, block in blocks(piece, self._files.header_lines):
+                    for lines_before, lines, block in blocks(piece, self._files.header_lines):
                         first_line = (None if self._test_fraction is None
                                       else self._first_line(piece, lines_before))
                         pending.append((piece, lines_before, block, threads.submit(
-                            self._block_counts, block, piece.file_index, first_line)))
+                            self._block_counts, block, lines, piece.file_index, first_line)))
                         while len(pending) > BLOCKS_AHEAD:
                             self._add(*pending.popleft())
                             last_report = self._report(last_report)
@@ -355,14 +356,13 @@ class _FileCounter:
             return None
         return None if invalid else table
 
-    def _block_counts(self, block, file_index, first_line):
-        """The _BlockCounts of a block of file `file_index` (its first line's number
-        `first_line`, None without a test split), read by the line kernel or else parsed by
-        pyarrow; None when a line in it is one the reader's parser must see. Runs in a counting
-        thread: changes nothing shared."""
-        keep = None
+    def _block_counts(self, block, lines, file_index, first_line):
+        """The _BlockCounts of a block of `lines` lines of file `file_index` (its first line's
+        number `first_line`, None without a test split), read by the line kernel or else parsed
+        by pyarrow; None when a line in it is one the reader's parser must see. Runs in a
+        counting thread: changes nothing shared."""
+        keep = np.ones(lines, bool)
         if self._test_fraction is not None:
-            lines = _newlines(block) + (not block.endswith(b"\n"))
             numbers = first_line + np.arange(lines)
             keep = np.logical_not(in_test_split(tf.constant(file_index, tf.int64),
                                                 tf.constant(numbers, tf.int64),
@@ -376,8 +376,6 @@ class _FileCounter:
     def _kernel_counts(self, block, keep):
         """The _BlockCounts of the kept lines of `block` as the line kernel reads them (each
         categorical value's fingerprint), None when it does not take the block."""
-        if keep is None:
-            keep = np.ones(_newlines(block) + (not block.endswith(b"\n")), bool)
         rows = self._kernel.rows(block, keep)
         if rows is None or self._kernel.derived_ids(block, rows.spans) is None:
             return None
@@ -401,7 +399,7 @@ class _FileCounter:
             return None
         if self._extra_checks and self._extra_check_fails(table):
             return None
-        if keep is not None:
+        if not keep.all():
             table = table.filter(pa.array(keep))
         ranges = [_integer_range(table[name]) for name in fmt.dense_names]
         if any(r is False for r in ranges):
