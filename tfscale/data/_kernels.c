@@ -1008,26 +1008,35 @@ static inline void prefetch_home(const Counting *c, uint64_t fingerprint) {
   __builtin_prefetch(c->table.slots + 2 * home);
 }
 
-/* What counting `fingerprint` writes, fetched ahead (its home group fetched before): its
- * entry's count when the table holds it, else its sketch counters, a miss in each row
- * otherwise. */
-static inline void prefetch_counters(const Counting *c, uint64_t fingerprint) {
+/* The slot of `fingerprint` (slot_of's), and what counting it writes fetched ahead (its home
+ * group fetched before): its entry's count when the table holds it, else its sketch counters,
+ * a miss in each row otherwise. */
+static inline int64_t look_ahead(const Counting *c, uint64_t fingerprint) {
   int64_t slot = slot_of(c->table, (int64_t)(fingerprint & 0x7fffffffffffffffULL));
   if (slot >= 0) {
     __builtin_prefetch(c->counts + c->table.slots[2 * slot + 1], 1);
-    return;
+    return slot;
   }
-  if (!c->sketch) return;
+  if (!c->sketch) return slot;
   for (int row = 0; row < SKETCH_DEPTH; ++row) {
     int64_t at = row * c->width + (int64_t)(mix64(fingerprint + (uint64_t)row + 1) &
                                             (c->width - 1));
     __builtin_prefetch(c->wide_counters ? (void *)((uint32_t *)c->sketch + at)
                                         : (void *)((uint16_t *)c->sketch + at), 1);
   }
+  return slot;
 }
 
-#define HOME_AHEAD 32    /* keys ahead whose home group is fetched */
-#define COUNTERS_AHEAD 16 /* keys ahead whose sketch counters are fetched */
+#define HOME_AHEAD 32     /* keys ahead whose home group is fetched */
+#define COUNTERS_AHEAD 16 /* keys ahead looked up, what counting them writes fetched */
+#define LOOKED_UP 32      /* a power of two above COUNTERS_AHEAD: the slots found ahead */
+
+/* A slot found ahead: key `at`'s, found when the table held `entries` entries (a key found
+ * stays where it is; one not found is still not there while no entry was made since). */
+typedef struct {
+  Py_ssize_t at;
+  int64_t slot, entries;
+} LookedUp;
 
 /* Counts keys[start:] (weights NULL: 1 each; fields NULL: key i of field i mod num_fields);
  * returns where it stopped: the keys' end, or the first key that might need an entry past the
@@ -1036,17 +1045,27 @@ static Py_ssize_t count_from(Counting *c, const uint64_t *keys, const int64_t *w
                              const int16_t *fields, Py_ssize_t num_fields, Py_ssize_t start,
                              Py_ssize_t count) {
   Py_ssize_t field = num_fields ? start % num_fields : 0;
+  LookedUp ahead[LOOKED_UP];
+  for (int k = 0; k < LOOKED_UP; ++k) ahead[k].at = -1;
   for (Py_ssize_t i = start; i < count; ++i, field = field + 1 == num_fields ? 0 : field + 1) {
     if (i + HOME_AHEAD < count && keys[i + HOME_AHEAD]) prefetch_home(c, keys[i + HOME_AHEAD]);
-    if (i + COUNTERS_AHEAD < count && keys[i + COUNTERS_AHEAD])
-      prefetch_counters(c, keys[i + COUNTERS_AHEAD]);
+    Py_ssize_t next = i + COUNTERS_AHEAD;
+    if (next < count && keys[next]) {
+      LookedUp *found = &ahead[next & (LOOKED_UP - 1)];
+      found->at = next;
+      found->slot = look_ahead(c, keys[next]);
+      found->entries = c->entries;
+    }
     uint64_t fingerprint = keys[i];
     if (!fingerprint) continue;
     if (c->entries == c->limit || c->written == c->room) return i;
     int64_t key = (int64_t)(fingerprint & 0x7fffffffffffffffULL);
     int64_t weight = weights ? weights[i] : 1;
     int16_t f = fields ? fields[i] : (int16_t)field;
-    int64_t slot = slot_of(c->table, key);
+    const LookedUp *found = &ahead[i & (LOOKED_UP - 1)];
+    int64_t slot = found->at == i && (found->slot >= 0 || found->entries == c->entries)
+                       ? found->slot
+                       : slot_of(c->table, key);
     if (slot >= 0) {
       c->counts[c->table.slots[2 * slot + 1]] += weight;
       continue;
