@@ -22,7 +22,8 @@ date, command, load average and the other processes' CPU seconds of every run, -
            checks, conversion, hand-over to TF (with the ids, where the readers encode in
            their threads), encoding, batching), for Parquet and text, hashing; each stage's
            cost is the difference to the pass before. Text blocks also through the C kernel
-           alone (parse, checks and ids in one pass).
+           alone (parse, checks and ids in one pass), and as the vocabulary pass reads and
+           counts them (fingerprints, then counted at min count 10), one thread.
   train    `launch.train` (DeepFM, batch 8,192, one epoch) on the TSV file, on the Parquet
            file and on `--data=synthetic` with as many rows, alternating, in processes of their
            own; the epoch line's examples/s.
@@ -264,8 +265,8 @@ def stage_cases():
         return cases
     text_blocks = TextBlocks(text.FORMAT, files, False, "missing")
 
-    def text_blocks_of(work):
-        return sum(work(block) for _, _, block in blocks(Piece(0, files.paths[0], 0, None), 0))
+    def text_blocks_of(work):  # blocks() yields the block last, its line count before it
+        return sum(work(item[-1]) for item in blocks(Piece(0, files.paths[0], 0, None), 0))
 
     def blocks_1_decode():
         return text_blocks_of(lambda block: text_blocks._parsed(block).num_rows)
@@ -285,16 +286,43 @@ def stage_cases():
         from tfscale.data.line_kernel import LineKernel
     except ImportError:  # a tree whose text readers parse every block with pyarrow
         return cases
-    kernel = LineKernel(text.FORMAT, files.layout, text.preprocessing.encoder.kernel_rule())
+    encoder = text.preprocessing.encoder  # a tree's kernel takes its rule, or the encoder
+    kernel = LineKernel(text.FORMAT, files.layout, encoder.kernel_rule() if "rule" in
+                        inspect.signature(LineKernel).parameters else encoder)
 
-    def kernel_rows(block):
-        lines = block.count(b"\n") + (0 if block.endswith(b"\n") else 1)
-        return len(kernel.element(block, np.ones(lines, bool))["labels"])
+    def all_lines(block):
+        return np.ones(block.count(b"\n") + (0 if block.endswith(b"\n") else 1), bool)
 
     def kernel_1_encoded():
-        return text_blocks_of(kernel_rows)
+        return text_blocks_of(lambda block: len(kernel.element(block, all_lines(block))["labels"]))
 
     cases.update(kernel_1_encoded=kernel_1_encoded)
+    try:
+        from tfscale.data.value_counts import ValueCounts, fingerprint_rule
+    except ImportError:  # a tree whose vocabulary pass parses blocks with pyarrow
+        return cases
+    from tfscale.data.vocabulary_pass import DEFAULT_MEMORY_MB, counting_limits
+
+    fields = len(text.FORMAT.categorical_names)
+    counting_kernel = LineKernel(text.FORMAT, files.layout, fingerprint_rule(fields))
+
+    def vocabulary_1_read():
+        return text_blocks_of(
+            lambda block: len(counting_kernel.rows(block, all_lines(block)).labels))
+
+    def vocabulary_2_counted():
+        max_values, width = counting_limits(DEFAULT_MEMORY_MB, 10)
+        counts = ValueCounts(fields, gate=10, max_values=max_values, sketch_width=width)
+
+        def counted(block):
+            rows = counting_kernel.rows(block, all_lines(block))
+            counts.add_keys(rows.ids.view(np.uint64),
+                            lambda origins: counting_kernel.values_at(block, rows, origins))
+            return len(rows.labels)
+
+        return text_blocks_of(counted)
+
+    cases.update(vocabulary_1_read=vocabulary_1_read, vocabulary_2_counted=vocabulary_2_counted)
     return cases
 
 
