@@ -255,10 +255,12 @@ def counted_one_by_one(batches, gate, max_values, width):
 @pytest.mark.parametrize("by_keys", [False, True])
 def test_value_counts_count_as_documented_a_value_at_a_time(monkeypatch, by_keys):
     """The C kernel's counts against the plain model above, with a narrow sketch (collisions),
-    the table's room doubling and the KMV candidates' room filling many times: blocks of
-    distinct values with counts (`add`), or of rows of fingerprints (`add_keys`)."""
+    the table's room doubling and the rooms for KMV candidates and new entries filling many
+    times: blocks of distinct values with counts (`add`), or of rows of fingerprints
+    (`add_keys`)."""
     monkeypatch.setattr(value_counts, "_FIRST_ENTRIES", 8)
     monkeypatch.setattr(value_counts, "_CANDIDATE_ROOM", 4)
+    monkeypatch.setattr(value_counts, "_ORIGIN_ROOM", 3)
     rng = np.random.default_rng(9)
     fields_count, gate, max_values, width = 3, 4, 30, 64
     counts = ValueCounts(fields_count, gate=gate, max_values=max_values, sketch_width=width)

@@ -952,15 +952,15 @@ done:
 /* ------------------------------------------------------------------- a pass's counting */
 
 /* The counting pass's state as count_keys takes it (tfscale.data.value_counts owns the arrays):
- * a key table of (field, value) fingerprints, the top bit cleared, to entries; each entry's count,
- * field and where in the keys it came from; the count-min sketch (NULL before a spill: every new
- * key is then an entry); the KMV candidates found. */
+ * a key table of (field, value) fingerprints, the top bit cleared, to entries; each entry's count
+ * and field; where in the keys the entries made since `first` came from; the count-min sketch
+ * (NULL before a spill: every new key is then an entry); the KMV candidates found. */
 #define SKETCH_DEPTH 4
 typedef struct {
   Probe table;
   int64_t *counts, *origins;
   int16_t *field_of;
-  int64_t entries, limit;
+  int64_t entries, limit, first, origin_room;
   void *sketch;
   int wide_counters;
   int64_t width, gate, sketched;
@@ -997,7 +997,7 @@ static inline void enter(Counting *c, int64_t slot, int64_t key, int64_t count, 
   c->table.slots[2 * slot + 1] = c->entries;
   c->counts[c->entries] = count;
   c->field_of[c->entries] = field;
-  c->origins[c->entries] = i;
+  c->origins[c->entries - c->first] = i;
   ++c->entries;
 }
 
@@ -1058,7 +1058,9 @@ static Py_ssize_t count_from(Counting *c, const uint64_t *keys, const int64_t *w
     }
     uint64_t fingerprint = keys[i];
     if (!fingerprint) continue;
-    if (c->entries == c->limit || c->written == c->room) return i;
+    if (c->entries == c->limit || c->entries - c->first == c->origin_room ||
+        c->written == c->room)
+      return i;
     int64_t key = (int64_t)(fingerprint & 0x7fffffffffffffffULL);
     int64_t weight = weights ? weights[i] : 1;
     int16_t f = fields ? fields[i] : (int16_t)field;
@@ -1091,14 +1093,15 @@ static Py_ssize_t count_from(Counting *c, const uint64_t *keys, const int64_t *w
  * gate, limits, candidates, state): counts uint64 `keys` (0: none, a missing value) from
  * `start` on, each `weights`[i] times (int64, or None: once), key i of field `fields`[i]
  * (int16, or None: i mod len(limits)). A key the table holds adds to its entry's count; another
- * becomes entry `state`[0] (its count, field and position i into counts, field_of, origins),
+ * becomes entry e = `state`[0] (its count and field into counts[e] and field_of[e], its position
+ * i into origins[e - the entries at the call's start]),
  * before a spill (`sketch` None) at once, after one (`sketch` uint16 or uint32 [4, width]) when
  * the sketch's estimate before it plus its weight reaches `gate`, after its weight, at most the
  * gate, is added to its counters (saturating at the gate). A sketched key at or under its
  * field's `limits` (uint64) is written to `candidates` (uint64 [room, 2] of (field, key)) at
  * state[1]; state[2] adds up the weights sketched. Returns len(keys), or the position of a key
- * that might need an entry at `limit` or a candidate past the room (count on from it once the
- * caller has made room). */
+ * that might need an entry at `limit` or past the room of origins, or a candidate past the
+ * room of candidates (count on from it once the caller has made room). */
 static PyObject *count_keys(PyObject *self, PyObject *args) {
   PyObject *keys_object, *weights_object, *fields_object, *slots_object, *tags_object,
       *counts_object, *field_of_object, *origins_object, *sketch_object, *limits_object,
@@ -1146,7 +1149,7 @@ static PyObject *count_keys(PyObject *self, PyObject *args) {
     c.width = views[6].len / views[6].itemsize / SKETCH_DEPTH;
   }
   if (state_view.len != 24 || num_fields < 1 || views[4].len != capacity * 2 ||
-      views[5].len != capacity * 8 || (held[1] && views[1].len != count * 8) ||
+      views[5].len < 8 || (held[1] && views[1].len != count * 8) ||
       (held[2] && views[2].len != count * 2) || start < 0 || start > count || gate < 1 ||
       limit > capacity || state[0] < 0 || state[0] > limit || state[1] < 0 ||
       state[1] > c.room || 2 * limit > c.table.mask + 1 ||
@@ -1167,7 +1170,8 @@ static PyObject *count_keys(PyObject *self, PyObject *args) {
         goto done;
       }
   }
-  c.entries = state[0];
+  c.entries = c.first = state[0];
+  c.origin_room = views[5].len / 8;
   c.limit = limit;
   c.written = state[1];
   c.sketched = state[2];

@@ -49,6 +49,7 @@ _FIELD_MIX = np.uint64(0x9E3779B97F4A7C15)  # the golden ratio's 64 bits: fields
 _ALL_ONES = np.iinfo(np.uint64).max
 _FIRST_ENTRIES = 1 << 14  # the table's room at first; doubled when full
 _CANDIDATE_ROOM = 1 << 14  # KMV candidates the kernel writes before they are merged
+_ORIGIN_ROOM = 1 << 16  # new entries the kernel makes before their values are taken
 _CHUNKS = 64  # entries' value arrays kept apart before they are joined into one
 
 
@@ -121,6 +122,7 @@ class ValueCounts:
         self.sketch_width = int(sketch_width)
         self._state = np.zeros(3, np.int64)  # entries, KMV candidates written, sketched
         self._candidates = np.zeros((_CANDIDATE_ROOM, 2), np.uint64)  # (field, fingerprint)
+        self._origins = np.zeros(_ORIGIN_ROOM, np.int64)  # where the keys of new entries lie
         self._limits = np.full(self.num_fields, _ALL_ONES, np.uint64)  # candidates' bounds
         self._sketch = None  # [SKETCH_DEPTH, sketch_width] once spilled
         self._minima = None  # per field, once spilled: sorted uint64, the KMV_SIZE smallest
@@ -199,7 +201,6 @@ class ValueCounts:
         self._tags[:] = 0
         self._counts = np.zeros(room, np.int64)
         self._field_of = np.zeros(room, np.int16)
-        self._origins = np.zeros(room, np.int64)
         self._value_chunks = []
         self._state[0] = 0
 
@@ -222,7 +223,7 @@ class ValueCounts:
                 self._field_of, self._origins, limit, self._sketch, self.gate, self._limits,
                 self._candidates, self._state)
             if self._entries() > first_new:
-                self._value_chunks.append(values_at(self._origins[first_new:self._entries()]))
+                self._value_chunks.append(values_at(self._origins[:self._entries() - first_new]))
                 if len(self._value_chunks) > _CHUNKS:
                     self._values()
             self._merge_candidates()
@@ -235,12 +236,16 @@ class ValueCounts:
             first_new = self._entries()
 
     def _grow(self):
-        """Twice the room: the table rebuilt from its keys, the entries' arrays copied."""
+        """Twice the room: the table rebuilt from its keys (the old one let go first), the
+        entries' arrays copied."""
         entries, occupied = self._entries(), np.flatnonzero(self._tags)
         keys, ids = self._slots_table[occupied, 0], self._slots_table[occupied, 1]
+        del occupied
+        self._slots_table = self._tags = None
         counts, field_of, chunks = self._counts, self._field_of, self._value_chunks
         self._empty_table(2 * len(counts))
         _kernels.insert(self._slots_table, self._tags, keys, ids)
+        del keys, ids
         self._counts[:entries], self._field_of[:entries] = counts[:entries], field_of[:entries]
         self._value_chunks, self._state[0] = chunks, entries
 
