@@ -1222,12 +1222,13 @@ static PyObject *value_spans(PyObject *self, PyObject *args) {
   int64_t *spans = views[4].buf;
   Py_BEGIN_ALLOW_THREADS
   for (Py_ssize_t j = 0; j < count && !problem; ++j) {
-    int64_t row = origins[j] / num_fields, column = columns[origins[j] % num_fields];
+    int64_t row = origins[j] / num_fields;
     if (origins[j] < 0 || row >= rows || starts[row] < 0 || starts[row] > views[0].len ||
-        column < 0) {
+        columns[origins[j] % num_fields] < 0) {
       problem = "an origin or a line start lies outside the block";
       break;
     }
+    int64_t column = columns[origins[j] % num_fields];
     const uint8_t *p = block + starts[row];
     for (int64_t k = 0; k < column && !problem; ++k) {
       while (p < end && *p != delimiter && *p != '\n') ++p;

@@ -97,7 +97,8 @@ def fingerprints(fields, values):
 
 def fingerprint_rule(num_fields):
     """The line kernel's rule (tfscale.data.line_kernel) giving each categorical value its
-    `fingerprints` (0 for an empty value), as ValueCounts.add_keys takes them."""
+    `fingerprints`, as ValueCounts.add_keys takes them (an empty value gets the kernel's missing
+    id, schema.MISSING_ID, 0: no value here)."""
     return FINGERPRINT_RULE, field_mixes(num_fields), None, None, 0
 
 
