@@ -1149,7 +1149,7 @@ static PyObject *count_keys(PyObject *self, PyObject *args) {
     c.width = views[6].len / views[6].itemsize / SKETCH_DEPTH;
   }
   if (state_view.len != 24 || num_fields < 1 || views[4].len != capacity * 2 ||
-      views[5].len < 8 || (held[1] && views[1].len != count * 8) ||
+      views[5].len < 8 || c.room < 1 || (held[1] && views[1].len != count * 8) ||
       (held[2] && views[2].len != count * 2) || start < 0 || start > count || gate < 1 ||
       limit > capacity || state[0] < 0 || state[0] > limit || state[1] < 0 ||
       state[1] > c.room || 2 * limit > c.table.mask + 1 ||

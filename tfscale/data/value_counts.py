@@ -160,9 +160,9 @@ class ValueCounts:
 
     def table(self):
         """(field, value, count) of every value counted exactly or let in by the sketch."""
-        entries = self._entries()
-        return pa.table([pa.array(self._field_of[:entries]), self._values(),
-                         pa.array(self._counts[:entries])], schema=SCHEMA)
+        entries = self._entries()  # copies: counting goes on in these arrays
+        return pa.table([pa.array(self._field_of[:entries].copy()), self._values(),
+                         pa.array(self._counts[:entries].copy())], schema=SCHEMA)
 
     def distinct(self):
         """Distinct values per field (int64 [num_fields]): exact without a spill, else the KMV
