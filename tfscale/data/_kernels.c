@@ -1001,11 +1001,13 @@ static inline void enter(Counting *c, int64_t slot, int64_t key, int64_t count, 
   ++c->entries;
 }
 
-/* The cache lines the key `fingerprint` reads in the table: its home group's tags and slot. */
+/* The cache lines a search for `fingerprint` reads first: its home group's tags and first
+ * slots (a group fills from its start). */
 static inline void prefetch_home(const Counting *c, uint64_t fingerprint) {
-  int64_t home = (int64_t)(fingerprint & 0x7fffffffffffffffULL) & c->table.mask;
-  __builtin_prefetch(c->table.tags + (home & ~(int64_t)(GROUP - 1)));
-  __builtin_prefetch(c->table.slots + 2 * home);
+  int64_t group = (int64_t)(fingerprint & 0x7fffffffffffffffULL) & c->table.mask &
+                  ~(int64_t)(GROUP - 1);
+  __builtin_prefetch(c->table.tags + group);
+  __builtin_prefetch(c->table.slots + 2 * group);
 }
 
 /* The slot of `fingerprint` (slot_of's), and what counting it writes fetched ahead (its home
