@@ -1,8 +1,10 @@
 """Blocks of delimited-text lines parsed, checked and encoded in one pass of a C kernel
-(`parse_lines`, tfscale/data/_kernels.c): the text readers' first try at a block, before
-pyarrow's parse (tfscale.data.text_blocks). The kernel reads the label, the integer features
-and the categorical values; the columns a format derives fields from (Avazu's hour) it hands
-over as they are, for the format's own checks and derived ids (TensorFlow's ops, as for lines).
+(`parse_lines`, tfscale/data/_kernels.c): the text readers' and the vocabulary pass's first try
+at a block, before pyarrow's parse (tfscale.data.text_blocks, tfscale.data.vocabulary_pass). The
+kernel reads the label, the integer features and the categorical values (their ids, or their
+fingerprints for counting, whose bytes `values_at` cuts out when asked); the columns a format
+derives fields from (Avazu's hour) it hands over as they are, for the format's own checks and
+derived ids (TensorFlow's ops, as for lines).
 
 Ours because pyarrow's CSV reader builds an array of every column before anything is checked
 or hashed, and that parse alone costs about what a whole `pyarrow.csv.read_csv` does
@@ -58,7 +60,7 @@ class LineKernel:
     """Lines of `layout` (text_lines.LineLayout) of `text_format`, which the kernel reads
     (`reads`), into handover elements, categorical values given the ids of `rule`: an encoder's
     `kernel_rule()` (a preprocessing.HashingEncoder's or a vocabulary.VocabularyEncoder's), or
-    value_counts.kernel_rule's fingerprints for counting."""
+    value_counts.fingerprint_rule() for counting."""
 
     def __init__(self, text_format, layout, rule):
         dense, categorical = list(text_format.dense_names), list(text_format.categorical_names)
@@ -124,7 +126,7 @@ class LineKernel:
         np.cumsum(spans[:, 1], out=offsets[1:])
         at = np.repeat(spans[:, 0] - offsets[:-1], spans[:, 1]) + np.arange(offsets[-1])
         data = np.frombuffer(block, np.uint8)[at]
-        return pa.LargeBinaryArray.from_buffers(
+        return pa.LargeBinaryArray.from_buffers(  # int64 offsets, binary as the counts keep them
             pa.large_binary(), len(origins), [None, pa.py_buffer(offsets), pa.py_buffer(data)]
         ).cast(pa.binary())
 
