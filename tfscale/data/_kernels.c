@@ -969,9 +969,9 @@ typedef struct {
   int64_t written, room;
 } Counting;
 
-/* The sketch's estimate of `key` (the least of its counters, which stay at most the gate) after
- * adding `clipped` to each, saturating at the gate; the estimate before the add into *before. */
-static inline int64_t sketch_add(Counting *c, uint64_t key, int64_t clipped, int64_t *before) {
+/* Adds `clipped` to each of `key`'s counters, saturating at the gate; returns the sketch's
+ * estimate of `key` before the add (the least of its counters, which stay at most the gate). */
+static inline int64_t sketch_add(Counting *c, uint64_t key, int64_t clipped) {
   int64_t least = INT64_MAX;
   for (int row = 0; row < SKETCH_DEPTH; ++row) {
     int64_t at = row * c->width + (int64_t)(mix64(key + (uint64_t)row + 1) & (c->width - 1));
@@ -984,7 +984,6 @@ static inline int64_t sketch_add(Counting *c, uint64_t key, int64_t clipped, int
     else
       ((uint16_t *)c->sketch)[at] = (uint16_t)added;
   }
-  *before = least;
   return least;
 }
 
@@ -1078,9 +1077,8 @@ static Py_ssize_t count_from(Counting *c, const uint64_t *keys, const int64_t *w
       enter(c, slot, key, weight, f, i);
       continue;
     }
-    int64_t before;
     c->sketched += weight;
-    sketch_add(c, fingerprint, weight < c->gate ? weight : c->gate, &before);
+    int64_t before = sketch_add(c, fingerprint, weight < c->gate ? weight : c->gate);
     if (fingerprint <= c->limits[f]) {
       c->candidates[2 * c->written] = (uint64_t)f;
       c->candidates[2 * c->written + 1] = fingerprint;
