@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute  # noqa: F401 (pa.compute)
+import pyarrow.compute as pc
 import pytest
 import tensorflow as tf
 
@@ -271,7 +271,7 @@ def test_value_counts_count_as_documented_a_value_at_a_time(monkeypatch, by_keys
         if by_keys:
             flat = pa.array([v for row in values for v in row], pa.binary())
             fields = np.tile(np.arange(fields_count), len(rows))
-            present = pa.compute.binary_length(flat).to_numpy() > 0
+            present = pc.binary_length(flat).to_numpy() > 0
             keys = np.where(present, value_counts.fingerprints(fields, flat), 0)
             counts.add_keys(keys.reshape(len(rows), fields_count),
                             lambda origins, flat=flat: flat.take(pa.array(origins)))

@@ -610,7 +610,8 @@ static PyObject *bucket_ids(PyObject *self, PyObject *args) {
     PyErr_SetString(PyExc_ValueError, "buckets must be positive");
     return NULL;
   }
-  Rule rule = {.kind = BY_BUCKET, .buckets = buckets, .reciprocal = reciprocal_of(buckets), .first_id = first_id};
+  Rule rule = {.kind = BY_BUCKET, .buckets = buckets, .reciprocal = reciprocal_of(buckets),
+               .first_id = first_id};
   Values values;
   Output out;
   if (get_values(data, offsets, validity, first, &values) < 0) return NULL;
@@ -753,13 +754,20 @@ static inline int line_starts(const Cursor *at) { return at->p < at->end && *at-
 /* The next field of a line into [*start, *stop), the cursor moved past its delimiter or the
  * line's end; 0 when the line is not clean there: a field too few (`last` unset and the line
  * ends) or too many (`last` set and a delimiter follows). */
+static inline __attribute__((always_inline)) const uint8_t *field_end(const uint8_t *p,
+                                                                      const uint8_t *end,
+                                                                      uint8_t delimiter) {
+  while (p < end && *p != delimiter && *p != '\n') ++p;
+  return p;
+}
+
 static inline __attribute__((always_inline)) int next_field(Cursor *at, int last,
                                                             const uint8_t **start,
                                                             const uint8_t **stop) {
   const uint8_t *p = at->p, *end = at->end;
   uint8_t delimiter = at->delimiter;
   *start = p;
-  while (p < end && *p != delimiter && *p != '\n') ++p;
+  p = field_end(p, end, delimiter);
   *stop = p;
   if (last ? p < end && *p != '\n' : p == end || *p != delimiter) return 0;
   at->p = p < end ? p + 1 : end;
@@ -969,12 +977,22 @@ typedef struct {
   int64_t written, room;
 } Counting;
 
+/* The key table's key of a fingerprint: its 63 low bits (keys are never negative). */
+static inline int64_t table_key(uint64_t fingerprint) {
+  return (int64_t)(fingerprint & 0x7fffffffffffffffULL);
+}
+
+/* Where `key`'s counter of sketch row `row` lies in the sketch (value_counts' _slots). */
+static inline int64_t counter_at(const Counting *c, uint64_t key, int row) {
+  return row * c->width + (int64_t)(mix64(key + (uint64_t)row + 1) & (uint64_t)(c->width - 1));
+}
+
 /* Adds `clipped` to each of `key`'s counters, saturating at the gate; returns the sketch's
  * estimate of `key` before the add (the least of its counters, which stay at most the gate). */
 static inline int64_t sketch_add(Counting *c, uint64_t key, int64_t clipped) {
   int64_t least = INT64_MAX;
   for (int row = 0; row < SKETCH_DEPTH; ++row) {
-    int64_t at = row * c->width + (int64_t)(mix64(key + (uint64_t)row + 1) & (c->width - 1));
+    int64_t at = counter_at(c, key, row);
     int64_t counter = c->wide_counters ? ((uint32_t *)c->sketch)[at]
                                        : ((uint16_t *)c->sketch)[at];
     if (counter < least) least = counter;
@@ -1003,8 +1021,7 @@ static inline void enter(Counting *c, int64_t slot, int64_t key, int64_t count, 
 /* The cache lines a search for `fingerprint` reads first: its home group's tags and first
  * slots (a group fills from its start). */
 static inline void prefetch_home(const Counting *c, uint64_t fingerprint) {
-  int64_t group = (int64_t)(fingerprint & 0x7fffffffffffffffULL) & c->table.mask &
-                  ~(int64_t)(GROUP - 1);
+  int64_t group = table_key(fingerprint) & c->table.mask & ~(int64_t)(GROUP - 1);
   __builtin_prefetch(c->table.tags + group);
   __builtin_prefetch(c->table.slots + 2 * group);
 }
@@ -1013,15 +1030,14 @@ static inline void prefetch_home(const Counting *c, uint64_t fingerprint) {
  * group fetched before): its entry's count when the table holds it, else its sketch counters,
  * a miss in each row otherwise. */
 static inline int64_t look_ahead(const Counting *c, uint64_t fingerprint) {
-  int64_t slot = slot_of(c->table, (int64_t)(fingerprint & 0x7fffffffffffffffULL));
+  int64_t slot = slot_of(c->table, table_key(fingerprint));
   if (slot >= 0) {
     __builtin_prefetch(c->counts + c->table.slots[2 * slot + 1], 1);
     return slot;
   }
   if (!c->sketch) return slot;
   for (int row = 0; row < SKETCH_DEPTH; ++row) {
-    int64_t at = row * c->width + (int64_t)(mix64(fingerprint + (uint64_t)row + 1) &
-                                            (c->width - 1));
+    int64_t at = counter_at(c, fingerprint, row);
     __builtin_prefetch(c->wide_counters ? (void *)((uint32_t *)c->sketch + at)
                                         : (void *)((uint16_t *)c->sketch + at), 1);
   }
@@ -1062,7 +1078,7 @@ static Py_ssize_t count_from(Counting *c, const uint64_t *keys, const int64_t *w
     if (c->entries == c->limit || c->entries - c->first == c->origin_room ||
         c->written == c->room)
       return i;
-    int64_t key = (int64_t)(fingerprint & 0x7fffffffffffffffULL);
+    int64_t key = table_key(fingerprint);
     int64_t weight = weights ? weights[i] : 1;
     int16_t f = fields ? fields[i] : (int16_t)field;
     const LookedUp *found = &ahead[i & (LOOKED_UP - 1)];
@@ -1231,13 +1247,12 @@ static PyObject *value_spans(PyObject *self, PyObject *args) {
     int64_t column = columns[origins[j] % num_fields];
     const uint8_t *p = block + starts[row];
     for (int64_t k = 0; k < column && !problem; ++k) {
-      while (p < end && *p != delimiter && *p != '\n') ++p;
+      p = field_end(p, end, (uint8_t)delimiter);
       if (p == end || *p == '\n')
         problem = "a line holds fewer columns than asked for";
       ++p;
     }
-    const uint8_t *q = p;
-    while (q < end && *q != delimiter && *q != '\n') ++q;
+    const uint8_t *q = field_end(p, end, (uint8_t)delimiter);
     spans[2 * j] = p - block;
     spans[2 * j + 1] = q - p;
   }
