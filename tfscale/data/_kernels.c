@@ -798,8 +798,9 @@ typedef struct {
 /* The kept lines of the block at `at` into `rows`: -1 - the first kept line that is not clean
  * (a field too few or too many, an empty line, a label other than "0" or "1", an integer off
  * the pattern or out of range), else the rows written. Lines not kept are passed over unread. */
-static Py_ssize_t parse_rows(Cursor at, Layout layout, const Rule *rules, int64_t missing,
-                             Rows rows) {
+static inline __attribute__((always_inline)) Py_ssize_t parse_rows(Cursor at, Layout layout,
+                                                                   const Rule *rules, int kind,
+                                                                   int64_t missing, Rows rows) {
   const uint8_t *block = at.p;
   Py_ssize_t row = 0;
   for (Py_ssize_t line = 0; line < layout.lines; ++line) {
@@ -829,10 +830,12 @@ static Py_ssize_t parse_rows(Cursor at, Layout layout, const Rule *rules, int64_
           present[place] = e > s;
           break;
         }
-        case CATEGORICAL:
-          ids[place] = e > s ? id_by(rules[place], fingerprint64(s, (uint64_t)(e - s)))
-                             : missing;
+        case CATEGORICAL: {
+          Rule rule = rules[place];
+          rule.kind = kind;  /* a constant where parse_lines inlines this */
+          ids[place] = e > s ? id_by(rule, fingerprint64(s, (uint64_t)(e - s))) : missing;
           break;
+        }
         case DERIVED_FROM:
           spans[2 * place] = s - block;
           spans[2 * place + 1] = e - s;
@@ -946,7 +949,12 @@ static PyObject *parse_lines(PyObject *self, PyObject *args) {
   Layout layout = {.roles = roles, .keep = keep, .places = places, .columns = columns,
                    .lines = lines};
   Py_BEGIN_ALLOW_THREADS
-  result = parse_rows(at, layout, rules, missing, rows);
+  if (kind == BY_TABLE)  /* each branch a copy of the loop for one kind, known as a constant */
+    result = parse_rows(at, layout, rules, BY_TABLE, missing, rows);
+  else if (kind == BY_BUCKET)
+    result = parse_rows(at, layout, rules, BY_BUCKET, missing, rows);
+  else
+    result = parse_rows(at, layout, rules, BY_FINGERPRINT, missing, rows);
   Py_END_ALLOW_THREADS
 done_table:
   if (by_table) release_table(&table);
