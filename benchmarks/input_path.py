@@ -30,6 +30,8 @@ date, command, load average and the other processes' CPU seconds of every run, -
   vocabulary  the vocabulary pass (min count 10) and the TSV reader, alternating, each in a
            process of its own (benchmarks.vocab_pass's cases): rows/s after start-up, and the
            peak resident memory.
+Readers and stages run with the C allocator as launch.train sets it (--retain_freed_memory_mib:
+64 MiB of freed memory kept by each malloc heap; 0 leaves it as it is).
 """
 
 import json
@@ -57,6 +59,10 @@ flags.DEFINE_string("old_tree", None,
                     "readers, stages: also measure the tree in this directory (e.g. `git archive` "
                     "of an earlier commit), each tree in a process of its own, alternating.")
 flags.DEFINE_string("tree", "after", "The label of the tree measured (set with --old_tree).")
+flags.DEFINE_integer("retain_freed_memory_mib", 64,
+                     "readers and stages: launch.train's flag of that name (its default), set "
+                     "in every tree's process by this tree's tfscale/data/allocator.py.",
+                     lower_bound=0)
 flags.DEFINE_bool("report", False, "Only print the tables of --results.")
 flags.DEFINE_string("report_note", "", "--report: only the lines whose note holds this text.")
 
@@ -162,6 +168,8 @@ def run_alternating(cases, rounds, part):
     import tensorflow as tf
 
     tf.config.experimental.enable_op_determinism()  # as launch.train runs
+    if FLAGS.retain_freed_memory_mib:
+        assert _allocator().retain_freed_memory(FLAGS.retain_freed_memory_mib << 20)
     names = list(cases)
     for name in names:  # warm-up: imports, tracing, the file cache
         cases[name]()
@@ -172,7 +180,21 @@ def run_alternating(cases, rounds, part):
             record({"part": part, "case": name, "round": round_index, "rows": rows,
                     "seconds": wall, "rows_per_second": rows / wall, "cpu_seconds": cpu,
                     "other_processes_cpu_seconds": others, "load_average_1min_before": load,
-                    "load_average_1min_after": os.getloadavg()[0], **kernel})
+                    "load_average_1min_after": os.getloadavg()[0],
+                    "retain_freed_memory_mib": FLAGS.retain_freed_memory_mib, **kernel})
+
+
+def _allocator():
+    """This tree's tfscale/data/allocator.py, loaded by its path: the C allocator is set the
+    same way whichever tree's readers are measured."""
+    import importlib.util
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location(
+        "input_path_allocator", os.path.join(root, "tfscale", "data", "allocator.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 # ----------------------------------------------------------------------------- stages
@@ -432,7 +454,8 @@ def run_trees(part, rounds):
         for label, path in trees if round_index % 2 == 0 else trees[::-1]:
             command = [sys.executable, os.path.abspath(__file__), f"--part={part}", "--rounds=1",
                        f"--tree={label}", f"--dir={FLAGS.dir}", f"--results={FLAGS.results}",
-                       f"--batch_size={FLAGS.batch_size}", f"--note={FLAGS.note}"]
+                       f"--batch_size={FLAGS.batch_size}", f"--note={FLAGS.note}",
+                       f"--retain_freed_memory_mib={FLAGS.retain_freed_memory_mib}"]
             subprocess.run(command, check=True, cwd=root, env=dict(os.environ, PYTHONPATH=path))
 
 

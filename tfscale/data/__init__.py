@@ -5,8 +5,10 @@ formats, listed once in `FILE_FORMATS` (the launcher's `--data` and `launch.buil
 `DelimitedTextSource` subclass with its `TextFormat` (which tells each file's `LineLayout`),
 plus one line here (and a `ParquetSource` subclass of the same FORMAT for its Parquet files); a
 source of another kind implements `CTRSource`.
-`rank_batches` gives each rank its part of arrays, a tf.data.Dataset or a source."""
+`rank_batches` gives each rank its part of arrays, a tf.data.Dataset or a source;
+`retain_freed_memory` sets the process's C allocator to reuse the readers' freed blocks."""
 
+from tfscale.data.allocator import retain_freed_memory
 from tfscale.data.avazu import AvazuCSV, AvazuParquet
 from tfscale.data.criteo import CriteoParquet, CriteoTSV
 from tfscale.data.delimited_text import DelimitedTextSource
@@ -22,4 +24,5 @@ PARQUET_FORMATS = {"criteo": CriteoParquet, "avazu": AvazuParquet}
 
 __all__ = ["AvazuCSV", "AvazuParquet", "CTRSource", "CriteoParquet", "CriteoTSV",
            "DelimitedTextSource", "FILE_FORMATS", "FeatureSchema", "LineLayout", "PARQUET_FORMATS",
-           "ParquetSource", "SyntheticCTR", "TextFormat", "rank_batches"]
+           "ParquetSource", "SyntheticCTR", "TextFormat", "rank_batches",
+           "retain_freed_memory"]
