@@ -30,8 +30,9 @@ date, command, load average and the other processes' CPU seconds of every run, -
   vocabulary  the vocabulary pass (min count 10) and the TSV reader, alternating, each in a
            process of its own (benchmarks.vocab_pass's cases): rows/s after start-up, and the
            peak resident memory.
-Readers and stages run with the C allocator as launch.train sets it (--retain_freed_memory_mib:
-64 MiB of freed memory kept by each malloc heap; 0 leaves it as it is).
+Readers, stages and the vocabulary part run with the C allocator as launch.train sets it
+(--retain_freed_memory_mib: 64 MiB of freed memory kept by each malloc heap; 0 leaves it as it
+is).
 """
 
 import json
@@ -60,8 +61,9 @@ flags.DEFINE_string("old_tree", None,
                     "of an earlier commit), each tree in a process of its own, alternating.")
 flags.DEFINE_string("tree", "after", "The label of the tree measured (set with --old_tree).")
 flags.DEFINE_integer("retain_freed_memory_mib", 64,
-                     "readers and stages: launch.train's flag of that name (its default), set "
-                     "in every tree's process by this tree's tfscale/data/allocator.py.",
+                     "readers, stages and vocabulary: launch.train's flag of that name (its "
+                     "default), set in every tree's process by this tree's "
+                     "tfscale/data/allocator.py.",
                      lower_bound=0)
 flags.DEFINE_bool("report", False, "Only print the tables of --results.")
 flags.DEFINE_string("report_note", "", "--report: only the lines whose note holds this text.")
@@ -167,9 +169,10 @@ def run_alternating(cases, rounds, part):
     JSON line per run."""
     import tensorflow as tf
 
+    from benchmarks import timing
+
     tf.config.experimental.enable_op_determinism()  # as launch.train runs
-    if FLAGS.retain_freed_memory_mib:
-        assert _allocator().retain_freed_memory(FLAGS.retain_freed_memory_mib << 20)
+    timing.retain_freed_memory(FLAGS.retain_freed_memory_mib)
     names = list(cases)
     for name in names:  # warm-up: imports, tracing, the file cache
         cases[name]()
@@ -182,19 +185,6 @@ def run_alternating(cases, rounds, part):
                     "other_processes_cpu_seconds": others, "load_average_1min_before": load,
                     "load_average_1min_after": os.getloadavg()[0],
                     "retain_freed_memory_mib": FLAGS.retain_freed_memory_mib, **kernel})
-
-
-def _allocator():
-    """This tree's tfscale/data/allocator.py, loaded by its path: the C allocator is set the
-    same way whichever tree's readers are measured."""
-    import importlib.util
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location(
-        "input_path_allocator", os.path.join(root, "tfscale", "data", "allocator.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # ----------------------------------------------------------------------------- stages
@@ -400,13 +390,15 @@ def run_vocabulary(rounds):
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     script = os.path.join(root, "benchmarks", "vocab_pass.py")
-    given = os.environ.get("PYTHONPATH")  # run_trees': --old_tree's first for "before"
+    given = os.environ.get("PYTHONPATH")  # run_trees': --old_tree's tfscale first for "before"
     python_path = f"{given}:{root}" if given else root
     for round_index in range(rounds):
         for case in ("reader", "pass") if round_index % 2 == 0 else ("pass", "reader"):
             load, others = os.getloadavg()[0], OtherProcessesCPU()
             done = subprocess.run([sys.executable, script, f"--case={case}",
-                                   f"--path={_path(TEXT)}", "--min_count=10"], cwd=root,
+                                   f"--path={_path(TEXT)}", "--min_count=10",
+                                   f"--retain_freed_memory_mib={FLAGS.retain_freed_memory_mib}"],
+                                  cwd=root,
                                   env=dict(os.environ, PYTHONPATH=python_path),
                                   capture_output=True, text=True)
             found = [json.loads(line[line.index("{"):]) for line in done.stdout.splitlines()
@@ -418,6 +410,7 @@ def run_vocabulary(rounds):
                     "rows": result["rows"], "seconds": result["seconds"],
                     "rows_per_second": result["rows"] / result["seconds"],
                     "peak_rss_mb": result["peak_rss_mb"], "kept": result["kept"],
+                    "retain_freed_memory_mib": FLAGS.retain_freed_memory_mib,
                     "other_processes_cpu_seconds": others.seconds(),
                     "load_average_1min_before": load,
                     "load_average_1min_after": os.getloadavg()[0]})
@@ -447,9 +440,15 @@ def record(line):
 
 def run_trees(part, rounds):
     """`part` of this tree ("after") and of --old_tree ("before"), each round in a process of
-    its own per tree, the order alternating."""
+    its own per tree, the order alternating. "before" imports --old_tree's `tfscale` (a
+    directory holding only a link to it comes first on its path) and this tree's benchmarks."""
+    import tempfile
+
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    trees = [("after", root), ("before", f"{FLAGS.old_tree}:{root}")]
+    old_package = tempfile.mkdtemp(prefix="input_path_old_tree_")
+    os.symlink(os.path.join(os.path.abspath(FLAGS.old_tree), "tfscale"),
+               os.path.join(old_package, "tfscale"))
+    trees = [("after", root), ("before", f"{old_package}:{root}")]
     for round_index in range(rounds):
         for label, path in trees if round_index % 2 == 0 else trees[::-1]:
             command = [sys.executable, os.path.abspath(__file__), f"--part={part}", "--rounds=1",

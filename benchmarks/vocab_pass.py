@@ -49,6 +49,9 @@ flags.DEFINE_string("results", "benchmarks/results/vocab_pass.jsonl", "JSON line
 flags.DEFINE_string("note", "", "What else ran on the machine (stored with each line).")
 flags.DEFINE_bool("report", False, "Only print the table of --results.")
 flags.DEFINE_string("case", None, "Run one case in this process (the script sets it).")
+flags.DEFINE_integer("retain_freed_memory_mib", 0,
+                     "launch.train's flag of that name, set in each case's process (0: the C "
+                     "allocator as it is).", lower_bound=0)
 
 # ----------------------------------------------------------------------------- one case
 
@@ -59,8 +62,10 @@ def peak_rss_mb():
 
 def run_case(case):
     """Runs `case` on FLAGS.path in this process; prints its JSON result line."""
+    from benchmarks import timing
     from tfscale import distributed
 
+    timing.retain_freed_memory(FLAGS.retain_freed_memory_mib)
     distributed.init()
     started = time.monotonic()
     rows, kept = globals()[f"_{case}"]()
