@@ -445,17 +445,19 @@ def run_trees(part, rounds):
     import tempfile
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    old_package = tempfile.mkdtemp(prefix="input_path_old_tree_")
-    os.symlink(os.path.join(os.path.abspath(FLAGS.old_tree), "tfscale"),
-               os.path.join(old_package, "tfscale"))
-    trees = [("after", root), ("before", f"{old_package}:{root}")]
-    for round_index in range(rounds):
-        for label, path in trees if round_index % 2 == 0 else trees[::-1]:
-            command = [sys.executable, os.path.abspath(__file__), f"--part={part}", "--rounds=1",
-                       f"--tree={label}", f"--dir={FLAGS.dir}", f"--results={FLAGS.results}",
-                       f"--batch_size={FLAGS.batch_size}", f"--note={FLAGS.note}",
-                       f"--retain_freed_memory_mib={FLAGS.retain_freed_memory_mib}"]
-            subprocess.run(command, check=True, cwd=root, env=dict(os.environ, PYTHONPATH=path))
+    with tempfile.TemporaryDirectory(prefix="input_path_old_tree_") as old_package:
+        os.symlink(os.path.join(os.path.abspath(FLAGS.old_tree), "tfscale"),
+                   os.path.join(old_package, "tfscale"))
+        trees = [("after", root), ("before", f"{old_package}:{root}")]
+        for round_index in range(rounds):
+            for label, path in trees if round_index % 2 == 0 else trees[::-1]:
+                command = [sys.executable, os.path.abspath(__file__), f"--part={part}",
+                           "--rounds=1", f"--tree={label}", f"--dir={FLAGS.dir}",
+                           f"--results={FLAGS.results}", f"--batch_size={FLAGS.batch_size}",
+                           f"--note={FLAGS.note}",
+                           f"--retain_freed_memory_mib={FLAGS.retain_freed_memory_mib}"]
+                subprocess.run(command, check=True, cwd=root,
+                               env=dict(os.environ, PYTHONPATH=path))
 
 
 def _median(values):

@@ -1,6 +1,6 @@
 """Timing a model's training steps from inside `model.fit`, the machine line every benchmark
-prints (and its CPU flags), the CPU time other processes took meanwhile, the start of the benchmarks that run
-under horovodrun, and the C allocator set as launch.train sets it."""
+prints (and its CPU flags), the CPU time other processes took meanwhile, the start of the
+benchmarks that run under horovodrun, and the C allocator set as launch.train sets it."""
 
 import os
 import pathlib

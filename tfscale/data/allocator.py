@@ -15,7 +15,7 @@ MALLOC_TOP_PAD_ in the environment before Python starts.
 import ctypes
 import ctypes.util
 
-DEFAULT_PAD_BYTES = 64 << 20  # the least pad that kept the text reader's page faults away
+DEFAULT_PAD_BYTES = 64 << 20  # launch.train's: the readers' blocks fit (docs/results/input_path.md)
 _M_TOP_PAD = -2  # glibc's malloc.h
 
 
