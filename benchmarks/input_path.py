@@ -31,8 +31,8 @@ date, command, load average and the other processes' CPU seconds of every run, -
            process of its own (benchmarks.vocab_pass's cases): rows/s after start-up, and the
            peak resident memory.
 Readers, stages and the vocabulary part run with the C allocator as launch.train sets it
-(--retain_freed_memory_mib: 64 MiB of freed memory kept by each malloc heap; 0 leaves it as it
-is).
+(--allocator_pad_mib, launch.train's --retain_freed_memory_mib: 64 MiB of freed memory kept by
+each malloc heap; 0 leaves it as it is).
 """
 
 import json
@@ -45,6 +45,8 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from absl import app, flags  # noqa: E402
+
+from benchmarks import allocator_flag  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("make_files", None, "Write the test files into this directory and stop.")
@@ -60,11 +62,6 @@ flags.DEFINE_string("old_tree", None,
                     "readers, stages: also measure the tree in this directory (e.g. `git archive` "
                     "of an earlier commit), each tree in a process of its own, alternating.")
 flags.DEFINE_string("tree", "after", "The label of the tree measured (set with --old_tree).")
-flags.DEFINE_integer("retain_freed_memory_mib", 64,
-                     "readers, stages and vocabulary: launch.train's flag of that name (its "
-                     "default), set in every tree's process by this tree's "
-                     "tfscale/data/allocator.py.",
-                     lower_bound=0)
 flags.DEFINE_bool("report", False, "Only print the tables of --results.")
 flags.DEFINE_string("report_note", "", "--report: only the lines whose note holds this text.")
 
@@ -169,10 +166,8 @@ def run_alternating(cases, rounds, part):
     JSON line per run."""
     import tensorflow as tf
 
-    from benchmarks import timing
-
     tf.config.experimental.enable_op_determinism()  # as launch.train runs
-    timing.retain_freed_memory(FLAGS.retain_freed_memory_mib)
+    allocator_flag.apply()
     names = list(cases)
     for name in names:  # warm-up: imports, tracing, the file cache
         cases[name]()
@@ -184,7 +179,7 @@ def run_alternating(cases, rounds, part):
                     "seconds": wall, "rows_per_second": rows / wall, "cpu_seconds": cpu,
                     "other_processes_cpu_seconds": others, "load_average_1min_before": load,
                     "load_average_1min_after": os.getloadavg()[0],
-                    "retain_freed_memory_mib": FLAGS.retain_freed_memory_mib, **kernel})
+                    "allocator_pad_mib": FLAGS.allocator_pad_mib, **kernel})
 
 
 # ----------------------------------------------------------------------------- stages
@@ -397,7 +392,7 @@ def run_vocabulary(rounds):
             load, others = os.getloadavg()[0], OtherProcessesCPU()
             done = subprocess.run([sys.executable, script, f"--case={case}",
                                    f"--path={_path(TEXT)}", "--min_count=10",
-                                   f"--retain_freed_memory_mib={FLAGS.retain_freed_memory_mib}"],
+                                   f"--allocator_pad_mib={FLAGS.allocator_pad_mib}"],
                                   cwd=root,
                                   env=dict(os.environ, PYTHONPATH=python_path),
                                   capture_output=True, text=True)
@@ -410,7 +405,7 @@ def run_vocabulary(rounds):
                     "rows": result["rows"], "seconds": result["seconds"],
                     "rows_per_second": result["rows"] / result["seconds"],
                     "peak_rss_mb": result["peak_rss_mb"], "kept": result["kept"],
-                    "retain_freed_memory_mib": FLAGS.retain_freed_memory_mib,
+                    "allocator_pad_mib": FLAGS.allocator_pad_mib,
                     "other_processes_cpu_seconds": others.seconds(),
                     "load_average_1min_before": load,
                     "load_average_1min_after": os.getloadavg()[0]})
@@ -455,7 +450,7 @@ def run_trees(part, rounds):
                            "--rounds=1", f"--tree={label}", f"--dir={FLAGS.dir}",
                            f"--results={FLAGS.results}", f"--batch_size={FLAGS.batch_size}",
                            f"--note={FLAGS.note}",
-                           f"--retain_freed_memory_mib={FLAGS.retain_freed_memory_mib}"]
+                           f"--allocator_pad_mib={FLAGS.allocator_pad_mib}"]
                 subprocess.run(command, check=True, cwd=root,
                                env=dict(os.environ, PYTHONPATH=path))
 

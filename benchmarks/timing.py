@@ -1,6 +1,6 @@
 """Timing a model's training steps from inside `model.fit`, the machine line every benchmark
-prints (and its CPU flags), the CPU time other processes took meanwhile, the start of the
-benchmarks that run under horovodrun, and the C allocator set as launch.train sets it."""
+prints (and its CPU flags), the CPU time other processes took meanwhile, and the start of the
+benchmarks that run under horovodrun."""
 
 import os
 import pathlib
@@ -100,18 +100,3 @@ def start_horovod_ranks():
     if not distributed.is_active():
         raise app.UsageError("needs at least 2 Horovod ranks")
 
-
-def retain_freed_memory(mib):
-    """launch.train's --retain_freed_memory_mib=`mib` in this process (0: nothing), by this
-    tree's tfscale/data/allocator.py loaded by its path: the same setting whichever tree's
-    readers a benchmark measures (its --old_tree's may predate the module)."""
-    import importlib.util
-
-    if not mib:
-        return
-    path = pathlib.Path(__file__).resolve().parent.parent / "tfscale" / "data" / "allocator.py"
-    spec = importlib.util.spec_from_file_location("benchmark_allocator", path)
-    allocator = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(allocator)
-    if not allocator.retain_freed_memory(mib << 20):
-        raise RuntimeError("the C library is not glibc: --retain_freed_memory_mib cannot be set")

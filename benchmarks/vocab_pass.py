@@ -20,7 +20,8 @@ peak resident memory (VmHWM; every rank's under horovodrun):
   tfdata       the reader's tf.data chunks (LineParser, tf.unique_with_counts) counted into the
                same bounded counts: the engine the pass did not choose;
   old          the pass of the tree at --old_tree (another checkout, `git archive`), if given.
-One JSON line per case and round is appended to --results with the machine (lscpu model name
+Each case's process sets the C allocator as launch.train does (--allocator_pad_mib, 64 by
+default; 0 leaves it as it is). One JSON line per case and round is appended to --results with the machine (lscpu model name
 and flags, cores), the date, the command and the 1-minute load average before and after."""
 
 import json
@@ -33,6 +34,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from absl import app, flags  # noqa: E402
 
+from benchmarks import allocator_flag  # noqa: E402
 from benchmarks.criteo_file import make_file  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -49,9 +51,6 @@ flags.DEFINE_string("results", "benchmarks/results/vocab_pass.jsonl", "JSON line
 flags.DEFINE_string("note", "", "What else ran on the machine (stored with each line).")
 flags.DEFINE_bool("report", False, "Only print the table of --results.")
 flags.DEFINE_string("case", None, "Run one case in this process (the script sets it).")
-flags.DEFINE_integer("retain_freed_memory_mib", 0,
-                     "launch.train's flag of that name, set in each case's process (0: the C "
-                     "allocator as it is).", lower_bound=0)
 
 # ----------------------------------------------------------------------------- one case
 
@@ -62,10 +61,9 @@ def peak_rss_mb():
 
 def run_case(case):
     """Runs `case` on FLAGS.path in this process; prints its JSON result line."""
-    from benchmarks import timing
     from tfscale import distributed
 
-    timing.retain_freed_memory(FLAGS.retain_freed_memory_mib)
+    allocator_flag.apply()
     distributed.init()
     started = time.monotonic()
     rows, kept = globals()[f"_{case}"]()

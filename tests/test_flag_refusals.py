@@ -50,6 +50,7 @@ BAD_VALUES = {
     "checkpoint_every_steps": ["-1"],
     "log_every_steps": ["0"],
     "stop_after_steps": ["0"],
+    "retain_freed_memory_mib": ["-1", "2048"],
     "days": ["0"],
     "rows_per_day": ["0"],
     "drift_half_life_days": ["0", "nan", "inf"],
