@@ -21,13 +21,15 @@ peak resident memory (VmHWM; every rank's under horovodrun):
                same bounded counts: the engine the pass did not choose;
   old          the pass of the tree at --old_tree (another checkout, `git archive`), if given.
 Each case's process sets the C allocator as launch.train does (--allocator_pad_mib, 64 by
-default; 0 leaves it as it is). One JSON line per case and round is appended to --results with the machine (lscpu model name
-and flags, cores), the date, the command and the 1-minute load average before and after."""
+default; 0 leaves it as it is). One JSON line per case and round is appended to --results with
+the machine (lscpu model name and flags, cores), the date, the command and the 1-minute load
+average before and after."""
 
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -131,11 +133,11 @@ def _tfdata():
 # ----------------------------------------------------------------------------- rounds
 
 def case_command(case):
-    """The command line of `case`: this script by its path (so that under --old_tree, first on
-    the path, `tfscale` is the old tree's)."""
+    """The command line of `case`: this script by its path (run_in_process puts --old_tree's
+    `tfscale` first on the path of `old`)."""
     python = sys.executable
     args = [os.path.abspath(__file__), f"--case={case}", f"--path={FLAGS.path}",
-            f"--min_count={FLAGS.min_count}"]
+            f"--min_count={FLAGS.min_count}", f"--allocator_pad_mib={FLAGS.allocator_pad_mib}"]
     if FLAGS.memory_mb:
         args.append(f"--memory_mb={FLAGS.memory_mb}")
     if case == "pass_2":
@@ -148,10 +150,16 @@ def run_in_process(case):
     """The JSON lines of `case` run in processes of its own (one per rank), and the seconds
     from the launch to the end of the last."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=FLAGS.old_tree if case == "old" else root)
-    started = time.monotonic()
-    done = subprocess.run(case_command(case), cwd=root, env=env, capture_output=True, text=True)
-    wall = time.monotonic() - started
+    with tempfile.TemporaryDirectory(prefix="vocab_pass_old_tree_") as old_package:
+        path = root
+        if case == "old":  # the old tree's tfscale (a link to it first), this tree's benchmarks
+            os.symlink(os.path.join(os.path.abspath(FLAGS.old_tree), "tfscale"),
+                       os.path.join(old_package, "tfscale"))
+            path = f"{old_package}:{root}"
+        started = time.monotonic()
+        done = subprocess.run(case_command(case), cwd=root, env=dict(os.environ, PYTHONPATH=path),
+                              capture_output=True, text=True)
+        wall = time.monotonic() - started
     found = [json.loads(line[line.index("{"):]) for line in done.stdout.splitlines()
              if '"case"' in line]
     if done.returncode or not found:
