@@ -435,15 +435,13 @@ def record(line):
 
 def run_trees(part, rounds):
     """`part` of this tree ("after") and of --old_tree ("before"), each round in a process of
-    its own per tree, the order alternating. "before" imports --old_tree's `tfscale` (a
-    directory holding only a link to it comes first on its path) and this tree's benchmarks."""
-    import tempfile
+    its own per tree, the order alternating. "before" imports --old_tree's `tfscale` and this
+    tree's benchmarks (benchmarks.old_tree)."""
+    from benchmarks import old_tree
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with tempfile.TemporaryDirectory(prefix="input_path_old_tree_") as old_package:
-        os.symlink(os.path.join(os.path.abspath(FLAGS.old_tree), "tfscale"),
-                   os.path.join(old_package, "tfscale"))
-        trees = [("after", root), ("before", f"{old_package}:{root}")]
+    with old_tree.python_path(FLAGS.old_tree, root) as before:
+        trees = [("after", root), ("before", before)]
         for round_index in range(rounds):
             for label, path in trees if round_index % 2 == 0 else trees[::-1]:
                 command = [sys.executable, os.path.abspath(__file__), f"--part={part}",

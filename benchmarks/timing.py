@@ -99,4 +99,3 @@ def start_horovod_ranks():
     distributed.init()
     if not distributed.is_active():
         raise app.UsageError("needs at least 2 Horovod ranks")
-

@@ -25,18 +25,18 @@ default; 0 leaves it as it is). One JSON line per case and round is appended to 
 the machine (lscpu model name and flags, cores), the date, the command and the 1-minute load
 average before and after."""
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from absl import app, flags  # noqa: E402
 
-from benchmarks import allocator_flag  # noqa: E402
+from benchmarks import allocator_flag, old_tree  # noqa: E402
 from benchmarks.criteo_file import make_file  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -150,12 +150,9 @@ def run_in_process(case):
     """The JSON lines of `case` run in processes of its own (one per rank), and the seconds
     from the launch to the end of the last."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with tempfile.TemporaryDirectory(prefix="vocab_pass_old_tree_") as old_package:
-        path = root
-        if case == "old":  # the old tree's tfscale (a link to it first), this tree's benchmarks
-            os.symlink(os.path.join(os.path.abspath(FLAGS.old_tree), "tfscale"),
-                       os.path.join(old_package, "tfscale"))
-            path = f"{old_package}:{root}"
+    paths = (old_tree.python_path(FLAGS.old_tree, root) if case == "old"
+             else contextlib.nullcontext(root))
+    with paths as path:
         started = time.monotonic()
         done = subprocess.run(case_command(case), cwd=root, env=dict(os.environ, PYTHONPATH=path),
                               capture_output=True, text=True)
