@@ -1,6 +1,6 @@
 """The PYTHONPATH of a benchmark process that measures another tree's code: that tree's `tfscale`
 first (a temporary directory holding only a link to it), this tree's benchmarks and the rest
-after, so a helper module newer than the old tree is still found."""
+after, so the benchmarks' own modules are always this tree's."""
 
 import contextlib
 import os
