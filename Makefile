@@ -32,7 +32,7 @@ train: $(STAMP)
 	$(PY) -m launch.train $(MAIN_JOB) $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15 tests
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.throughput

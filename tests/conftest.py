@@ -19,9 +19,13 @@ def _uses_launches(item):
 
 
 def pytest_collection_modifyitems(items):
-    """The tests that read the launches' results go last (in their order), so that the launches
-    run while the others do."""
-    items.sort(key=_uses_launches)
+    """The modules with tests that read the launches' results go after every other module, and
+    those tests last (otherwise in their order), so that the launches run while the others do:
+    under `--dist loadfile` a worker takes a whole module, and one that took such a module early
+    would wait for the launches with other modules still to run (`make test` keeps this order
+    with `--no-loadscope-reorder`)."""
+    waiting = {item.module.__name__ for item in items if _uses_launches(item)}
+    items.sort(key=lambda item: (item.module.__name__ in waiting, _uses_launches(item)))
 
 
 @pytest.fixture(scope="session", autouse=True)
