@@ -24,8 +24,13 @@ def pytest_collection_modifyitems(items):
     under `--dist loadfile` a worker takes a whole module, and one that took such a module early
     would wait for the launches with other modules still to run (`make test` keeps this order
     with `--no-loadscope-reorder`)."""
-    waiting = {item.module.__name__ for item in items if _uses_launches(item)}
-    items.sort(key=lambda item: (item.module.__name__ in waiting, _uses_launches(item)))
+    waiting = {_file_of(item) for item in items if _uses_launches(item)}
+    items.sort(key=lambda item: (_file_of(item) in waiting, _uses_launches(item)))
+
+
+def _file_of(item):
+    """The test file of `item`, as `--dist loadfile` groups tests."""
+    return item.nodeid.split("::")[0]
 
 
 @pytest.fixture(scope="session", autouse=True)
