@@ -34,10 +34,11 @@ setup(
     extras_require={
         # torch 2.13.0 is the CPU build the machine image carries; came-pytorch is CAME's
         # reference implementation, used only by tests/test_came_parity.py; pytest-xdist runs
-        # the suite in two workers (`make test`); MkDocs, its Material theme and mkdocstrings
-        # build the documentation site, which tests/test_docs.py builds with warnings as errors
-        # (`make docs`); pandas writes Parquet files as its users do (tests/test_parquet.py).
-        "test": ["pytest>=8", "pytest-xdist>=3.5", "scikit-learn>=1.4", "torch==2.13.0",
+        # the suite in two workers (`make test`; 3.8 keeps the test files' order when asked);
+        # MkDocs, its Material theme and mkdocstrings build the documentation site, which
+        # tests/test_docs.py builds with warnings as errors (`make docs`); pandas writes Parquet
+        # files as its users do (tests/test_parquet.py).
+        "test": ["pytest>=8", "pytest-xdist>=3.8", "scikit-learn>=1.4", "torch==2.13.0",
                  "pandas>=2.2", "came-pytorch==0.1.3", "mkdocs==1.6.1", "mkdocs-material==9.8.1",
                  "mkdocstrings[python]==1.0.8", "mkdocstrings-python==2.0.11"],
         "bench": ["matplotlib>=3.8"],
